@@ -1,0 +1,83 @@
+# Makefile: build the trainer, prepare the default dataset, build and run the tests.
+#
+#   make train       build ./train_gpt and prepare data/tinyshakespeare/ if it is missing
+#   make test        build everything and run every test (GPU tests skip without a GPU)
+#   make clean       remove build outputs (prepared data and .venv stay)
+#
+# Variables: GPU_ARCH (default "80 90a": compute capabilities to build CUDA code for),
+# NVCC, CC, PYTHON3, SHARED_DATA (offline copies of Tiny Shakespeare and the BPE ranks).
+
+NVCC ?= nvcc
+CC := $(if $(filter default,$(origin CC)),gcc,$(CC))
+PYTHON3 ?= python3
+GPU_ARCH ?= 80 90a
+
+BUILD := build
+VENV := .venv
+PY := $(VENV)/bin/python
+
+GENCODE := $(foreach arch,$(GPU_ARCH),-gencode arch=compute_$(arch),code=sm_$(arch))
+NVCC_FLAGS := -O3 -std=c++17 -lineinfo $(GENCODE) -I. -Xcompiler -Wall,-Wextra
+# Tests are C built with the sanitizers: an out-of-bounds read is a failure, not a silent pass.
+TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefined -fno-omit-frame-pointer -I.
+DEPFLAGS = -MMD -MP
+
+# Offline machines: take the Tiny Shakespeare text and the GPT-2 BPE ranks from ../shared/data
+# when they are there (scripts/prepare_data.py downloads them otherwise).
+SHARED_DATA ?= ../shared/data
+ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache),)
+export TIKTOKEN_CACHE_DIR ?= $(abspath $(SHARED_DATA)/tiktoken_cache)
+endif
+TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
+DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
+
+CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
+GPU_TESTS := $(BUILD)/test_gpu_build
+
+.PHONY: all train test dataset venv clean
+.DELETE_ON_ERROR:
+
+all: train_gpt $(CPU_TESTS) $(GPU_TESTS)
+
+train: train_gpt $(DATASET)
+
+dataset: $(DATASET)
+
+venv: $(VENV)/.installed
+
+test: train_gpt $(CPU_TESTS) $(GPU_TESTS) $(VENV)/.installed
+	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
+
+# ---- trainer -----------------------------------------------------------------------------------
+train_gpt: train_gpt.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $<
+
+# ---- tests -------------------------------------------------------------------------------------
+$(BUILD)/%.o: test/%.c | $(BUILD)
+	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -c -o $@ $<
+
+$(BUILD)/test_cpu_reference: $(BUILD)/test_cpu_reference.o $(BUILD)/cpu_reference.o $(BUILD)/cpu_gpt.o
+	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm
+
+$(BUILD)/test_%: $(BUILD)/test_%.o
+	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm
+
+$(BUILD)/test_gpu_%: test/test_gpu_%.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_$*.d -o $@ $<
+
+# ---- Python environment and data ---------------------------------------------------------------
+$(VENV)/.installed: scripts/requirements.txt
+	$(PYTHON3) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+	touch $@
+
+$(DATASET): | $(VENV)/.installed
+	$(PY) scripts/prepare_data.py $(if $(TINYSHAKESPEARE_TXT),--input $(TINYSHAKESPEARE_TXT) --paragraph-docs --name tinyshakespeare)
+
+$(BUILD):
+	mkdir -p $@
+
+clean:
+	rm -rf $(BUILD) train_gpt
+
+-include $(wildcard $(BUILD)/*.d)

@@ -1,0 +1,147 @@
+// gpt_config.h: the model's shape, its parameter layout, and FLOP accounting.
+//
+// Plain C (no CUDA), shared by the trainer and the CPU reference, so both lay the
+// parameters out identically and count FLOPs the same way.
+//
+// Parameters are 16 tensors stored back to back in this order (llm.c's order):
+//   wte (Vp, C)      token embedding, also the LM head (tied)
+//   wpe (maxT, C)    learned position embedding
+//   per layer, stacked over L:
+//   ln1w, ln1b (L, C)          qkvw (L, 3C, C), qkvb (L, 3C)
+//   attprojw (L, C, C), attprojb (L, C)
+//   ln2w, ln2b (L, C)          fcw (L, 4C, C), fcb (L, 4C)
+//   fcprojw (L, C, 4C), fcprojb (L, C)
+//   lnfw, lnfb (C)   final LayerNorm
+// Linear weights are (out_features, in_features), row-major.
+#ifndef GPT_CONFIG_H
+#define GPT_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#define GPT2_VOCAB_SIZE 50257
+#define GPT2_EOT_TOKEN 50256
+#define VOCAB_PAD_MULTIPLE 128  // pad the vocab so the LM-head GEMM has friendly sizes
+#define NUM_PARAM_TENSORS 16
+
+typedef struct {
+    int num_layers;         // L
+    int channels;           // C, the hidden size
+    int num_heads;          // NH; head dim HD = C / NH
+    int vocab_size;         // V, real tokens
+    int padded_vocab_size;  // Vp >= V, multiple of VOCAB_PAD_MULTIPLE; rows past V are never targets
+    int max_seq_len;        // maxT, rows of wpe
+} GPTConfig;
+
+typedef struct {
+    const char* name;
+    int num_layers, channels, num_heads;
+} NamedGPTShape;
+
+// The named shapes `--model` accepts. GPT-3 shapes follow the GPT-3 paper's Table 2.1;
+// gpt3-2.7b-d128 is 2.7B with 20 heads of 128 so every layer uses the fastest head dim.
+static const NamedGPTShape NAMED_GPT_SHAPES[] = {
+    {"gpt2-124m", 12, 768, 12},      {"gpt2-350m", 24, 1024, 16},
+    {"gpt2-774m", 36, 1280, 20},     {"gpt2-1558m", 48, 1600, 25},
+    {"gpt3-1.3b", 24, 2048, 16},     {"gpt3-2.7b", 32, 2560, 32},
+    {"gpt3-2.7b-d128", 32, 2560, 20},
+};
+#define NUM_NAMED_GPT_SHAPES ((int)(sizeof(NAMED_GPT_SHAPES) / sizeof(NAMED_GPT_SHAPES[0])))
+
+// Head dims every attention backend is built for.
+static const int SUPPORTED_HEAD_DIMS[] = {64, 80, 96, 128};
+#define NUM_SUPPORTED_HEAD_DIMS 4
+
+static inline const NamedGPTShape* gpt_find_named_shape(const char* name) {
+    for (int i = 0; i < NUM_NAMED_GPT_SHAPES; i++)
+        if (strcmp(NAMED_GPT_SHAPES[i].name, name) == 0) return &NAMED_GPT_SHAPES[i];
+    return NULL;
+}
+
+static inline int gpt_round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+static inline int gpt_head_dim_supported(int head_dim) {
+    for (int i = 0; i < NUM_SUPPORTED_HEAD_DIMS; i++)
+        if (SUPPORTED_HEAD_DIMS[i] == head_dim) return 1;
+    return 0;
+}
+
+// Checks a config for the GPU trainer. Returns 0 when usable; otherwise writes a message that
+// says what is wrong and what to change into err and returns -1.
+static inline int gpt_config_check(const GPTConfig* c, char* err, size_t err_len) {
+    if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1) {
+        snprintf(err, err_len, "layers (%d), hidden (%d), heads (%d) and sequence length (%d) must all be >= 1",
+                 c->num_layers, c->channels, c->num_heads, c->max_seq_len);
+        return -1;
+    }
+    if (c->channels % c->num_heads != 0) {
+        snprintf(err, err_len, "hidden size %d is not divisible by %d heads; choose --heads that divides --hidden",
+                 c->channels, c->num_heads);
+        return -1;
+    }
+    int head_dim = c->channels / c->num_heads;
+    if (!gpt_head_dim_supported(head_dim)) {
+        snprintf(err, err_len,
+                 "head dim %d (hidden %d / %d heads) is not supported: the attention kernels are built for "
+                 "head dims 64, 80, 96 and 128; choose --heads so that hidden / heads is one of them",
+                 head_dim, c->channels, c->num_heads);
+        return -1;
+    }
+    if (c->padded_vocab_size < c->vocab_size) {
+        snprintf(err, err_len, "padded vocab %d is smaller than vocab %d", c->padded_vocab_size, c->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+// Element counts of the 16 parameter tensors, in storage order (see top of file).
+static inline void gpt_param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
+    size_t Vp = (size_t)c->padded_vocab_size, C = (size_t)c->channels, L = (size_t)c->num_layers;
+    size_t maxT = (size_t)c->max_seq_len;
+    sizes[0] = Vp * C;         // wte
+    sizes[1] = maxT * C;       // wpe
+    sizes[2] = L * C;          // ln1w
+    sizes[3] = L * C;          // ln1b
+    sizes[4] = L * 3 * C * C;  // qkvw
+    sizes[5] = L * 3 * C;      // qkvb
+    sizes[6] = L * C * C;      // attprojw
+    sizes[7] = L * C;          // attprojb
+    sizes[8] = L * C;          // ln2w
+    sizes[9] = L * C;          // ln2b
+    sizes[10] = L * 4 * C * C; // fcw
+    sizes[11] = L * 4 * C;     // fcb
+    sizes[12] = L * C * 4 * C; // fcprojw
+    sizes[13] = L * C;         // fcprojb
+    sizes[14] = C;             // lnfw
+    sizes[15] = C;             // lnfb
+}
+
+static inline size_t gpt_num_params(const GPTConfig* c) {
+    size_t sizes[NUM_PARAM_TENSORS], total = 0;
+    gpt_param_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) total += sizes[i];
+    return total;
+}
+
+// Model FLOPs of one training step (forward + backward) on one sequence of length T, by the
+// Megatron formula the FlashAttention-2 paper's Table 1 uses: 6·T·P + 12·L·h·T². P counts all
+// parameters (embeddings and padded vocab included); attention is not halved for the causal mask.
+static inline double gpt_flops_per_sequence(const GPTConfig* c, int T) {
+    double P = (double)gpt_num_params(c), L = c->num_layers, h = c->channels, s = T;
+    return 6.0 * s * P + 12.0 * L * h * s * s;
+}
+
+// Dense bf16 tensor-core peak in TFLOP/s for a GPU known by its CUDA device name, or 0 when the
+// name is not known (then the user passes --peak-tflops). SXM parts; PCIe/NVL parts run lower clocks.
+static inline double gpu_peak_bf16_tflops(const char* device_name) {
+    if (strstr(device_name, "H100") || strstr(device_name, "H200")) {
+        if (strstr(device_name, "PCIe")) return 756.0;
+        if (strstr(device_name, "NVL")) return 835.0;
+        return 989.4;
+    }
+    if (strstr(device_name, "A100")) return 312.0;
+    return 0.0;
+}
+
+#endif  // GPT_CONFIG_H

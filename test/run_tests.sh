@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# run_tests.sh: runs every test program and sums up their cases.
+# Called by `make test` from the repository root, after everything is built.
+#
+# Each test program prints one line per case: `PASS name`, `FAIL name: why` or
+# `SKIP name: why` (test/test_harness.h, test/harness.py). GPU programs skip
+# their cases themselves when no GPU is found. A program that exits non-zero
+# without a FAIL line (a crash) counts as one failure, and so does one that
+# runs no case at all. Full output of each program: $BUILD/test_logs/.
+# Ends with `N passed, N failed, N skipped`; exits 1 when anything failed.
+set -u
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-.venv/bin/python}
+
+tests=(
+    "$BUILD/test_cpu_reference"
+    "$BUILD/test_gpt_config"
+    "$BUILD/test_dataloader"
+    "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_train_gpt_cli.py"
+    "$BUILD/test_gpu_build"
+)
+
+mkdir -p "$BUILD/test_logs"
+passed=0; failed=0; skipped=0
+for cmd in "${tests[@]}"; do
+    name=$(basename "${cmd##* }" .py)
+    name=${name%.sh}
+    log="$BUILD/test_logs/$name.log"
+    echo "== $cmd"
+    $cmd >"$log" 2>&1
+    rc=$?
+    grep -E '^(PASS|FAIL|SKIP) ' "$log" | sed 's/^/   /'
+    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "   FAIL $name: exited with status $rc without reporting a failed case; last lines of $log:"
+        tail -n 5 "$log" | sed 's/^/      /'
+        f=1
+    elif [ $((p + f + s)) -eq 0 ]; then
+        echo "   FAIL $name: ran no test case; see $log"
+        f=1
+    elif [ "$f" -gt 0 ]; then
+        echo "   (details: $log)"
+    fi
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+done
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
