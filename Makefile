@@ -31,11 +31,12 @@ endif
 TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
-CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
+CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
+.SECONDARY:  # keep object files between builds (incremental)
 
 all: train_gpt $(CPU_TESTS) $(GPU_TESTS)
 
@@ -58,6 +59,10 @@ $(BUILD)/%.o: test/%.c | $(BUILD)
 
 $(BUILD)/test_cpu_reference: $(BUILD)/test_cpu_reference.o $(BUILD)/cpu_reference.o $(BUILD)/cpu_gpt.o
 	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm
+
+# The reference model as a shared library, for the Python checks (no sanitizers: Python loads it).
+$(BUILD)/libcpu_gpt.so: test/cpu_reference.c test/cpu_gpt.c test/cpu_reference.h test/cpu_gpt.h layers/gpt_config.h | $(BUILD)
+	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I. -o $@ test/cpu_reference.c test/cpu_gpt.c -lm
 
 $(BUILD)/test_%: $(BUILD)/test_%.o
 	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm

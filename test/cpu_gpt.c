@@ -8,6 +8,7 @@
 // then lnf = LN(residual3[L-1]), logits = lnf·wteᵀ (tied LM head, no bias), mean cross-entropy.
 #include "cpu_gpt.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,4 +179,20 @@ void cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
 
     free(dlogits); free(dresidual); free(dresidual2); free(dln);
     free(datty); free(dqkv); free(dfch); free(dfch_gelu);
+}
+
+double cpu_gpt_forward_backward(const int config[6], int B, int T, const double* params, const int* inputs,
+                                const int* targets, double* logits, double* grads) {
+    GPTConfig c = {config[0], config[1], config[2], config[3], config[4], config[5]};
+    CpuGPT model;
+    if (cpu_gpt_create(&model, c, B, T) != 0) return NAN;
+    memcpy(model.params, params, model.num_params * sizeof(double));
+    double loss = cpu_gpt_forward(&model, inputs, targets);
+    memcpy(logits, model.logits, (size_t)B * T * c.padded_vocab_size * sizeof(double));
+    if (grads) {
+        cpu_gpt_backward(&model, inputs, targets);
+        memcpy(grads, model.grads, model.num_params * sizeof(double));
+    }
+    cpu_gpt_destroy(&model);
+    return loss;
 }

@@ -9,11 +9,12 @@
 # runs no case at all. Full output of each program: $BUILD/test_logs/.
 # Ends with `N passed, N failed, N skipped`; exits 1 when anything failed.
 set -u
-BUILD=${BUILD:-build}
+export BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-.venv/bin/python}
 
 tests=(
     "$BUILD/test_cpu_reference"
+    "$PYTHON test/test_cpu_gpt_numpy.py"
     "$BUILD/test_gpt_config"
     "$BUILD/test_dataloader"
     "$PYTHON test/test_prepare_data.py"
