@@ -23,10 +23,11 @@ TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefine
 DEPFLAGS = -MMD -MP
 
 # Offline machines: take the Tiny Shakespeare text and the GPT-2 BPE ranks from ../shared/data
-# when they are there (scripts/prepare_data.py downloads them otherwise).
+# when they are there, over any TIKTOKEN_CACHE_DIR already set (scripts/prepare_data.py downloads
+# them otherwise).
 SHARED_DATA ?= ../shared/data
 ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache),)
-export TIKTOKEN_CACHE_DIR ?= $(abspath $(SHARED_DATA)/tiktoken_cache)
+export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_DATA)/tiktoken_cache)
 endif
 TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin

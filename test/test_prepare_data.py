@@ -26,7 +26,8 @@ MAGIC, VERSION = 20240520, 1
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 if os.path.isdir(SHARED):
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(SHARED, "tiktoken_cache"))
+    # The shared ranks, even where TIKTOKEN_CACHE_DIR points elsewhere: the tests run offline.
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")
 _tmp = tempfile.TemporaryDirectory(prefix="test_prepare_data_")  # removed at exit
 
 
