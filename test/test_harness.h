@@ -22,14 +22,18 @@ static inline void test_begin(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
 
 static inline void test_pass(const char* name) { printf("PASS %s\n", name); }
 
-static inline void test_fail(const char* name, const char* fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+static inline void test_vfail(const char* name, const char* fmt, va_list ap) {
     printf("FAIL %s: ", name);
     vprintf(fmt, ap);
     printf("\n");
-    va_end(ap);
     g_test_failures++;
+}
+
+static inline void test_fail(const char* name, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    test_vfail(name, fmt, ap);
+    va_end(ap);
 }
 
 static inline void test_skip(const char* name, const char* why) { printf("SKIP %s: %s\n", name, why); }
@@ -39,11 +43,8 @@ static inline void test_report(const char* name, int ok, const char* fmt, ...) {
     if (ok) { test_pass(name); return; }
     va_list ap;
     va_start(ap, fmt);
-    printf("FAIL %s: ", name);
-    vprintf(fmt, ap);
-    printf("\n");
+    test_vfail(name, fmt, ap);
     va_end(ap);
-    g_test_failures++;
 }
 
 static inline int test_end(void) { return g_test_failures == 0 ? 0 : 1; }
