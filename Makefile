@@ -32,14 +32,15 @@ endif
 TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
-CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/libcpu_gpt.so
+CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
+TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
 .SECONDARY:  # keep object files between builds (incremental)
 
-all: train_gpt $(CPU_TESTS) $(GPU_TESTS)
+all: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS)
 
 train: train_gpt $(DATASET)
 
@@ -47,7 +48,7 @@ dataset: $(DATASET)
 
 venv: $(VENV)/.installed
 
-test: train_gpt $(CPU_TESTS) $(GPU_TESTS) $(VENV)/.installed
+test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(VENV)/.installed
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets) {
                                     cfg->padded_vocab_size);
 }
 
-void cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
+int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
     const GPTConfig* cfg = &model->config;
     int B = model->B, T = model->T, C = cfg->channels, NH = cfg->num_heads, HD = C / NH;
     int N = B * T, Vp = cfg->padded_vocab_size;
@@ -136,7 +136,8 @@ void cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
     double* dqkv = (double*)calloc(3 * NC, sizeof(double));
     double* dfch = (double*)calloc(4 * NC, sizeof(double));
     double* dfch_gelu = (double*)calloc(4 * NC, sizeof(double));
-    if (!dlogits || !dresidual || !dresidual2 || !dln || !datty || !dqkv || !dfch || !dfch_gelu) abort();
+    int out_of_memory = !dlogits || !dresidual || !dresidual2 || !dln || !datty || !dqkv || !dfch || !dfch_gelu;
+    if (out_of_memory) goto done;
 
     ref_crossentropy_backward(dlogits, model->logits, targets, 1.0 / N, N, cfg->vocab_size, Vp);
     ref_matmul_backward(dln, g[WTE], NULL, dlogits, model->lnf, p[WTE], N, C, Vp);
@@ -177,8 +178,10 @@ void cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
     }
     ref_encoder_backward(g[WTE], g[WPE], dresidual, inputs, B, T, C);
 
+done:
     free(dlogits); free(dresidual); free(dresidual2); free(dln);
     free(datty); free(dqkv); free(dfch); free(dfch_gelu);
+    return out_of_memory ? -1 : 0;
 }
 
 double cpu_gpt_forward_backward(const int config[6], int B, int T, const double* params, const int* inputs,
@@ -190,7 +193,7 @@ double cpu_gpt_forward_backward(const int config[6], int B, int T, const double*
     double loss = cpu_gpt_forward(&model, inputs, targets);
     memcpy(logits, model.logits, (size_t)B * T * c.padded_vocab_size * sizeof(double));
     if (grads) {
-        cpu_gpt_backward(&model, inputs, targets);
+        if (cpu_gpt_backward(&model, inputs, targets) != 0) loss = NAN;
         memcpy(grads, model.grads, model.num_params * sizeof(double));
     }
     cpu_gpt_destroy(&model);

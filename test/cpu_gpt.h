@@ -55,8 +55,8 @@ void cpu_gpt_destroy(CpuGPT* model);
 double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets);
 
 // Sets model->grads to the gradient of the mean loss of the last forward (which must have been
-// run on these same inputs and targets).
-void cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets);
+// run on these same inputs and targets). Returns 0, or -1 when out of memory for its scratch.
+int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets);
 
 // The whole model in one call, for callers outside C (the numpy and PyTorch checks, through
 // ctypes). config = {L, C, NH, V, Vp, maxT}; params in gpt_config.h's layout; inputs, targets

@@ -19,17 +19,19 @@ LIB = ctypes.CDLL(os.path.join(ROOT, os.environ.get("BUILD", "build"), "libcpu_g
 LIB.cpu_gpt_forward_backward.restype = ctypes.c_double
 
 
-def c_forward(config, params, inputs, targets):
-    """Mean loss and logits (B, T, Vp) from the C reference."""
+def c_forward(config, params, inputs, targets, with_grads=False):
+    """Mean loss, logits (B, T, Vp) and (with_grads) the loss gradient from the C reference."""
     B, T = inputs.shape
     logits = np.empty((B, T, config[4]), dtype=np.float64)
+    grads = np.empty_like(params) if with_grads else None
     as_ptr = lambda a, t: a.ctypes.data_as(ctypes.POINTER(t))  # noqa: E731
     cfg = np.asarray(config, dtype=np.int32)
     inputs, targets = np.ascontiguousarray(inputs, np.int32), np.ascontiguousarray(targets, np.int32)
     loss = LIB.cpu_gpt_forward_backward(as_ptr(cfg, ctypes.c_int), B, T, as_ptr(params, ctypes.c_double),
                                         as_ptr(inputs, ctypes.c_int), as_ptr(targets, ctypes.c_int),
-                                        as_ptr(logits, ctypes.c_double), None)
-    return loss, logits
+                                        as_ptr(logits, ctypes.c_double),
+                                        as_ptr(grads, ctypes.c_double) if with_grads else None)
+    return loss, logits, grads
 
 
 def param_shapes(config):
@@ -83,7 +85,7 @@ def check_config(config, B, T, seed):
     params = rng.normal(0.0, 0.3, n_params)
     inputs = rng.integers(0, config[3], (B, T))
     targets = rng.integers(0, config[3], (B, T))
-    loss_c, logits_c = c_forward(config, params, inputs, targets)
+    loss_c, logits_c, _ = c_forward(config, params, inputs, targets)
     loss_np, logits_np = numpy_forward(config, params, inputs, targets)
     err = np.linalg.norm(logits_c - logits_np) / np.linalg.norm(logits_np)
     assert err < 1e-12, f"logits relative error {err:.3e}"
@@ -102,6 +104,30 @@ def test_forward_matches_numpy_odd_sizes():
 
 def test_forward_matches_numpy_T1():
     check_config((1, 32, 2, 17, 24, 4), B=3, T=1, seed=None)
+
+
+def test_backward_matches_numpy_finite_differences():
+    # The C backward against central differences of the numpy forward: a check of the
+    # backward that shares no code with it. 40 random parameters of every tensor kind.
+    config, B, T = (2, 32, 2, 40, 64, 8), 2, 8
+    rng = np.random.default_rng()
+    n_params = sum(int(np.prod(s)) for s in param_shapes(config))
+    params = rng.normal(0.0, 0.3, n_params)
+    inputs, targets = rng.integers(0, config[3], (B, T)), rng.integers(0, config[3], (B, T))
+    loss, _, grads = c_forward(config, params, inputs, targets, with_grads=True)
+    assert np.isfinite(loss), "the C reference reported a failure (NaN loss)"
+    sample = rng.choice(n_params, 40, replace=False)
+    numeric = np.empty(len(sample))
+    for n, i in enumerate(sample):
+        saved, h = params[i], 1e-6
+        params[i] = saved + h
+        up = numpy_forward(config, params, inputs, targets)[0]
+        params[i] = saved - h
+        down = numpy_forward(config, params, inputs, targets)[0]
+        params[i] = saved
+        numeric[n] = (up - down) / (2 * h)
+    err = np.linalg.norm(grads[sample] - numeric) / np.linalg.norm(numeric)
+    assert err < 1e-6, f"relative error {err:.3e} on {len(sample)} sampled parameters"
 
 
 if __name__ == "__main__":

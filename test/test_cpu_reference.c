@@ -472,7 +472,11 @@ static void test_model(TestRng* rng) {
 
     // Backward against finite differences on a sample of every parameter tensor.
     cpu_gpt_forward(&model, inputs, targets);
-    cpu_gpt_backward(&model, inputs, targets);
+    if (cpu_gpt_backward(&model, inputs, targets) != 0) {
+        test_fail("model_backward", "out of memory");
+        cpu_gpt_destroy(&model);
+        return;
+    }
     const char* names[NUM_PARAM_TENSORS] = {"wte",  "wpe",  "ln1w", "ln1b",    "qkvw",    "qkvb",
                                             "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
                                             "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
