@@ -34,13 +34,16 @@ DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
-GPU_TESTS := $(BUILD)/test_gpu_build
+GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention
+# Attention backends: one object per file, so editing one kernel rebuilds only that file.
+ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
+TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
 .SECONDARY:  # keep object files between builds (incremental)
 
-all: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS)
+all: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS)
 
 train: train_gpt $(DATASET)
 
@@ -48,12 +51,22 @@ dataset: $(DATASET)
 
 venv: $(VENV)/.installed
 
-test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(VENV)/.installed
+test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.installed
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
 train_gpt: train_gpt.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $<
+
+# ---- attention backends, the attention tool and the library the Python scripts load ---------------
+$(BUILD)/%.o: attention/%.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -MD -MF $(BUILD)/$*.d -c -o $@ $<
+
+$(BUILD)/attention_tool: attention/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/attention_tool.d -o $@ $< $(ATTN_OBJS) -lcublas
+
+$(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
+	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/%.o: test/%.c | $(BUILD)
@@ -71,6 +84,13 @@ $(BUILD)/test_%: $(BUILD)/test_%.o
 
 $(BUILD)/test_gpu_%: test/test_gpu_%.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_$*.d -o $@ $<
+
+# GPU tests link nvcc code with the CPU reference, built here without sanitizers (nvcc links no ASan).
+$(BUILD)/cpu_reference_plain.o: test/cpu_reference.c | $(BUILD)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -I. $(DEPFLAGS) -c -o $@ $<
+
+$(BUILD)/test_gpu_attention: test/test_gpu_attention.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

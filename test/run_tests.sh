@@ -20,6 +20,7 @@ tests=(
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"
+    "$BUILD/test_gpu_attention"
 )
 
 mkdir -p "$BUILD/test_logs"

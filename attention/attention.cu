@@ -1,0 +1,98 @@
+// attention.cu: the dispatcher behind attention.h: names, shape checks, memory sizes, and the
+// forward and backward calls routed to the backend the user picked.
+#include <stdio.h>
+#include <string.h>
+
+#include "backends.h"
+
+static const char* BACKEND_NAMES[] = {"naive", "flash1", "flash2"};
+
+const char* attention_backend_name(AttentionBackend backend) {
+    if ((int)backend < 0 || (int)backend > (int)ATTN_FLASH2) return NULL;
+    return BACKEND_NAMES[backend];
+}
+
+int attention_backend_from_name(const char* name, AttentionBackend* backend) {
+    for (int i = 0; i <= (int)ATTN_FLASH2; i++) {
+        if (strcmp(name, BACKEND_NAMES[i]) == 0) {
+            *backend = (AttentionBackend)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int attention_check(AttentionBackend backend, const AttentionShape* s, char* why, size_t why_size) {
+    if (s->B < 1 || s->T < 1 || s->NH < 1 || s->HD < 1) {
+        snprintf(why, why_size, "attention shape B=%d T=%d NH=%d HD=%d: every size must be at least 1", s->B,
+                 s->T, s->NH, s->HD);
+        return -1;
+    }
+    if ((long)s->B * s->NH > 65535L * 65535L) {
+        snprintf(why, why_size, "attention: B·NH = %ld is too large for one launch; lower the batch size",
+                 (long)s->B * s->NH);
+        return -1;
+    }
+    switch (backend) {
+        case ATTN_NAIVE:
+            if (s->HD % 8 != 0 || s->HD > 256) {
+                snprintf(why, why_size,
+                         "the naive backend supports head dims that are multiples of 8 up to 256, not %d; "
+                         "change --heads so that hidden/heads is one",
+                         s->HD);
+                return -1;
+            }
+            return 0;
+        case ATTN_FLASH2:
+            if (!flash2_supports_head_dim(s->HD)) {
+                snprintf(why, why_size,
+                         "the flash2 backend supports head dims 64, 80, 96 and 128, not %d; change --heads "
+                         "so that hidden/heads is one of them, or use --attn naive",
+                         s->HD);
+                return -1;
+            }
+            return 0;
+        case ATTN_FLASH1:
+            snprintf(why, why_size, "the flash1 backend is not built yet; use --attn flash2 or --attn naive");
+            return -1;
+    }
+    snprintf(why, why_size, "unknown attention backend %d", (int)backend);
+    return -1;
+}
+
+size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* shape) {
+    return backend == ATTN_NAIVE ? naive_attention_saved_bytes(shape) : 0;
+}
+
+size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape) {
+    switch (backend) {
+        case ATTN_NAIVE: return naive_attention_workspace_bytes(shape);
+        case ATTN_FLASH2: return flash2_attention_workspace_bytes(shape);
+        default: return 0;
+    }
+}
+
+static void unsupported(AttentionBackend backend, const AttentionShape* shape) {
+    char why[256];
+    if (attention_check(backend, shape, why, sizeof(why)) != 0) fprintf(stderr, "error: %s\n", why);
+    else fprintf(stderr, "error: attention backend %d has no implementation\n", (int)backend);
+    exit(EXIT_FAILURE);
+}
+
+void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
+                       cudaStream_t stream) {
+    switch (backend) {
+        case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
+        case ATTN_FLASH2: flash2_attention_forward(args, stream); return;
+        default: unsupported(backend, &args->shape);
+    }
+}
+
+void attention_backward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
+                        cudaStream_t stream) {
+    switch (backend) {
+        case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
+        case ATTN_FLASH2: flash2_attention_backward(args, stream); return;
+        default: unsupported(backend, &args->shape);
+    }
+}

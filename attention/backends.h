@@ -1,0 +1,20 @@
+// backends.h: what each attention backend provides to the dispatcher in attention.cu.
+// Users call the interface in attention.h; only attention.cu calls these.
+#ifndef ATTENTION_BACKENDS_H
+#define ATTENTION_BACKENDS_H
+
+#include "attention.h"
+
+// naive (attention_naive.cu): S and P materialized with cuBLAS strided-batched GEMMs.
+size_t naive_attention_saved_bytes(const AttentionShape* shape);
+size_t naive_attention_workspace_bytes(const AttentionShape* shape);
+void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
+void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
+
+// flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2 on mma.sync tensor cores.
+int flash2_supports_head_dim(int head_dim);
+size_t flash2_attention_workspace_bytes(const AttentionShape* shape);
+void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream);
+void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream);
+
+#endif  // ATTENTION_BACKENDS_H
