@@ -1,7 +1,8 @@
-// cuda_common.h: checked CUDA calls and the facts about the GPU that the trainer reports.
+// cuda_common.h: checked CUDA and cuBLAS calls and the facts about the GPU that the trainer reports.
 #ifndef CUDA_COMMON_H
 #define CUDA_COMMON_H
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,61 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
     exit(EXIT_FAILURE);
 }
 #define CUDA_CHECK(call) cuda_check((call), __FILE__, __LINE__)
+
+// Exits with the file, line and cuBLAS's status when a cuBLAS call fails. The status names are
+// spelled out here, so a file that includes this header without calling cuBLAS links without it.
+static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    const char* name = "unknown status";
+    const char* hint = "check the arguments of this call";
+    switch (status) {
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            name = "CUBLAS_STATUS_NOT_INITIALIZED";
+            hint = "the handle is not set up: call cublasCreate after the CUDA device is chosen, and check "
+                   "that the CUDA driver works (nvidia-smi)";
+            break;
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            name = "CUBLAS_STATUS_ALLOC_FAILED";
+            hint = "the GPU is out of memory; lower --batch-size or --seq-len, or use a smaller model";
+            break;
+        case CUBLAS_STATUS_INVALID_VALUE:
+            name = "CUBLAS_STATUS_INVALID_VALUE";
+            hint = "a size, leading dimension or stride passed to cuBLAS is invalid; this is a bug in the "
+                   "caller, report it with the shapes you ran";
+            break;
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            name = "CUBLAS_STATUS_ARCH_MISMATCH";
+            hint = "this GPU lacks a feature the call needs (bf16 GEMMs need compute capability 8.0 or newer)";
+            break;
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            name = "CUBLAS_STATUS_MAPPING_ERROR";
+            hint = "cuBLAS could not access GPU memory; check the pointers passed to this call";
+            break;
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            name = "CUBLAS_STATUS_EXECUTION_FAILED";
+            hint = "a GPU kernel failed; an earlier kernel may have corrupted memory: rerun under "
+                   "compute-sanitizer, or with CUDA_LAUNCH_BLOCKING=1 to find the first failing kernel";
+            break;
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            name = "CUBLAS_STATUS_INTERNAL_ERROR";
+            hint = "cuBLAS failed internally, often after an earlier CUDA error; rerun with "
+                   "CUDA_LAUNCH_BLOCKING=1 to find the first failing call";
+            break;
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            name = "CUBLAS_STATUS_NOT_SUPPORTED";
+            hint = "this combination of types, shapes or alignment is not supported by the installed cuBLAS; "
+                   "report it with the shapes you ran and your CUDA version";
+            break;
+        case CUBLAS_STATUS_LICENSE_ERROR:
+            name = "CUBLAS_STATUS_LICENSE_ERROR";
+            break;
+        default: break;
+    }
+    fprintf(stderr, "error: cuBLAS call failed at %s:%d: %s (%d)\n", file, line, name, (int)status);
+    fprintf(stderr, "hint: %s\n", hint);
+    exit(EXIT_FAILURE);
+}
+#define CUBLAS_CHECK(call) cublas_check((call), __FILE__, __LINE__)
 
 typedef struct {
     int found;              // 0 when no usable CUDA device (no GPU or no driver)

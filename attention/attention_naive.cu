@@ -1,0 +1,335 @@
+// attention_naive.cu: standard attention, the "without FlashAttention" baseline: the (T, T) score
+// and probability matrices of every (batch, head) are materialized in GPU memory.
+//
+// Per batch b and head h, with scale = 1/√HD (attention.h for the layouts and strides):
+//   forward   S  = Q Kᵀ                      fp32  workspace (B, NH, T, T)    cuBLAS
+//             P  = softmax(S · scale)        bf16  saved     (B, NH, T, T)    softmax_forward_kernel
+//             LSE = log Σ_j exp(S · scale)   fp32  lse       (B, NH, T)       (same kernel)
+//             O  = P V                       bf16  out       (B, T, NH, HD)   cuBLAS
+//   backward  dV = Pᵀ dO                     bf16  dv        (B, T, NH, HD)   cuBLAS
+//             dP = dO Vᵀ                     fp32  workspace (B, NH, T, T)    cuBLAS
+//             dS = P ∘ (dP − D) · scale,     bf16  over P in saved            softmax_backward_kernel
+//                  D = rowsum(dO ∘ O)
+//             dQ = dS K,  dK = dSᵀ Q         bf16  dq, dk    (B, T, NH, HD)   cuBLAS
+// q, k, v, dq, dk, dv are (B, T, NH, HD) rows at their strides (inside the packed (B, T, 3, NH, HD)
+// activation or plain); the scale is folded into dS, so dQ and dK need no extra factor.
+// D is taken from the bf16 out, as attention.h defines it and as flash2 does, rather than as
+// Σ_j P_ij dP_ij from the bf16 P: equal in exact arithmetic, but with large logits (near one-hot
+// rows, where dP − D cancels) the two roundings give dQ and dK up to ~1e-2 relative apart, and
+// this way both backends compute the same function of (q, k, v, out, lse, dout).
+// Causal: keys j > query i get P = 0 exactly (and so dS = 0); the GEMMs still compute all of S and dP.
+//
+// The backward CONSUMES `saved`: it overwrites P with dS in place. Run the forward again before
+// another backward of the same inputs.
+// Memory: saved B·NH·T·T·2 bytes, workspace B·NH·T·T·4 bytes (at T = 16384: 512 MiB and 1 GiB per
+// (b, h) pair), which is why this is the baseline and not the backend to train with.
+//
+// cuBLAS is column-major. A row-major (rows, cols) matrix with row stride ld is, to cuBLAS, the
+// column-major (cols, rows) matrix with leading dimension ld, i.e. its transpose. Writing Xc for
+// that view of a row-major X (Qc = Qᵀ, (HD, T), ld = qkv_stride; Sc = Sᵀ, (T, T), ld = T), each
+// row-major product X = Y Z becomes the column-major product Xc = Xᵀ = Zᵀ Yᵀ:
+//   S  = Q Kᵀ  → Sc  = K Qᵀ   = Kcᵀ · Qc      OP_T, OP_N, m = T,  n = T, k = HD
+//   O  = P V   → Oc  = Vᵀ Pᵀ  = Vc  · Pc      OP_N, OP_N, m = HD, n = T, k = T
+//   dV = Pᵀ dO → dVc = dOᵀ P  = dOc · Pcᵀ     OP_N, OP_T, m = HD, n = T, k = T
+//   dP = dO Vᵀ → dPc = V dOᵀ  = Vcᵀ · dOc     OP_T, OP_N, m = T,  n = T, k = HD
+//   dQ = dS K  → dQc = Kᵀ dSᵀ = Kc  · dSc     OP_N, OP_N, m = HD, n = T, k = T
+//   dK = dSᵀ Q → dKc = Qᵀ dS  = Qc  · dScᵀ    OP_N, OP_T, m = HD, n = T, k = T
+// One strided-batched call per batch index b covers its NH heads: consecutive heads of a (T, HD)
+// operand are HD elements apart (same leading dimension), consecutive heads of a (T, T) matrix
+// T·T apart. Batches b are a loop, since b·T·stride is not one stride across b and h together.
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../layers/cuda_common.h"
+#include "backends.h"
+
+// ---- block reductions (blockDim.x a multiple of 32, at most 1024) ----------------------------------
+
+// Merges the online-softmax pair (m2, l2) into (m, l): m the max, l = Σ exp(x − m).
+static __device__ __forceinline__ void online_merge(float* m, float* l, float m2, float l2) {
+    float mn = fmaxf(*m, m2);
+    if (mn == -INFINITY) return;  // both empty
+    *l = *l * expf(*m - mn) + l2 * expf(m2 - mn);
+    *m = mn;
+}
+
+static __device__ __forceinline__ void warp_online_merge(float* m, float* l) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(0xFFFFFFFFu, *m, offset);
+        float l2 = __shfl_xor_sync(0xFFFFFFFFu, *l, offset);
+        online_merge(m, l, m2, l2);
+    }
+}
+
+// Every thread ends with the block's (max, sum of exp(x − max)).
+static __device__ void block_online_merge(float* m, float* l) {
+    __shared__ float shared_m[32], shared_l[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    warp_online_merge(m, l);
+    if (lane == 0) {
+        shared_m[warp] = *m;
+        shared_l[warp] = *l;
+    }
+    __syncthreads();
+    *m = lane < num_warps ? shared_m[lane] : -INFINITY;
+    *l = lane < num_warps ? shared_l[lane] : 0.0f;
+    warp_online_merge(m, l);  // every warp merges the per-warp results, so all threads have them
+    __syncthreads();          // the shared arrays may be rewritten by the next call
+}
+
+// Every thread ends with the block's sum of x.
+static __device__ float block_sum(float x) {
+    __shared__ float shared[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
+    if (lane == 0) shared[warp] = x;
+    __syncthreads();
+    x = lane < num_warps ? shared[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
+    __syncthreads();
+    return x;
+}
+
+// Four bf16 in one 8-byte word (the VEC = 4 paths).
+static __device__ __forceinline__ uint2 pack_bf16x4(float a, float b, float c, float d) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    return packed;
+}
+
+static __device__ __forceinline__ void unpack_bf16x4(uint2 packed, float* x) {
+    __nv_bfloat162 lo = *reinterpret_cast<__nv_bfloat162*>(&packed.x);
+    __nv_bfloat162 hi = *reinterpret_cast<__nv_bfloat162*>(&packed.y);
+    float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+    x[0] = a.x;
+    x[1] = a.y;
+    x[2] = b.x;
+    x[3] = b.y;
+}
+
+// ---- kernels ---------------------------------------------------------------------------------------
+
+// Row softmax. S (rows, T) fp32 unscaled scores, rows = B·NH·T (row = (b·NH + h)·T + i); writes
+// P (rows, T) bf16 = exp(S·scale − LSE) for keys j < num_keys(i), exactly 0 for masked keys, and
+// lse (rows) fp32. One block per row (grid-stride over rows); two passes over the row: an online
+// max/sum, then the write. VEC = 4: float4 loads and 8-byte stores (T % 4 == 0, aligned bases).
+template <int VEC>
+__global__ void softmax_forward_kernel(__nv_bfloat16* P, float* lse, const float* S, int T, size_t rows, float scale,
+                                       int causal) {
+    for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int i = (int)(row % (size_t)T);
+        const int num_keys = causal ? i + 1 : T;
+        const float* s = S + row * (size_t)T;
+        __nv_bfloat16* p = P + row * (size_t)T;
+
+        float m = -INFINITY, l = 0.0f;
+        if (VEC == 4) {
+            const int num_chunks = (num_keys + 3) / 4;  // the last chunk may hold masked keys (still in the row)
+            for (int c = threadIdx.x; c < num_chunks; c += blockDim.x) {
+                float4 x4 = reinterpret_cast<const float4*>(s)[c];
+                float x[4] = {x4.x * scale, x4.y * scale, x4.z * scale, x4.w * scale};
+                int valid = min(4, num_keys - 4 * c);
+                float cm = x[0];
+                for (int e = 1; e < valid; e++) cm = fmaxf(cm, x[e]);
+                float cl = 0.0f;
+                for (int e = 0; e < valid; e++) cl += expf(x[e] - cm);
+                online_merge(&m, &l, cm, cl);
+            }
+        } else {
+            for (int j = threadIdx.x; j < num_keys; j += blockDim.x) {
+                float x = s[j] * scale;
+                if (x > m) {
+                    l = l * expf(m - x) + 1.0f;
+                    m = x;
+                } else {
+                    l += expf(x - m);
+                }
+            }
+        }
+        block_online_merge(&m, &l);
+        const float row_lse = m + logf(l);
+        if (threadIdx.x == 0) lse[row] = row_lse;
+
+        if (VEC == 4) {
+            for (int c = threadIdx.x; c < T / 4; c += blockDim.x) {
+                uint2 out = make_uint2(0u, 0u);  // bf16 +0 in all four
+                if (4 * c < num_keys) {
+                    float4 x4 = reinterpret_cast<const float4*>(s)[c];
+                    float x[4] = {x4.x, x4.y, x4.z, x4.w};
+                    float y[4];
+                    for (int e = 0; e < 4; e++) y[e] = 4 * c + e < num_keys ? expf(x[e] * scale - row_lse) : 0.0f;
+                    out = pack_bf16x4(y[0], y[1], y[2], y[3]);
+                }
+                reinterpret_cast<uint2*>(p)[c] = out;
+            }
+        } else {
+            for (int j = threadIdx.x; j < T; j += blockDim.x)
+                p[j] = __float2bfloat16(j < num_keys ? expf(s[j] * scale - row_lse) : 0.0f);
+        }
+    }
+}
+
+// Softmax backward, in place. PdS (rows, T) bf16 holds P on entry and dS = P ∘ (dP − D) · scale on
+// exit, dP (rows, T) fp32, D_i = Σ_d dO[b, i, h, d] · O[b, i, h, d] from out and dout (B, T, NH, HD)
+// at out_stride. Masked keys (j > i when causal) hold P = 0 and are left as they are (dS = 0).
+// One block per row (grid-stride), row = (b·NH + h)·T + i. VEC as in softmax_forward_kernel.
+template <int VEC>
+__global__ void softmax_backward_kernel(__nv_bfloat16* PdS, const float* dP, const __nv_bfloat16* out,
+                                        const __nv_bfloat16* dout, long out_stride, int T, int NH, int HD,
+                                        size_t rows, float scale, int causal) {
+    for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const size_t bh = row / (size_t)T;
+        const int i = (int)(row % (size_t)T);
+        const size_t b = bh / (size_t)NH, h = bh % (size_t)NH;
+        const size_t o_offset = (b * (size_t)T + (size_t)i) * (size_t)out_stride + h * (size_t)HD;
+        float d = 0.0f;
+        for (int c = threadIdx.x; c < HD; c += blockDim.x)
+            d += __bfloat162float(out[o_offset + c]) * __bfloat162float(dout[o_offset + c]);
+        const float D = block_sum(d);
+
+        const int num_keys = causal ? i + 1 : T;
+        __nv_bfloat16* p = PdS + row * (size_t)T;
+        const float* dp = dP + row * (size_t)T;
+        if (VEC == 4) {
+            const int num_chunks = (num_keys + 3) / 4;
+            for (int c = threadIdx.x; c < num_chunks; c += blockDim.x) {
+                float pv[4];
+                unpack_bf16x4(reinterpret_cast<const uint2*>(p)[c], pv);
+                float4 g4 = reinterpret_cast<const float4*>(dp)[c];
+                float g[4] = {g4.x, g4.y, g4.z, g4.w};
+                float y[4];
+                for (int e = 0; e < 4; e++) y[e] = 4 * c + e < num_keys ? pv[e] * (g[e] - D) * scale : 0.0f;
+                reinterpret_cast<uint2*>(p)[c] = pack_bf16x4(y[0], y[1], y[2], y[3]);
+            }
+        } else {
+            for (int j = threadIdx.x; j < num_keys; j += blockDim.x)
+                p[j] = __float2bfloat16(__bfloat162float(p[j]) * (dp[j] - D) * scale);
+        }
+    }
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+
+static void naive_fail(const char* what, const char* why) {
+    fprintf(stderr, "error: naive attention %s: %s\n", what, why);
+    exit(EXIT_FAILURE);
+}
+
+// The checks cuBLAS and the kernels rely on, with what to change when one fails.
+static void naive_check_args(const AttentionContext* ctx, const AttentionArgs* args, const char* what) {
+    if (ctx == NULL || ctx->cublas == NULL)
+        naive_fail(what, "AttentionContext.cublas is NULL; create a handle with cublasCreate and pass it");
+    if (args->saved == NULL || args->workspace == NULL)
+        naive_fail(what, "saved or workspace is NULL; allocate attention_saved_bytes() and "
+                         "attention_workspace_bytes() for this shape and pass them");
+    if (args->qkv_stride > INT_MAX || args->out_stride > INT_MAX || args->dqkv_stride > INT_MAX)
+        naive_fail(what, "a row stride exceeds INT_MAX elements, more than cuBLAS leading dimensions allow");
+}
+
+// Threads per row: enough to cover a row in a few steps, a multiple of 32, at most 512.
+static int row_threads(int T) {
+    if (T <= 512) return 64;
+    if (T <= 2048) return 128;
+    if (T <= 8192) return 256;
+    return 512;
+}
+
+static unsigned row_blocks(size_t rows) { return (unsigned)(rows < (size_t)INT_MAX ? rows : (size_t)INT_MAX); }
+
+// C = op(A) · op(B), one call per batch index over NH heads; alpha = 1, beta = 0, fp32 accumulation.
+static void gemm_heads(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k,
+                       const void* A, long lda, long long stride_a, const void* B, long ldb, long long stride_b,
+                       void* C, cudaDataType c_type, long ldc, long long stride_c, int heads) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_a, op_b, m, n, k, &alpha, A, CUDA_R_16BF, (int)lda, stride_a, B,
+                                            CUDA_R_16BF, (int)ldb, stride_b, &beta, C, c_type, (int)ldc, stride_c,
+                                            heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+size_t naive_attention_saved_bytes(const AttentionShape* s) {
+    return (size_t)s->B * (size_t)s->NH * (size_t)s->T * (size_t)s->T * sizeof(__nv_bfloat16);  // P
+}
+
+size_t naive_attention_workspace_bytes(const AttentionShape* s) {
+    return (size_t)s->B * (size_t)s->NH * (size_t)s->T * (size_t)s->T * sizeof(float);  // S, then dP
+}
+
+void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
+    naive_check_args(ctx, args, "forward");
+    const AttentionShape* s = &args->shape;
+    const int T = s->T, NH = s->NH, HD = s->HD;
+    const size_t TT = (size_t)T * T, rows = (size_t)s->B * NH * T;
+    const float scale = 1.0f / sqrtf((float)HD);
+    float* S = (float*)args->workspace;
+    __nv_bfloat16* P = (__nv_bfloat16*)args->saved;
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+
+    for (int b = 0; b < s->B; b++) {  // S = Q Kᵀ: Sc = Kcᵀ · Qc
+        const size_t qkv_b = (size_t)b * T * args->qkv_stride;
+        gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->k + qkv_b, args->qkv_stride, HD,
+                   args->q + qkv_b, args->qkv_stride, HD, S + (size_t)b * NH * TT, CUDA_R_32F, T, (long long)TT, NH);
+    }
+
+    const int vec = T % 4 == 0 && (uintptr_t)S % 16 == 0 && (uintptr_t)P % 8 == 0;
+    if (vec)
+        softmax_forward_kernel<4><<<row_blocks(rows), row_threads(T), 0, stream>>>(P, args->lse, S, T, rows, scale,
+                                                                                  s->causal);
+    else
+        softmax_forward_kernel<1><<<row_blocks(rows), row_threads(T), 0, stream>>>(P, args->lse, S, T, rows, scale,
+                                                                                  s->causal);
+    CUDA_CHECK(cudaGetLastError());
+
+    for (int b = 0; b < s->B; b++) {  // O = P V: Oc = Vc · Pc
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->v + (size_t)b * T * args->qkv_stride,
+                   args->qkv_stride, HD, P + (size_t)b * NH * TT, T, (long long)TT,
+                   args->out + (size_t)b * T * args->out_stride, CUDA_R_16BF, args->out_stride, HD, NH);
+    }
+}
+
+void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
+    naive_check_args(ctx, args, "backward");
+    const AttentionShape* s = &args->shape;
+    const int T = s->T, NH = s->NH, HD = s->HD;
+    const size_t TT = (size_t)T * T, rows = (size_t)s->B * NH * T;
+    const float scale = 1.0f / sqrtf((float)HD);
+    float* dP = (float*)args->workspace;
+    __nv_bfloat16* P = (__nv_bfloat16*)args->saved;  // P on entry, dS after the softmax backward
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+
+    for (int b = 0; b < s->B; b++) {
+        const size_t qkv_b = (size_t)b * T * args->qkv_stride, out_b = (size_t)b * T * args->out_stride;
+        const size_t dqkv_b = (size_t)b * T * args->dqkv_stride;
+        __nv_bfloat16* P_b = P + (size_t)b * NH * TT;
+        // dV = Pᵀ dO: dVc = dOc · Pcᵀ
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, T, args->dout + out_b, args->out_stride, HD, P_b, T,
+                   (long long)TT, args->dv + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
+        // dP = dO Vᵀ: dPc = Vcᵀ · dOc
+        gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->v + qkv_b, args->qkv_stride, HD,
+                   args->dout + out_b, args->out_stride, HD, dP + (size_t)b * NH * TT, CUDA_R_32F, T, (long long)TT,
+                   NH);
+    }
+
+    const int vec = T % 4 == 0 && (uintptr_t)dP % 16 == 0 && (uintptr_t)P % 8 == 0;
+    if (vec)
+        softmax_backward_kernel<4><<<row_blocks(rows), row_threads(T), 0, stream>>>(
+            P, dP, args->out, args->dout, args->out_stride, T, NH, HD, rows, scale, s->causal);
+    else
+        softmax_backward_kernel<1><<<row_blocks(rows), row_threads(T), 0, stream>>>(
+            P, dP, args->out, args->dout, args->out_stride, T, NH, HD, rows, scale, s->causal);
+    CUDA_CHECK(cudaGetLastError());
+
+    for (int b = 0; b < s->B; b++) {
+        const size_t qkv_b = (size_t)b * T * args->qkv_stride, dqkv_b = (size_t)b * T * args->dqkv_stride;
+        const __nv_bfloat16* dS_b = P + (size_t)b * NH * TT;
+        // dQ = dS K: dQc = Kc · dSc
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->k + qkv_b, args->qkv_stride, HD, dS_b, T,
+                   (long long)TT, args->dq + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
+        // dK = dSᵀ Q: dKc = Qc · dScᵀ
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, T, args->q + qkv_b, args->qkv_stride, HD, dS_b, T,
+                   (long long)TT, args->dk + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
+    }
+}

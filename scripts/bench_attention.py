@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+"""bench_attention.py: time our attention backends against PyTorch SDPA in the same process.
+
+Our backends are called through build/libattention.so (ctypes, attention/attention_flat_api.cu);
+PyTorch's are scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION) ("torch-flash",
+FlashAttention-2) and sdpa_kernel(CUDNN_ATTENTION) ("torch-cudnn"). Everyone gets the trainer's layout:
+one packed bf16 activation qkv (B, T, 3, NH, HD) of random normal values. Ours reads it through
+strided pointers (q = qkv, k = qkv + NH*HD, v = qkv + 2*NH*HD, row stride 3*NH*HD) and writes the
+gradients into a packed dqkv; PyTorch gets q, k, v = qkv.unbind(2), each .transpose(1, 2), i.e.
+strided (B, NH, T, HD) views, as a GPT model does.
+
+Grid (ANCHORS.md, the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
+2048 / head dim), causal and not, seqlen 512 ... 16k with batch = 16384 / seqlen.
+
+Method, the same for every implementation (that of triton.testing.do_bench): the L2 cache is flushed
+(a 256 MiB buffer is zeroed) before every run, each run is timed by its own pair of CUDA events,
+runs repeat for about --rep-ms after --warmup-ms of warm-up, and the median counts.
+  forward   one forward call in training mode (ours writes out and the LSE; PyTorch's inputs
+            require grad, so it saves what its backward needs)
+  backward  ours: one backward call (after a forward, so out and LSE are valid);
+            PyTorch: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) on an output
+            computed once, i.e. SDPA's backward alone; the copy of dq, dk, dv into a packed dqkv
+            that a GPT's unbind would add is not timed (ours writes the packed dqkv directly)
+  fwd+bwd   the sum of the forward and backward medians
+FLOPs as in the FA2 paper: fwd = 4·B·T²·HD·NH, halved when causal; bwd = 2.5·fwd; fwd+bwd = 3.5·fwd.
+
+Before timing, every implementation's out, dq, dk and dv are compared with torch-flash's (relative
+error ‖x − ref‖/‖ref‖ ≤ --check-tolerance, no NaN); a point that fails is shown as WRONG.
+
+Writes <out-dir>/attention_<gpu>[_<tag>].json (every record; rewritten after every point, so a crash
+keeps what was measured) and .md (the tables, command and commit), and prints the tables last.
+
+Usage (from the repository root, after `make build/libattention.so`):
+    python3 scripts/bench_attention.py                                  # the whole grid
+    python3 scripts/bench_attention.py --hdims 128 --causal 1 --seqlens 2k,8k
+    python3 scripts/bench_attention.py --impls flash2,naive,torch-flash --tag naive
+"""
+import argparse
+import contextlib
+import ctypes
+import datetime
+import gc
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import warnings
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError as err:
+    sys.exit(f"bench_attention.py: error: {err}; run this on a GPU machine with PyTorch >= 2.3")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUR_IMPLS = ("naive", "flash1", "flash2")
+TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+REFERENCE_ORDER = ("torch-flash", "torch-cudnn")  # the first that runs is the correctness reference
+PASSES = ("fwd", "bwd", "fwd+bwd")
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+MIN_REPS, MAX_REPS = 5, 1000
+
+
+class Skip(Exception):
+    """A point an implementation cannot run (rejected shape, not enough memory); the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Our backends through ctypes
+
+def load_library(path):
+    """Loads libattention.so and declares the argument types of its flat C functions."""
+    if not os.path.exists(path):
+        sys.exit(f"bench_attention.py: error: {path} not found; build it with `make build/libattention.so`")
+    lib = ctypes.CDLL(path)
+    i, n, p, s = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_char_p
+    shape = [s, i, i, i, i, i]  # backend, B, T, NH, HD, causal
+    lib.attention_flat_last_error.restype = s
+    lib.attention_flat_last_error.argtypes = []
+    for fn in (lib.attention_flat_saved_bytes, lib.attention_flat_workspace_bytes):
+        fn.restype = n
+        fn.argtypes = shape
+    lib.attention_flat_forward.restype = i
+    # q, k, v, qkv_stride, out, out_stride, lse, saved, workspace, stream
+    lib.attention_flat_forward.argtypes = shape + [p, p, p, n, p, n, p, p, p, p]
+    lib.attention_flat_backward.restype = i
+    # q, k, v, qkv_stride, out, out_stride, lse, dout, dq, dk, dv, dqkv_stride, saved, workspace, stream
+    lib.attention_flat_backward.argtypes = shape + [p, p, p, n, p, n, p, p, p, p, p, n, p, p, p]
+    return lib
+
+
+def last_error(lib):
+    """The library's message for the last call that returned -1."""
+    return lib.attention_flat_last_error().decode(errors="replace")
+
+
+def our_runner(lib, impl, qkv, dout, causal):
+    """Sets up our backend `impl` on the packed qkv (B, T, 3, NH, HD) and dout (B, T, NH, HD).
+
+    Returns (forward, backward, results): two functions that enqueue one call each on the current
+    stream, and one that returns out, dq, dk, dv as (B, T, NH, HD) views. Raises Skip when the
+    backend rejects the shape or its memory does not fit.
+    """
+    B, T, _, NH, HD = qkv.shape
+    name = impl.encode()
+    dims = (name, B, T, NH, HD, int(causal))
+    saved_bytes = lib.attention_flat_saved_bytes(*dims)
+    workspace_bytes = lib.attention_flat_workspace_bytes(*dims)
+    if saved_bytes < 0 or workspace_bytes < 0:
+        raise Skip(f"rejected: {last_error(lib)}")
+    free = torch.cuda.mem_get_info()[0]
+    if saved_bytes + workspace_bytes > 0.9 * free:
+        raise Skip(f"needs {(saved_bytes + workspace_bytes) / 2**30:.1f} GiB of saved + workspace memory, "
+                   f"{free / 2**30:.1f} GiB free")
+    out = torch.empty((B, T, NH, HD), dtype=torch.bfloat16, device=qkv.device)
+    lse = torch.empty((B, NH, T), dtype=torch.float32, device=qkv.device)
+    dqkv = torch.empty_like(qkv)
+    saved = torch.empty(saved_bytes, dtype=torch.uint8, device=qkv.device) if saved_bytes else None
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=qkv.device) if workspace_bytes else None
+
+    row = NH * HD  # elements of one token's q (or k, or v) in the packed row of 3·NH·HD
+    step = row * qkv.element_size()  # bytes from q to k and from k to v
+    q, k, v = (qkv.data_ptr() + j * step for j in range(3))
+    dq, dk, dv = (dqkv.data_ptr() + j * step for j in range(3))
+    saved_ptr = saved.data_ptr() if saved is not None else None
+    workspace_ptr = workspace.data_ptr() if workspace is not None else None
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def forward():
+        if lib.attention_flat_forward(*dims, q, k, v, 3 * row, out.data_ptr(), row, lse.data_ptr(), saved_ptr,
+                                      workspace_ptr, stream) != 0:
+            raise Skip(f"forward failed: {last_error(lib)}")
+
+    def backward():
+        if lib.attention_flat_backward(*dims, q, k, v, 3 * row, out.data_ptr(), row, lse.data_ptr(),
+                                       dout.data_ptr(), dq, dk, dv, 3 * row, saved_ptr, workspace_ptr,
+                                       stream) != 0:
+            raise Skip(f"backward failed: {last_error(lib)}")
+
+    def results():
+        return out, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2]
+
+    # The closures keep out, lse, dqkv, saved and workspace alive for as long as the runner lives.
+    forward.buffers = (out, lse, dqkv, saved, workspace)
+    return forward, backward, results
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch SDPA
+
+def torch_runner(impl, qkv, dout, causal):
+    """Sets up PyTorch SDPA with one backend on q, k, v = qkv.unbind(2) as (B, NH, T, HD) views.
+
+    Returns (forward, backward, results) like our_runner; they must run inside sdpa_kernel(backend)
+    (see backend_context). Raises Skip when that backend cannot run the shape.
+    """
+    leaf = qkv.detach().requires_grad_(True)
+    q, k, v = (x.transpose(1, 2) for x in leaf.unbind(2))  # (B, NH, T, HD) strided views
+    dout_t = dout.transpose(1, 2)  # (B, NH, T, HD) view of (B, T, NH, HD)
+    try:
+        with backend_context(impl), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SDPA warns at length about why a backend does not apply
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+            grads = torch.autograd.grad(out, (q, k, v), dout_t, retain_graph=True)
+    except RuntimeError as err:
+        raise Skip(f"rejected: {str(err).splitlines()[0]}")
+
+    def forward():
+        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+    def backward():
+        torch.autograd.grad(out, (q, k, v), dout_t, retain_graph=True)
+
+    def results():
+        return (out.transpose(1, 2),) + tuple(g.transpose(1, 2) for g in grads)
+
+    return forward, backward, results
+
+
+def backend_context(impl):
+    """sdpa_kernel(backend) for a PyTorch implementation; a no-op context for ours."""
+    return sdpa_kernel([TORCH_IMPLS[impl]]) if impl in TORCH_IMPLS else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing and checking
+
+def measure_ms(fn, flush, warmup_ms, rep_ms):
+    """Median milliseconds of fn() over about rep_ms of runs, each timed by its own CUDA events, with
+    the L2 cache flushed before every run and about warmup_ms of untimed runs first."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # ms per run, flush included (as do_bench)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    reps = min(MAX_REPS, max(MIN_REPS, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def rel_errors(results, reference):
+    """{"out"/"dq"/"dk"/"dv": ‖x − ref‖/‖ref‖} in fp32; NaN when x has a NaN or Inf."""
+    errors = {}
+    for name, x, ref in zip(("out", "dq", "dk", "dv"), results, reference):
+        x, ref = x.float(), ref.float()
+        if not torch.isfinite(x).all():
+            errors[name] = float("nan")
+        else:
+            errors[name] = float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
+    return errors
+
+
+def point_flops(B, T, NH, HD, causal):
+    """Forward FLOPs as in the FA2 paper: 4·B·T²·HD·NH, halved when causal."""
+    flops = 4.0 * B * T * T * HD * NH
+    return flops / 2 if causal else flops
+
+
+def run_point(impls, lib, hdim, causal, seqlen, args, flush):
+    """Checks and times every implementation on one grid point. Returns a list of records."""
+    B, NH = args.tokens // seqlen, args.hidden // hdim
+    base = {"hdim": hdim, "causal": bool(causal), "seqlen": seqlen, "batch": B, "heads": NH}
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    qkv = torch.randn((B, seqlen, 3, NH, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn((B, seqlen, NH, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    # The correctness reference: torch-flash's out and gradients (torch-cudnn where flash cannot run).
+    reference, reference_impl = None, None
+    for impl in REFERENCE_ORDER:
+        try:
+            _, _, results = torch_runner(impl, qkv, dout, causal)
+            reference, reference_impl = tuple(r.detach().clone() for r in results()), impl
+            del results
+            break
+        except Skip:
+            continue
+
+    fwd_flops = point_flops(B, seqlen, NH, hdim, causal)
+    records = []
+    for impl in impls:
+        record = dict(impl=impl, **base, fwd_tflops=None, bwd_tflops=None, fwdbwd_tflops=None, fwd_ms=None,
+                      bwd_ms=None, status="ok", note="", check=None)
+        runner = forward = backward = results = None
+        try:
+            with backend_context(impl):
+                runner = (our_runner(lib, impl, qkv, dout, causal) if impl in OUR_IMPLS
+                          else torch_runner(impl, qkv, dout, causal))
+                forward, backward, results = runner
+                forward()
+                backward()
+                torch.cuda.synchronize()
+                if reference is None:
+                    record["note"] = "not checked: no PyTorch backend ran as a reference"
+                elif impl != reference_impl:
+                    errors = rel_errors(results(), reference)
+                    record["check"] = {"against": reference_impl, **errors}
+                    bad = [n for n, e in errors.items() if not e <= args.check_tolerance]
+                    if bad:
+                        record["status"] = "wrong"
+                        record["note"] = (f"WRONG vs {reference_impl}: " +
+                                          ", ".join(f"{n} {errors[n]:.1e}" for n in bad))
+                record["fwd_ms"] = measure_ms(forward, flush, args.warmup_ms, args.rep_ms)
+                record["bwd_ms"] = measure_ms(backward, flush, args.warmup_ms, args.rep_ms)
+        except Skip as why:
+            record["status"], record["note"] = "skipped", str(why)
+        except torch.cuda.OutOfMemoryError:
+            record["status"], record["note"] = "skipped", "out of GPU memory"
+        except RuntimeError as err:  # a PyTorch backend that fails past its own checks
+            record["status"], record["note"] = "skipped", f"failed: {str(err).splitlines()[0]}"
+        if record["fwd_ms"] and record["bwd_ms"]:
+            record["fwd_tflops"] = fwd_flops / (record["fwd_ms"] * 1e-3) / 1e12
+            record["bwd_tflops"] = 2.5 * fwd_flops / (record["bwd_ms"] * 1e-3) / 1e12
+            record["fwdbwd_tflops"] = 3.5 * fwd_flops / ((record["fwd_ms"] + record["bwd_ms"]) * 1e-3) / 1e12
+        records.append(record)
+        print(progress_line(record), flush=True)
+        del runner, forward, backward, results  # frees the buffers the closures hold
+        gc.collect()
+        torch.cuda.empty_cache()
+    del qkv, dout, reference
+    gc.collect()
+    torch.cuda.empty_cache()
+    return records
+
+
+def progress_line(r):
+    """One line per measured (implementation, point) while the benchmark runs."""
+    where = f"hd{r['hdim']} {'causal' if r['causal'] else 'full'} T={r['seqlen']} B={r['batch']}"
+    if r["status"] == "skipped":
+        return f"{where:28} {r['impl']:12} skipped: {r['note']}"
+    text = (f"{where:28} {r['impl']:12} fwd {r['fwd_ms']:8.3f} ms {r['fwd_tflops']:6.1f}  "
+            f"bwd {r['bwd_ms']:8.3f} ms {r['bwd_tflops']:6.1f}  fwd+bwd {r['fwdbwd_tflops']:6.1f} TFLOP/s")
+    if r["check"]:
+        text += "  check " + " ".join(f"{n} {r['check'][n]:.1e}" for n in ("out", "dq", "dk", "dv"))
+    return text + (f"  {r['note']}" if r["note"] else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and files
+
+def seqlen_label(seqlen):
+    """512, 1k, 2k, ... as in ANCHORS.md."""
+    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
+def table_rows(records, impls, hdim, causal, seqlens):
+    """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal), then our/torch ratio rows."""
+    by_key = {(r["impl"], r["seqlen"]): r for r in records if r["hdim"] == hdim and r["causal"] == bool(causal)}
+    keys = {"fwd": "fwd_tflops", "bwd": "bwd_tflops", "fwd+bwd": "fwdbwd_tflops"}
+    rows = []
+    for impl in impls:
+        for p in PASSES:
+            cells = []
+            for t in seqlens:
+                r = by_key.get((impl, t))
+                if r is None or r["status"] == "skipped":
+                    cells.append("skip")
+                elif r["status"] == "wrong":
+                    cells.append("WRONG")
+                else:
+                    cells.append(f"{r[keys[p]]:.0f}")
+            rows.append([f"{impl} {p}"] + cells)
+    for ours in (i for i in impls if i in OUR_IMPLS):
+        for theirs in (i for i in impls if i in TORCH_IMPLS):
+            for p in PASSES:
+                cells = []
+                for t in seqlens:
+                    a, b = by_key.get((ours, t)), by_key.get((theirs, t))
+                    ok = a and b and a["status"] == "ok" and b["status"] == "ok"
+                    cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
+                rows.append([f"{ours}/{theirs} {p}"] + cells)
+    return rows
+
+
+def table_title(hdim, causal, hidden, tokens):
+    """"head dim 128, causal (NH 16, batch x seqlen = 16384)" for one table."""
+    return (f"head dim {hdim}, {'causal' if causal else 'non-causal'} "
+            f"(NH {hidden // hdim}, batch x seqlen = {tokens})")
+
+
+def text_table(title, rows, seqlens):
+    """A fixed-width table for the terminal."""
+    width = max(24, max(len(r[0]) for r in rows) + 1)
+    lines = [f"{title}: TFLOP/s", "impl / pass".ljust(width) + "".join(f"{seqlen_label(t):>8}" for t in seqlens)]
+    lines += [r[0].ljust(width) + "".join(f"{c:>8}" for c in r[1:]) for r in rows]
+    return "\n".join(lines)
+
+
+def markdown_table(title, rows, seqlens):
+    """The same table in markdown."""
+    lines = [f"### {title}: TFLOP/s", "", "| impl / pass | " + " | ".join(seqlen_label(t) for t in seqlens) + " |",
+             "|---|" + "---:|" * len(seqlens)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def gpu_slug(name):
+    """A short name for the GPU: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100"."""
+    tokens = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
+    for token in tokens:
+        if re.fullmatch(r"[a-z]+\d+[a-z]*", token):
+            return token
+    return "-".join(t for t in tokens if t) or "gpu"
+
+
+def git_commit():
+    """git rev-parse HEAD, with "-dirty" when tracked files have changes; "unknown" without git."""
+    try:
+        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("-dirty" if status else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def no_nan(value):
+    """The value with every NaN float replaced by None, so the JSON stays standard."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_nan(v) for v in value]
+    return value
+
+
+def write_results(meta, records, tables, notes, json_path, md_path, complete):
+    """Writes the JSON records and the markdown tables (each through a .tmp file and a rename)."""
+    os.makedirs(os.path.dirname(json_path), exist_ok=True)
+    with open(json_path + ".tmp", "w") as f:
+        json.dump(no_nan({**meta, "complete": complete, "records": records}), f, indent=1, allow_nan=False)
+        f.write("\n")
+    os.replace(json_path + ".tmp", json_path)
+    md = [f"# Attention benchmark on {meta['device']}", "",
+          f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
+          f"- torch {meta['torch']}, CUDA {meta['cuda']}", f"- method: {meta['method']}",
+          f"- FLOPs: {meta['flops']}", ""]
+    if not complete:
+        md += ["**Incomplete: the run stopped before the end of the grid.**", ""]
+    for title, rows, seqlens in tables:
+        md += [markdown_table(title, rows, seqlens), ""]
+    if notes:
+        md += ["### Notes", ""] + [f"- {n}" for n in notes] + [""]
+    with open(md_path + ".tmp", "w") as f:
+        f.write("\n".join(md))
+    os.replace(md_path + ".tmp", md_path)
+
+
+def build_tables(records, impls, hdims, causals, seqlens, args):
+    """[(title, rows, seqlens)] for every (hdim, causal) that has records."""
+    tables = []
+    for hdim in hdims:
+        for causal in causals:
+            if any(r["hdim"] == hdim and r["causal"] == bool(causal) for r in records):
+                tables.append((table_title(hdim, causal, args.hidden, args.tokens),
+                               table_rows(records, impls, hdim, causal, seqlens), seqlens))
+    return tables
+
+
+def build_notes(records):
+    """One line per skipped or wrong point."""
+    return [f"{r['impl']} hd{r['hdim']} {'causal' if r['causal'] else 'non-causal'} T={r['seqlen']}: "
+            f"{r['status']}: {r['note']}" for r in records if r["status"] != "ok" or r["note"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+
+def parse_list(text, convert):
+    """Comma-separated values; "1k" means 1024 for integers."""
+    values = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item:
+            values.append(convert(item[:-1]) * 1024 if item.endswith("k") else convert(item))
+    return values
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Time our attention backends against PyTorch SDPA (flash, cuDNN) in the same process.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Usage" + __doc__.split("Usage", 1)[1])
+    parser.add_argument("--impls", default="flash2,torch-flash,torch-cudnn",
+                        help="comma-separated: " + ", ".join(OUR_IMPLS + tuple(TORCH_IMPLS)) +
+                             " (default flash2,torch-flash,torch-cudnn)")
+    parser.add_argument("--hdims", default="64,128", help="head dims (default 64,128)")
+    parser.add_argument("--seqlens", default="512,1k,2k,4k,8k,16k", help="sequence lengths (default 512,1k,...,16k)")
+    parser.add_argument("--causal", choices=["both", "1", "0"], default="both", help="mask (default both)")
+    parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head dim (default 2048)")
+    parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (default 16384)")
+    parser.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up per measurement (default 25)")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="timed runs per measurement (default 100)")
+    parser.add_argument("--check-tolerance", type=float, default=1e-2,
+                        help="largest relative error vs torch-flash before a point is WRONG (default 1e-2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--lib", default=os.path.join(REPO_ROOT, "build", "libattention.so"),
+                        help="our library (default build/libattention.so)")
+    parser.add_argument("--out-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
+                        help="where the .json and .md go (default scripts/results)")
+    parser.add_argument("--tag", default="", help="appended to the file names: attention_<gpu>_<tag>.json")
+    args = parser.parse_args()
+
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    unknown = [i for i in impls if i not in OUR_IMPLS and i not in TORCH_IMPLS]
+    if unknown:
+        parser.error(f"unknown --impls {','.join(unknown)}; known: {', '.join(OUR_IMPLS + tuple(TORCH_IMPLS))}")
+    try:
+        hdims, seqlens = parse_list(args.hdims, int), parse_list(args.seqlens, int)
+    except ValueError as err:
+        parser.error(f"--hdims and --seqlens take comma-separated whole numbers: {err}")
+    bad = [f"seqlen {t}" for t in seqlens if t < 1 or args.tokens % t] + \
+          [f"head dim {d}" for d in hdims if d < 1 or args.hidden % d]
+    if bad:
+        parser.error(f"{', '.join(bad)}: seqlens must divide --tokens {args.tokens} "
+                     f"and head dims --hidden {args.hidden}")
+    causals = [1, 0] if args.causal == "both" else [int(args.causal)]
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py: error: no CUDA GPU visible to PyTorch")
+    lib = load_library(args.lib) if any(i in OUR_IMPLS for i in impls) else None
+
+    device = torch.cuda.get_device_name()
+    suffix = f"_{args.tag}" if args.tag else ""
+    json_path = os.path.join(args.out_dir, f"attention_{gpu_slug(device)}{suffix}.json")
+    md_path = os.path.join(args.out_dir, f"attention_{gpu_slug(device)}{suffix}.md")
+    meta = {
+        "device": device,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
+                   f"{args.warmup_ms:g} ms warm-up; fwd+bwd = fwd median + bwd median; torch bwd = "
+                   "autograd.grad of SDPA's output w.r.t. the q, k, v views (SDPA backward alone)"),
+        "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd",
+    }
+    print(f"{device}, torch {torch.__version__}, commit {meta['commit']}", flush=True)
+    print(f"method: {meta['method']}", flush=True)
+
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    records = []
+    for hdim in hdims:
+        for causal in causals:
+            for seqlen in seqlens:
+                records += run_point(impls, lib, hdim, causal, seqlen, args, flush)
+                write_results(meta, records, build_tables(records, impls, hdims, causals, seqlens, args),
+                              build_notes(records), json_path, md_path, complete=False)
+
+    tables = build_tables(records, impls, hdims, causals, seqlens, args)
+    notes = build_notes(records)
+    write_results(meta, records, tables, notes, json_path, md_path, complete=True)
+
+    print()
+    for note in notes:
+        print("note: " + note)
+    print(f"wrote {os.path.relpath(json_path)} and {os.path.relpath(md_path)}")
+    print("TFLOP/s; fwd+bwd = sum of the fwd and bwd medians; WRONG = output differs from torch-flash; "
+          "ratios = ours / torch")
+    for title, rows, cols in tables:
+        print()
+        print(text_table(title, rows, cols))
+    wrong = sum(r["status"] == "wrong" for r in records)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

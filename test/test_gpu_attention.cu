@@ -1,0 +1,603 @@
+// test_gpu_attention.cu: every attention backend (naive, flash2) against the fp64 CPU reference
+// (test/cpu_reference.h), through the public interface attention.h only, so all backends are
+// tested the same way.
+//
+// Cases: head dims 64, 80, 96, 128; causal and full; T in {1, 17, 64, 127, 1000} (B = 2, NH = 3 up
+// to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast); q, k, v uniform in
+// [−s, s) for s = 1 and s = 8 (logits up to ~±100, past where exp overflows in fp32 without the max
+// subtraction), dout uniform in [−1, 1). q, k, v and dq, dk, dv live in packed (B, T, 3, NH, HD)
+// buffers (stride 3·NH·HD) in every case, and additionally in plain separate (B, T, NH, HD) tensors
+// (stride NH·HD) for s = 1, T = 127. Fresh inputs every run: the seed comes from the clock unless
+// TEST_SEED is set, and is printed. Inputs are rounded to bf16 on the host and the reference is
+// computed from exactly those values.
+//
+// Each case runs the forward, then the backward, and checks:
+// - forward: out (B, T, NH, HD) and lse (B, NH, T) against ref_attention_forward (computed once per
+//   input set, shared by the backends and layouts);
+// - backward: dq, dk, dv against ref_attention_backward given q, k, v, dout and the out and lse this
+//   backend's forward produced. The backward is a function of those (attention.h: dS = P ∘ (dP −
+//   rowsum(dO ∘ O))), so it is checked on its own inputs. Against the exact fp64 out instead, the
+//   ~1.5e-3 bf16 error of O alone moves dQ and dK by up to ~1.6e-2 relative at s = 8 (near one-hot
+//   rows, where dP − D cancels), so a correct kernel would fail at random; checked this way, a
+//   correct bf16 kernel stays near 3e-3;
+// - relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for O, LSE, dQ, dK and dV, all printed for every case.
+//   Where the reference is (nearly) zero (T = 1: a softmax over one key has zero gradient for q and
+//   k) the denominator is floored at an rms of 1e-3, i.e. ‖x − ref‖ / max(‖ref‖, 1e-3·√n), and the
+//   error is marked with *;
+// - outputs are poisoned with NaN (0xFF bytes) before every run, as are saved and workspace, and
+//   every output element must be written: in the packed layout the q, k and v slots of dqkv tile
+//   the buffer, so every element of it must be written; around every output region a guard of
+//   poison must stay untouched; the backward must leave q, k, v, dout, out and lse as they were.
+// CPU-only cases (the dispatcher's checks, names and sizes) run everywhere; GPU cases are reported
+// as SKIP where no GPU is found.
+#include <cuda_bf16.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../attention/attention.h"
+#include "../layers/cuda_common.h"
+#include "cpu_reference.h"
+#include "test_harness.h"
+
+static const int HEAD_DIMS[] = {64, 80, 96, 128};
+static const int SEQ_LENS[] = {1, 17, 64, 127, 1000};
+static const double INPUT_SCALES[] = {1.0, 8.0};
+static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH2};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+#define TOLERANCE 1e-2
+#define ABS_FLOOR 1e-3  // rms below which a reference counts as zero (see the top comment)
+#define GUARD 128       // elements of poison before and after every output region (256 or 512 bytes)
+
+typedef enum { LAYOUT_PACKED = 0, LAYOUT_PLAIN = 1 } Layout;
+static const char* LAYOUT_NAMES[] = {"packed", "plain"};
+
+// The plain layout is tested for these inputs only.
+static int plain_layout_case(int T, double scale) { return T == 127 && scale == 1.0; }
+
+static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, int causal, int T, double scale,
+                      Layout layout) {
+    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s", attention_backend_name(backend), HD,
+             causal ? "causal" : "full", T, scale, LAYOUT_NAMES[layout]);
+}
+
+// The case running now, so that an exit from inside a backend (a failed CUDA call) still names it.
+static char g_running_case[160];
+
+static void report_exit_during_case(void) {
+    if (g_running_case[0])
+        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
+}
+
+// ---- inputs and the reference ----------------------------------------------------------------------
+
+typedef struct {
+    AttentionShape shape;
+    double scale;
+    size_t n;             // B·T·NH·HD, elements of one of q, k, v, out, dout
+    size_t n_lse;         // B·NH·T
+    uint16_t* qkv_bits;   // (B, T, 3, NH, HD) bf16
+    uint16_t* dout_bits;  // (B, T, NH, HD) bf16
+    double *qkv, *dout;   // the same values
+    double *ref_out, *ref_lse;
+} InputSet;
+
+static InputSet make_inputs(int B, int T, int NH, int HD, int causal, double scale, uint64_t seed) {
+    InputSet in;
+    memset(&in, 0, sizeof(in));
+    in.shape.B = B;
+    in.shape.T = T;
+    in.shape.NH = NH;
+    in.shape.HD = HD;
+    in.shape.causal = causal;
+    in.scale = scale;
+    in.n = (size_t)B * T * NH * HD;
+    in.n_lse = (size_t)B * NH * T;
+    in.qkv_bits = (uint16_t*)malloc(3 * in.n * sizeof(uint16_t));
+    in.dout_bits = (uint16_t*)malloc(in.n * sizeof(uint16_t));
+    if (!in.qkv_bits || !in.dout_bits) {
+        fprintf(stderr, "test: out of host memory\n");
+        exit(2);
+    }
+    in.qkv = test_alloc(3 * in.n);
+    in.dout = test_alloc(in.n);
+    in.ref_out = test_alloc(in.n);
+    in.ref_lse = test_alloc(in.n_lse);
+    TestRng rng = {seed};
+    for (size_t i = 0; i < 3 * in.n; i++) {
+        in.qkv_bits[i] = test_float_to_bf16((float)test_rng_uniform(&rng, -scale, scale));
+        in.qkv[i] = test_bf16_to_float(in.qkv_bits[i]);
+    }
+    for (size_t i = 0; i < in.n; i++) {
+        in.dout_bits[i] = test_float_to_bf16((float)test_rng_uniform(&rng, -1.0, 1.0));
+        in.dout[i] = test_bf16_to_float(in.dout_bits[i]);
+    }
+    ref_attention_forward(in.ref_out, in.ref_lse, in.qkv, B, T, NH, HD, causal);
+    return in;
+}
+
+static void free_inputs(InputSet* in) {
+    free(in->qkv_bits);
+    free(in->dout_bits);
+    free(in->qkv);
+    free(in->dout);
+    free(in->ref_out);
+    free(in->ref_lse);
+}
+
+// ---- checks ------------------------------------------------------------------------------------------
+
+// Appends "; <message>" (or the first message) to a case's list of problems.
+static void add_problem(char* buf, size_t size, const char* fmt, ...) {
+    size_t used = strlen(buf);
+    if (used + 3 >= size) return;
+    if (used) {
+        strcat(buf, "; ");
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, size - used, fmt, ap);
+    va_end(ap);
+}
+
+// ‖x − ref‖ / max(‖ref‖, ABS_FLOOR·√n) over n elements; *floored says whether the floor was used.
+// NaN anywhere gives NaN, which fails every `<=` bound.
+static double floored_rel_error(const double* x, const double* ref, size_t n, int* floored) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = x[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    double floor2 = ABS_FLOOR * ABS_FLOOR * (double)n;
+    *floored = den < floor2;
+    return sqrt(num / (den < floor2 ? floor2 : den));
+}
+
+static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
+static int f32_bits_is_finite(uint32_t u) { return (u & 0x7F800000u) != 0x7F800000u; }
+
+// Bytes in [p, p + nbytes) that are no longer the poison 0xFF.
+static size_t changed_poison_bytes(const void* p, size_t nbytes) {
+    const unsigned char* c = (const unsigned char*)p;
+    size_t changed = 0;
+    for (size_t i = 0; i < nbytes; i++) changed += c[i] != 0xFFu;
+    return changed;
+}
+
+// Element offset of row (b, t, h) for a tensor with rows at `stride` (attention.h's layout rule).
+static size_t row_offset(const AttentionShape* s, int b, int t, int h, long stride) {
+    return ((size_t)b * s->T + t) * (size_t)stride + (size_t)h * s->HD;
+}
+
+// Copies the (B, T, NH, HD) tensor whose rows lie at `base` + row_offset(stride) into slot `which`
+// of a packed (B, T, 3, NH, HD) array of doubles (`which` = -1: into a plain (B, T, NH, HD) array).
+static void gather_bf16(double* dst, int which, const uint16_t* base, long stride, const AttentionShape* s) {
+    for (int b = 0; b < s->B; b++)
+        for (int t = 0; t < s->T; t++)
+            for (int h = 0; h < s->NH; h++) {
+                const uint16_t* src = base + row_offset(s, b, t, h, stride);
+                size_t d0 = which < 0 ? row_offset(s, b, t, h, (long)s->NH * s->HD)
+                                      : row_offset(s, b, t, h, 3L * s->NH * s->HD) + (size_t)which * s->NH * s->HD;
+                for (int d = 0; d < s->HD; d++) dst[d0 + d] = test_bf16_to_float(src[d]);
+            }
+}
+
+// Relative error of slot `which` (0 q, 1 k, 2 v) of two packed (B, T, 3, NH, HD) arrays.
+static double slot_error(const double* x, const double* ref, int which, const AttentionShape* s, int* floored) {
+    size_t n = (size_t)s->B * s->T * s->NH * s->HD;
+    double* a = test_alloc(n);
+    double* r = test_alloc(n);
+    size_t row = (size_t)s->NH * s->HD, i = 0;
+    for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
+        for (size_t e = 0; e < row; e++, i++) {
+            a[i] = x[(bt * 3 + which) * row + e];
+            r[i] = ref[(bt * 3 + which) * row + e];
+        }
+    double err = floored_rel_error(a, r, n, floored);
+    free(a);
+    free(r);
+    return err;
+}
+
+// ---- one GPU case ------------------------------------------------------------------------------------
+
+// Device memory of one case. Output regions sit between guards of GUARD elements:
+//   out:  [guard | out (B, T, NH, HD) | guard],  lse: [guard | lse (B, NH, T) | guard]
+//   dqkv packed: [guard | dqkv (B, T, 3, NH, HD) | guard]
+//   dqkv plain:  [guard | dq | guard | dk | guard | dv | guard], each (B, T, NH, HD)
+// q, k, v: one buffer, packed (B, T, 3, NH, HD) or plain q | k | v.
+typedef struct {
+    __nv_bfloat16 *qkv, *dout, *out_buf, *dqkv_buf;
+    float* lse_buf;
+    void *saved, *workspace;
+    size_t qkv_elems, out_buf_elems, lse_buf_elems, dqkv_buf_elems, saved_bytes, workspace_bytes;
+    size_t dq_at, dk_at, dv_at;  // element offsets of dq, dk, dv in dqkv_buf
+    AttentionArgs args;
+} CaseBuffers;
+
+static void* device_alloc(size_t bytes) {
+    void* p = NULL;
+    if (bytes) CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+}
+
+static CaseBuffers case_alloc(const InputSet* in, AttentionBackend backend, Layout layout,
+                              const uint16_t* qkv_upload) {
+    const AttentionShape* s = &in->shape;
+    const long row = (long)s->NH * s->HD;
+    CaseBuffers c;
+    memset(&c, 0, sizeof(c));
+    c.qkv_elems = 3 * in->n;
+    c.out_buf_elems = in->n + 2 * GUARD;
+    c.lse_buf_elems = in->n_lse + 2 * GUARD;
+    c.dqkv_buf_elems = layout == LAYOUT_PACKED ? 3 * in->n + 2 * GUARD : 3 * in->n + 4 * GUARD;
+    c.saved_bytes = attention_saved_bytes(backend, s);
+    c.workspace_bytes = attention_workspace_bytes(backend, s);
+    c.qkv = (__nv_bfloat16*)device_alloc(c.qkv_elems * sizeof(uint16_t));
+    c.dout = (__nv_bfloat16*)device_alloc(in->n * sizeof(uint16_t));
+    c.out_buf = (__nv_bfloat16*)device_alloc(c.out_buf_elems * sizeof(uint16_t));
+    c.lse_buf = (float*)device_alloc(c.lse_buf_elems * sizeof(float));
+    c.dqkv_buf = (__nv_bfloat16*)device_alloc(c.dqkv_buf_elems * sizeof(uint16_t));
+    c.saved = device_alloc(c.saved_bytes);
+    c.workspace = device_alloc(c.workspace_bytes);
+    CUDA_CHECK(cudaMemcpy(c.qkv, qkv_upload, c.qkv_elems * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(c.dout, in->dout_bits, in->n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+
+    AttentionArgs* a = &c.args;
+    a->shape = *s;
+    if (layout == LAYOUT_PACKED) {
+        a->q = c.qkv;
+        a->k = c.qkv + row;
+        a->v = c.qkv + 2 * row;
+        a->qkv_stride = 3 * row;
+        c.dq_at = GUARD;
+        c.dk_at = GUARD + row;
+        c.dv_at = GUARD + 2 * row;
+        a->dqkv_stride = 3 * row;
+    } else {
+        a->q = c.qkv;
+        a->k = c.qkv + in->n;
+        a->v = c.qkv + 2 * in->n;
+        a->qkv_stride = row;
+        c.dq_at = GUARD;
+        c.dk_at = 2 * GUARD + in->n;
+        c.dv_at = 3 * GUARD + 2 * in->n;
+        a->dqkv_stride = row;
+    }
+    a->out = c.out_buf + GUARD;
+    a->out_stride = row;
+    a->lse = c.lse_buf + GUARD;
+    a->dout = c.dout;
+    a->dq = c.dqkv_buf + c.dq_at;
+    a->dk = c.dqkv_buf + c.dk_at;
+    a->dv = c.dqkv_buf + c.dv_at;
+    a->saved = c.saved;
+    a->workspace = c.workspace;
+    return c;
+}
+
+static void case_free(CaseBuffers* c) {
+    CUDA_CHECK(cudaFree(c->qkv));
+    CUDA_CHECK(cudaFree(c->dout));
+    CUDA_CHECK(cudaFree(c->out_buf));
+    CUDA_CHECK(cudaFree(c->lse_buf));
+    CUDA_CHECK(cudaFree(c->dqkv_buf));
+    if (c->saved) CUDA_CHECK(cudaFree(c->saved));
+    if (c->workspace) CUDA_CHECK(cudaFree(c->workspace));
+}
+
+// Waits for the stream; a failed kernel leaves the CUDA context unusable, so the case fails and the
+// program ends there (later cases could not run).
+static void sync_or_die(cudaStream_t stream, const char* name, const char* what) {
+    cudaError_t err = cudaStreamSynchronize(stream);
+    if (err == cudaSuccess) return;
+    g_running_case[0] = 0;
+    test_fail(name, "the %s failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access", what,
+              cudaGetErrorString(err), cudaGetErrorName(err));
+    exit(test_end());
+}
+
+static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, const AttentionContext* ctx,
+                     cudaStream_t stream, const char* name) {
+    const AttentionShape* s = &in->shape;
+    char why[256];
+    if (attention_check(backend, s, why, sizeof(why)) != 0) {
+        test_fail(name, "attention_check refused the shape: %s", why);
+        return;
+    }
+    const size_t n = in->n, n_lse = in->n_lse;
+    const long row = (long)s->NH * s->HD;
+
+    // q, k, v as uploaded: the packed bits as they are, or q | k | v one after the other.
+    uint16_t* qkv_upload = in->qkv_bits;
+    if (layout == LAYOUT_PLAIN) {
+        qkv_upload = (uint16_t*)malloc(3 * n * sizeof(uint16_t));
+        for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
+            for (int w = 0; w < 3; w++)
+                memcpy(qkv_upload + w * n + bt * row, in->qkv_bits + (bt * 3 + w) * row, row * sizeof(uint16_t));
+    }
+    CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
+    const AttentionArgs* a = &c.args;
+    char problems[1024] = "";
+
+    // ---- forward
+    CUDA_CHECK(cudaMemset(c.out_buf, 0xFF, c.out_buf_elems * sizeof(uint16_t)));
+    CUDA_CHECK(cudaMemset(c.lse_buf, 0xFF, c.lse_buf_elems * sizeof(float)));
+    if (c.saved) CUDA_CHECK(cudaMemset(c.saved, 0xFF, c.saved_bytes));
+    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+    attention_forward(backend, ctx, a, stream);
+    sync_or_die(stream, name, "forward");
+
+    uint16_t* out_host = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
+    uint32_t* lse_host = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
+    CUDA_CHECK(cudaMemcpy(out_host, c.out_buf, c.out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(lse_host, c.lse_buf, c.lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    size_t bad_out = 0, bad_lse = 0;
+    for (size_t i = 0; i < n; i++) bad_out += !bf16_is_finite(out_host[GUARD + i]);
+    for (size_t i = 0; i < n_lse; i++) bad_lse += !f32_bits_is_finite(lse_host[GUARD + i]);
+    if (bad_out) add_problem(problems, sizeof(problems), "%zu of %zu out elements non-finite or unwritten", bad_out, n);
+    if (bad_lse) add_problem(problems, sizeof(problems), "%zu of %zu lse values non-finite or unwritten", bad_lse, n_lse);
+    if (changed_poison_bytes(out_host, GUARD * 2) || changed_poison_bytes(out_host + GUARD + n, GUARD * 2))
+        add_problem(problems, sizeof(problems), "forward wrote outside out");
+    if (changed_poison_bytes(lse_host, GUARD * 4) || changed_poison_bytes(lse_host + GUARD + n_lse, GUARD * 4))
+        add_problem(problems, sizeof(problems), "forward wrote outside lse");
+    double* gpu_out = test_alloc(n);
+    double* gpu_lse = test_alloc(n_lse);
+    for (size_t i = 0; i < n; i++) gpu_out[i] = test_bf16_to_float(out_host[GUARD + i]);
+    for (size_t i = 0; i < n_lse; i++) {
+        float f;
+        memcpy(&f, &lse_host[GUARD + i], sizeof(f));
+        gpu_lse[i] = f;
+    }
+    int floored[5];
+    double err[5];
+    err[0] = floored_rel_error(gpu_out, in->ref_out, n, &floored[0]);
+    err[1] = floored_rel_error(gpu_lse, in->ref_lse, n_lse, &floored[1]);
+
+    // ---- backward, checked against the reference given this forward's out and lse
+    CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
+    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+    attention_backward(backend, ctx, a, stream);
+    sync_or_die(stream, name, "backward");
+
+    uint16_t* dqkv_host = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
+    CUDA_CHECK(cudaMemcpy(dqkv_host, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    const char* slot_names[3] = {"dq", "dk", "dv"};
+    const size_t slot_at[3] = {c.dq_at, c.dk_at, c.dv_at};
+    if (layout == LAYOUT_PACKED) {
+        // The q, k and v slots tile the packed buffer: every element must have been written.
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < 3 * n; i++)
+            if (!bf16_is_finite(dqkv_host[GUARD + i]) && bad++ == 0) first = i;
+        if (bad) {
+            size_t e = first % row, bt = first / row / 3;
+            add_problem(problems, sizeof(problems),
+                        "%zu of %zu elements of the packed dqkv buffer non-finite or unwritten, the first in %s at "
+                        "b=%zu t=%zu h=%zu d=%zu",
+                        bad, 3 * n, slot_names[(first / row) % 3], bt / s->T, bt % s->T, e / s->HD, e % s->HD);
+        }
+        if (changed_poison_bytes(dqkv_host, GUARD * 2) || changed_poison_bytes(dqkv_host + GUARD + 3 * n, GUARD * 2))
+            add_problem(problems, sizeof(problems), "backward wrote outside the packed dqkv buffer");
+    } else {
+        for (int w = 0; w < 3; w++) {
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) bad += !bf16_is_finite(dqkv_host[slot_at[w] + i]);
+            if (bad)
+                add_problem(problems, sizeof(problems), "%zu of %zu %s elements non-finite or unwritten", bad, n,
+                            slot_names[w]);
+            if (changed_poison_bytes(dqkv_host + slot_at[w] - GUARD, GUARD * 2))
+                add_problem(problems, sizeof(problems), "backward wrote into the guard before %s", slot_names[w]);
+        }
+        if (changed_poison_bytes(dqkv_host + c.dv_at + n, GUARD * 2))
+            add_problem(problems, sizeof(problems), "backward wrote into the guard after dv");
+    }
+
+    // The backward's inputs must be as they were.
+    uint16_t* out_after = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
+    uint32_t* lse_after = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
+    uint16_t* qkv_after = (uint16_t*)malloc(3 * n * sizeof(uint16_t));
+    uint16_t* dout_after = (uint16_t*)malloc(n * sizeof(uint16_t));
+    CUDA_CHECK(cudaMemcpy(out_after, c.out_buf, c.out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(lse_after, c.lse_buf, c.lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(qkv_after, c.qkv, 3 * n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(dout_after, c.dout, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (memcmp(out_after, out_host, c.out_buf_elems * sizeof(uint16_t)) != 0)
+        add_problem(problems, sizeof(problems), "backward changed out or its guards");
+    if (memcmp(lse_after, lse_host, c.lse_buf_elems * sizeof(uint32_t)) != 0)
+        add_problem(problems, sizeof(problems), "backward changed lse or its guards");
+    if (memcmp(qkv_after, qkv_upload, 3 * n * sizeof(uint16_t)) != 0)
+        add_problem(problems, sizeof(problems), "q, k or v changed");
+    if (memcmp(dout_after, in->dout_bits, n * sizeof(uint16_t)) != 0)
+        add_problem(problems, sizeof(problems), "dout changed");
+
+    double* ref_dqkv = test_alloc(3 * n);  // zeroed: the reference backward adds into it
+    ref_attention_backward(ref_dqkv, in->dout, in->qkv, gpu_out, gpu_lse, s->B, s->T, s->NH, s->HD, s->causal);
+    double* gpu_dqkv = test_alloc(3 * n);
+    for (int w = 0; w < 3; w++) gather_bf16(gpu_dqkv, w, dqkv_host + slot_at[w], a->dqkv_stride, s);
+    for (int w = 0; w < 3; w++) err[2 + w] = slot_error(gpu_dqkv, ref_dqkv, w, s, &floored[2 + w]);
+
+    const char* err_names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+    char line[256];
+    int at = snprintf(line, sizeof(line), "%s:", name);
+    for (int e = 0; e < 5; e++)
+        at += snprintf(line + at, sizeof(line) - at, " %s %.2e%s", err_names[e], err[e], floored[e] ? "*" : "");
+    printf("%s\n", line);
+    for (int e = 0; e < 5; e++)
+        if (!(err[e] <= TOLERANCE))
+            add_problem(problems, sizeof(problems), "%s relative error %.3e > %.0e", err_names[e], err[e], TOLERANCE);
+    if (bad_out || bad_lse)
+        add_problem(problems, sizeof(problems), "(the backward reference used this forward's non-finite out/lse)");
+    test_report(name, problems[0] == 0, "%s", problems);
+
+    free(ref_dqkv);
+    free(gpu_dqkv);
+    free(gpu_out);
+    free(gpu_lse);
+    free(out_host);
+    free(lse_host);
+    free(dqkv_host);
+    free(out_after);
+    free(lse_after);
+    free(qkv_after);
+    free(dout_after);
+    if (qkv_upload != in->qkv_bits) free(qkv_upload);
+    case_free(&c);
+}
+
+// ---- CPU-only cases ----------------------------------------------------------------------------------
+
+static AttentionShape shape_of(int B, int T, int NH, int HD, int causal) {
+    AttentionShape s;
+    s.B = B;
+    s.T = T;
+    s.NH = NH;
+    s.HD = HD;
+    s.causal = causal;
+    return s;
+}
+
+static void cpu_cases(void) {
+    char why[256];
+    {
+        const char* name = "attention_check_flash2_rejects_head_dim_72";
+        AttentionShape s = shape_of(2, 64, 4, 72, 1);
+        why[0] = 0;
+        int rc = attention_check(ATTN_FLASH2, &s, why, sizeof(why));
+        int names_dims = strstr(why, "64") && strstr(why, "80") && strstr(why, "96") && strstr(why, "128");
+        test_report(name, rc != 0 && names_dims, "returned %d with message \"%s\" (want -1 and a message naming 64, 80, 96 and 128)",
+                    rc, why);
+    }
+    {
+        const char* name = "attention_check_flash2_accepts_head_dims_64_80_96_128";
+        char bad[256] = "";
+        for (size_t i = 0; i < COUNT(HEAD_DIMS); i++) {
+            AttentionShape s = shape_of(2, 1000, 3, HEAD_DIMS[i], 1);
+            if (attention_check(ATTN_FLASH2, &s, why, sizeof(why)) != 0)
+                add_problem(bad, sizeof(bad), "head dim %d refused: %s", HEAD_DIMS[i], why);
+        }
+        test_report(name, bad[0] == 0, "%s", bad);
+    }
+    {
+        const char* name = "attention_check_rejects_T0";
+        char bad[256] = "";
+        for (size_t i = 0; i < COUNT(BACKENDS); i++) {
+            AttentionShape s = shape_of(2, 0, 3, 64, 1);
+            if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0)
+                add_problem(bad, sizeof(bad), "%s accepted T=0", attention_backend_name(BACKENDS[i]));
+        }
+        test_report(name, bad[0] == 0, "%s", bad);
+    }
+    {
+        const char* name = "attention_backend_names_round_trip";
+        char bad[256] = "";
+        const char* names[] = {"naive", "flash2"};
+        for (size_t i = 0; i < COUNT(names); i++) {
+            AttentionBackend backend;
+            if (attention_backend_from_name(names[i], &backend) != 0) {
+                add_problem(bad, sizeof(bad), "\"%s\" not recognized", names[i]);
+                continue;
+            }
+            const char* back = attention_backend_name(backend);
+            if (!back || strcmp(back, names[i]) != 0)
+                add_problem(bad, sizeof(bad), "\"%s\" came back as \"%s\"", names[i], back ? back : "(null)");
+        }
+        AttentionBackend unused = ATTN_NAIVE;
+        if (attention_backend_from_name("flash3", &unused) == 0) add_problem(bad, sizeof(bad), "\"flash3\" accepted");
+        test_report(name, bad[0] == 0, "%s", bad);
+    }
+    {
+        // size_t arithmetic throughout: 8·16·16384² elements overflow 32 bits many times over.
+        const char* name = "attention_naive_memory_sizes_at_T16384";
+        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
+        unsigned long long elems = 8ull * 16ull * 16384ull * 16384ull;
+        size_t saved = attention_saved_bytes(ATTN_NAIVE, &s), work = attention_workspace_bytes(ATTN_NAIVE, &s);
+        test_report(name, saved == elems * 2 && work == elems * 4, "saved %zu bytes (want %llu), workspace %zu (want %llu)",
+                    saved, elems * 2, work, elems * 4);
+    }
+}
+
+// ---- main --------------------------------------------------------------------------------------------
+
+static uint64_t pick_seed(void) {
+    const char* env = getenv("TEST_SEED");
+    if (env && *env) return strtoull(env, NULL, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+}
+
+// Batch and heads per T: several (b, h) pairs, but few at T = 1000 so the fp64 reference stays quick.
+static void batch_heads(int T, int* B, int* NH) {
+    *B = T <= 127 ? 2 : 1;
+    *NH = T <= 127 ? 3 : 2;
+}
+
+int main(void) {
+    test_begin();
+    uint64_t seed = pick_seed();
+    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+
+    cpu_cases();
+
+    GpuInfo gpu = gpu_info(0);
+    const char* skip_why = NULL;
+    if (!gpu.found) skip_why = "no CUDA GPU found";
+    else if (gpu.major < 8) skip_why = "the attention kernels need compute capability 8.0 or newer";
+    if (skip_why) {
+        char name[160];
+        for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
+            for (int causal = 0; causal <= 1; causal++)
+                for (size_t t = 0; t < COUNT(SEQ_LENS); t++)
+                    for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++)
+                        for (int layout = 0; layout <= (plain_layout_case(SEQ_LENS[t], INPUT_SCALES[sc]) ? 1 : 0);
+                             layout++)
+                            for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                                case_name(name, sizeof(name), BACKENDS[be], HEAD_DIMS[h], causal, SEQ_LENS[t],
+                                          INPUT_SCALES[sc], (Layout)layout);
+                                test_skip(name, skip_why);
+                            }
+        return test_end();
+    }
+    printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
+    printf("errors: ||x - ref|| / ||ref|| (bound %.0e); * marks a (near-)zero reference, divided by %.0e * sqrt(n) "
+           "instead\n",
+           TOLERANCE, ABS_FLOOR);
+
+    AttentionContext ctx;
+    CUBLAS_CHECK(cublasCreate(&ctx.cublas));
+    ctx.num_sms = gpu.num_sms;
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    atexit(report_exit_during_case);
+
+    uint64_t set_index = 0;
+    for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t t = 0; t < COUNT(SEQ_LENS); t++)
+                for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++) {
+                    const int T = SEQ_LENS[t];
+                    const double scale = INPUT_SCALES[sc];
+                    int B, NH;
+                    batch_heads(T, &B, &NH);
+                    // One generator per input set, so a set's inputs depend only on the seed and its place.
+                    InputSet in = make_inputs(B, T, NH, HEAD_DIMS[h], causal, scale,
+                                              seed + 0x9E3779B97F4A7C15ull * ++set_index);
+                    for (int layout = 0; layout <= (plain_layout_case(T, scale) ? 1 : 0); layout++)
+                        for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                            case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], HEAD_DIMS[h], causal, T,
+                                      scale, (Layout)layout);
+                            char name[160];
+                            snprintf(name, sizeof(name), "%s", g_running_case);
+                            run_case(&in, BACKENDS[be], (Layout)layout, &ctx, stream, name);
+                            g_running_case[0] = 0;
+                        }
+                    free_inputs(&in);
+                }
+
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    CUBLAS_CHECK(cublasDestroy(ctx.cublas));
+    return test_end();
+}
