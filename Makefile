@@ -65,6 +65,10 @@ $(BUILD)/%.o: attention/%.cu | $(BUILD)
 $(BUILD)/attention_tool: attention/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/attention_tool.d -o $@ $< $(ATTN_OBJS) -lcublas
 
+# Times candidate flash2 block shapes (a development tool, not built by `all`).
+$(BUILD)/flash2_tune: attention/flash2_tune.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/flash2_tune.d -o $@ $<
+
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 

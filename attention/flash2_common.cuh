@@ -50,6 +50,12 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 4-byte global→shared copy; src_bytes = 0 writes a zero.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
+                 "r"(src_bytes));
+}
+
 // Copies rows [0, ROWS) of a (rows, COLS) bf16 matrix whose rows are `row_stride` apart in global
 // memory into a SmemTile; rows ≥ rows_valid become zeros (partial last blocks).
 template <int ROWS, int COLS, int THREADS>
@@ -133,6 +139,16 @@ __device__ __forceinline__ int b_chunk(int lane) { return (lane >> 3) & 1; }
 // r0,r1 = n tile chunk0, r2,r3 = chunk0+1. Row k0 + bt_row(lane), chunk n_chunk0 + bt_chunk(lane).
 __device__ __forceinline__ int bt_row(int lane) { return (lane & 7) + (((lane >> 3) & 1) << 3); }
 __device__ __forceinline__ int bt_chunk(int lane) { return lane >> 4; }
+
+// dst[0] += x, dst[1] += y in global memory (8-byte aligned); one vector reduction on Hopper.
+__device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+#endif
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;

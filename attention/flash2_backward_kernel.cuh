@@ -1,0 +1,329 @@
+// flash2_backward_kernel.cuh: FlashAttention-2 backward (Algorithm 2 of the paper) on mma.sync tensor cores.
+//
+// Inputs: q, k, v as the forward read them (attention.h layout), out and dout (B, T, NH, HD) at
+// out_stride, lse (B, NH, T) from the forward. Outputs dq, dk, dv at dqkv_stride, overwritten.
+// Workspace (fp32): dq_accum (B, NH, T, HD), D and LSE·log2(e) (B, NH, T); nothing of size T².
+//
+// Three kernels:
+//  1. preprocess: D = rowsum(dO ∘ O) and LSE in log2 units per row, and dq_accum zeroed.
+//  2. main: one thread block per (key block of BLOCK_N rows, b·NH + h), looping over query blocks
+//     of BLOCK_M rows (double-buffered with cp.async). Each warp owns 16 keys: it recomputes its
+//     slice of Sᵀ = K Qᵀ and Pᵀ = exp(Sᵀ − LSE) (no softmax pass needed), computes dPᵀ = V dOᵀ and
+//     dSᵀ = Pᵀ ∘ (dPᵀ − D), and accumulates its rows of dV += Pᵀ dO and dK += dSᵀ Q in registers for
+//     the whole loop. dSᵀ goes through shared memory so all warps can form dQ_block = dS K, which is
+//     added into dq_accum with fp32 atomics (other key blocks add to the same rows).
+//  3. convert: dq = dq_accum · scale, to bf16, into the strided dq.
+// Causal: query blocks wholly before the key block are skipped; masking only on diagonal and
+// end-of-sequence blocks.
+#ifndef FLASH2_BACKWARD_KERNEL_CUH
+#define FLASH2_BACKWARD_KERNEL_CUH
+
+#include "../layers/cuda_common.h"
+#include "flash2_common.cuh"
+
+typedef struct {
+    const __nv_bfloat16 *q, *k, *v, *out, *dout;
+    const float* lse;
+    __nv_bfloat16 *dq, *dk, *dv;
+    float* dq_accum;  // (B, NH, T, HD)
+    float* d_rows;    // (B, NH, T): D = rowsum(dO ∘ O)
+    float* lse_log2;  // (B, NH, T): lse · log2(e), so that P = exp2(S·scale_log2 − lse_log2)
+    long qkv_stride, out_stride, dqkv_stride;
+    int T, NH;
+    float scale, scale_log2;
+} Flash2BackwardParams;
+
+// ---- 1. D = rowsum(dO ∘ O), LSE·log2 e, dq_accum = 0: one warp per row (b, t, h) -----------------
+template <int HD>
+__global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int rows) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int h = row % p.NH, bt = row / p.NH, t = bt % p.T, b = bt / p.T;  // row = (b·T + t)·NH + h
+    const long offset = (long)bt * p.out_stride + (long)h * HD;
+    float dot = 0.f;
+    if (lane < HD / 8) {
+        uint4 o4 = *(const uint4*)(p.out + offset + lane * 8);
+        uint4 d4 = *(const uint4*)(p.dout + offset + lane * 8);
+        const __nv_bfloat162* o2 = (const __nv_bfloat162*)&o4;
+        const __nv_bfloat162* d2 = (const __nv_bfloat162*)&d4;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
+            dot += of.x * df.x + of.y * df.y;
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const long head_row = ((long)b * p.NH + h) * p.T + t;
+    if (lane == 0) {
+        p.d_rows[head_row] = dot;
+        p.lse_log2[head_row] = p.lse[head_row] * FLASH2_LOG2E;
+    }
+    float4* acc = (float4*)(p.dq_accum + head_row * HD);
+    if (lane < HD / 4) acc[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// ---- 3. dq = bf16(dq_accum · scale): one thread per 8 values -------------------------------------
+template <int HD>
+__global__ void flash2_backward_convert_dq_kernel(Flash2BackwardParams p, long chunks) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int chunk = (int)(i % (HD / 8));
+    const long head_row = i / (HD / 8);  // (b·NH + h)·T + t
+    const int t = (int)(head_row % p.T);
+    const long bh = head_row / p.T;
+    const int h = (int)(bh % p.NH), b = (int)(bh / p.NH);
+    const float4* src = (const float4*)(p.dq_accum + head_row * HD + chunk * 8);
+    float4 x = src[0], y = src[1];
+    uint4 packed;
+    packed.x = pack_bf16(x.x * p.scale, x.y * p.scale);
+    packed.y = pack_bf16(x.z * p.scale, x.w * p.scale);
+    packed.z = pack_bf16(y.x * p.scale, y.y * p.scale);
+    packed.w = pack_bf16(y.z * p.scale, y.w * p.scale);
+    *(uint4*)(p.dq + ((long)b * p.T + t) * p.dqkv_stride + (long)h * HD + chunk * 8) = packed;
+}
+
+// ---- 2. the main kernel -------------------------------------------------------------------------
+template <int HD, int BLOCK_M, int NWARPS>
+struct Flash2BackwardConfig {
+    static constexpr int THREADS = NWARPS * 32;
+    static constexpr int BLOCK_N = 16 * NWARPS;  // each warp owns 16 keys
+    static constexpr int Q_TILES = BLOCK_M / 8;  // n8 tiles of Sᵀ (queries)
+    static constexpr int D_TILES = HD / 8;
+    static constexpr int D_STEPS = HD / 16;
+    // dQ_block (BLOCK_M × HD) = dS K split over warps: DQ_M m16 tiles by DQ_N column groups.
+    static constexpr int DQ_M = BLOCK_M / 16;
+    static constexpr int DQ_N = NWARPS / DQ_M;
+    static constexpr int DQ_TILES = D_TILES / DQ_N;  // n8 tiles of dQ per warp
+    typedef SmemTile<HD> Tile;
+    typedef SmemTile<BLOCK_M> DsTile;  // dSᵀ (BLOCK_N keys, BLOCK_M queries)
+    static constexpr int KV_ELEMS = Tile::elems(BLOCK_N);
+    static constexpr int QO_ELEMS = Tile::elems(BLOCK_M);
+    static constexpr int DS_ELEMS = DsTile::elems(BLOCK_N);
+    static constexpr size_t SMEM_BYTES =
+        (size_t)(2 * KV_ELEMS + 4 * QO_ELEMS + DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
+    static_assert(NWARPS % DQ_M == 0 && D_TILES % DQ_N == 0, "dQ warp split");
+    static_assert(BLOCK_M % 64 == 0, "dS tile swizzle needs 64-value rows");
+};
+
+template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
+__global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kernel(Flash2BackwardParams p) {
+    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
+    typedef typename C::Tile Tile;
+    typedef typename C::DsTile DsTile;
+    constexpr int BLOCK_N = C::BLOCK_N;
+    extern __shared__ __align__(128) __nv_bfloat16 smem[];
+    __nv_bfloat16* k_tile = smem;                          // (BLOCK_N, HD)
+    __nv_bfloat16* v_tile = k_tile + C::KV_ELEMS;          // (BLOCK_N, HD)
+    __nv_bfloat16* q_tiles = v_tile + C::KV_ELEMS;         // 2 × (BLOCK_M, HD)
+    __nv_bfloat16* do_tiles = q_tiles + 2 * C::QO_ELEMS;   // 2 × (BLOCK_M, HD)
+    __nv_bfloat16* ds_tile = do_tiles + 2 * C::QO_ELEMS;   // (BLOCK_N, BLOCK_M): dSᵀ
+    float* lse_tiles = (float*)(ds_tile + C::DS_ELEMS);    // 2 × BLOCK_M, in log2 units
+    float* d_tiles = lse_tiles + 2 * BLOCK_M;              // 2 × BLOCK_M
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    const int n_block = blockIdx.x, n0 = n_block * BLOCK_N;
+    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
+    const int T = p.T;
+    const long qkv_offset = (long)b * T * p.qkv_stride + (long)h * HD;
+    const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
+    const float* lse_head = p.lse_log2 + (long)bh * T;
+    const float* d_head = p.d_rows + (long)bh * T;
+    float* dq_head = p.dq_accum + (long)bh * T * HD;
+
+    const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;
+    const int m_end = (T + BLOCK_M - 1) / BLOCK_M;
+
+    // Loads query block m (Q, dO, LSE·log2 e, D) into buffer `buf`.
+    auto load_query_block = [&](int m, int buf) {
+        const int m0 = m * BLOCK_M;
+        load_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * C::QO_ELEMS, p.q + qkv_offset + (long)m0 * p.qkv_stride,
+                                                 p.qkv_stride, T - m0);
+        load_tile_async<BLOCK_M, HD, C::THREADS>(do_tiles + buf * C::QO_ELEMS,
+                                                 p.dout + out_offset + (long)m0 * p.out_stride, p.out_stride, T - m0);
+        // Rows past the end get LSE = D = 0; they are masked out below.
+        for (int i = threadIdx.x; i < BLOCK_M; i += C::THREADS) {
+            const bool valid = m0 + i < T;
+            cp_async_4(lse_tiles + buf * BLOCK_M + i, valid ? lse_head + m0 + i : lse_head, valid ? 4 : 0);
+            cp_async_4(d_tiles + buf * BLOCK_M + i, valid ? d_head + m0 + i : d_head, valid ? 4 : 0);
+        }
+    };
+
+    load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
+    load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
+    load_query_block(m_begin, 0);
+    cp_async_commit();
+
+    float acc_dk[C::D_TILES][4], acc_dv[C::D_TILES][4];  // rows g, g+8 of this warp's 16 keys
+#pragma unroll
+    for (int dt = 0; dt < C::D_TILES; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
+    const int key_row0 = warp * 16;
+    const int dq_m = warp % C::DQ_M, dq_n = warp / C::DQ_M;
+
+    for (int m = m_begin; m < m_end; m++) {
+        const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
+        const __nv_bfloat16* q_tile = q_tiles + buf * C::QO_ELEMS;
+        const __nv_bfloat16* do_tile = do_tiles + buf * C::QO_ELEMS;
+        const float* lse_tile = lse_tiles + buf * BLOCK_M;
+        const float* d_tile = d_tiles + buf * BLOCK_M;
+        // One barrier both publishes block m and frees the other buffer and the dS tile (every warp
+        // has left iteration m-1), so the prefetch of block m+1 goes after it.
+        cp_async_wait<0>();  // block m (and K, V) have landed
+        __syncthreads();
+        if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
+        cp_async_commit();
+
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 16 keys × BLOCK_M queries per warp
+        float s[C::Q_TILES][4], dp[C::Q_TILES][4];
+#pragma unroll
+        for (int nt = 0; nt < C::Q_TILES; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < C::D_STEPS; ks++) {
+            uint32_t ka[4], va[4];
+            ldmatrix_x4(ka, k_tile + Tile::index(key_row0 + a_row(lane), ks * 2 + a_chunk(lane)));
+            ldmatrix_x4(va, v_tile + Tile::index(key_row0 + a_row(lane), ks * 2 + a_chunk(lane)));
+#pragma unroll
+            for (int np = 0; np < C::Q_TILES / 2; np++) {
+                uint32_t qb[4], dob[4];
+                ldmatrix_x4(qb, q_tile + Tile::index(np * 16 + b_row(lane), ks * 2 + b_chunk(lane)));
+                ldmatrix_x4(dob, do_tile + Tile::index(np * 16 + b_row(lane), ks * 2 + b_chunk(lane)));
+                mma_16816(s[2 * np], ka, qb[0], qb[1]);
+                mma_16816(s[2 * np + 1], ka, qb[2], qb[3]);
+                mma_16816(dp[2 * np], va, dob[0], dob[1]);
+                mma_16816(dp[2 * np + 1], va, dob[2], dob[3]);
+            }
+        }
+
+        // Pᵀ = exp2(Sᵀ·scale_log2 − LSE_log2); dSᵀ = Pᵀ ∘ (dPᵀ − D). Masked entries get P = 0.
+        const bool needs_mask = m0 + BLOCK_M > T || n0 + BLOCK_N > T || (CAUSAL && n0 + BLOCK_N - 1 > m0);
+#pragma unroll
+        for (int nt = 0; nt < C::Q_TILES; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = n0 + key_row0 + g + (e >= 2 ? 8 : 0);
+                const int qi = nt * 8 + 2 * t4 + (e & 1);
+                float pe = fast_exp2(fmaf(s[nt][e], p.scale_log2, -lse_tile[qi]));
+                if (needs_mask && (key >= T || m0 + qi >= T || (CAUSAL && key > m0 + qi))) pe = 0.f;
+                s[nt][e] = pe;
+                dp[nt][e] = pe * (dp[nt][e] - d_tile[qi]);
+            }
+
+        // dV += Pᵀ dO and dK += dSᵀ Q (k = queries), A operands straight from the accumulators
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_M / 16; ks++) {
+            uint32_t pa[4], dsa[4];
+            accumulators_to_a(pa, s[2 * ks], s[2 * ks + 1]);
+            accumulators_to_a(dsa, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+            for (int dp2 = 0; dp2 < C::D_TILES / 2; dp2++) {
+                uint32_t dob[4], qb[4];
+                ldmatrix_x4_trans(dob, do_tile + Tile::index(ks * 16 + bt_row(lane), dp2 * 2 + bt_chunk(lane)));
+                ldmatrix_x4_trans(qb, q_tile + Tile::index(ks * 16 + bt_row(lane), dp2 * 2 + bt_chunk(lane)));
+                mma_16816(acc_dv[2 * dp2], pa, dob[0], dob[1]);
+                mma_16816(acc_dv[2 * dp2 + 1], pa, dob[2], dob[3]);
+                mma_16816(acc_dk[2 * dp2], dsa, qb[0], qb[1]);
+                mma_16816(acc_dk[2 * dp2 + 1], dsa, qb[2], qb[3]);
+            }
+            if (C::D_TILES % 2) {
+                uint32_t dob[2], qb[2];
+                ldmatrix_x2_trans(dob, do_tile + Tile::index(ks * 16 + bt_row(lane), C::D_TILES - 1));
+                ldmatrix_x2_trans(qb, q_tile + Tile::index(ks * 16 + bt_row(lane), C::D_TILES - 1));
+                mma_16816(acc_dv[C::D_TILES - 1], pa, dob[0], dob[1]);
+                mma_16816(acc_dk[C::D_TILES - 1], dsa, qb[0], qb[1]);
+            }
+        }
+
+        // dSᵀ (bf16) to shared memory for the dQ product
+#pragma unroll
+        for (int nt = 0; nt < C::Q_TILES; nt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = key_row0 + g + 8 * half;
+                *(uint32_t*)(ds_tile + DsTile::index(row, nt) + 2 * t4) = pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
+            }
+        __syncthreads();
+
+        // dQ_block += dS K: this warp's m16 tile dq_m and its DQ_TILES columns; k = the BLOCK_N keys.
+        // A = dS (queries × keys) read transposed from dSᵀ; B = K (keys × HD) read transposed.
+        float acc_dq[C::DQ_TILES][4];
+#pragma unroll
+        for (int dt = 0; dt < C::DQ_TILES; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc_dq[dt][e] = 0.f;
+        const int dq_chunk0 = dq_n * C::DQ_TILES;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_N / 16; ks++) {
+            uint32_t dsa[4];
+            // x4.trans matrices: (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
+            ldmatrix_x4_trans(dsa, ds_tile + DsTile::index(ks * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                            dq_m * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
+                uint32_t kb[4];
+                ldmatrix_x4_trans(kb, k_tile + Tile::index(ks * 16 + bt_row(lane), dq_chunk0 + dp2 * 2 + bt_chunk(lane)));
+                mma_16816(acc_dq[2 * dp2], dsa, kb[0], kb[1]);
+                mma_16816(acc_dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
+            }
+            if (C::DQ_TILES % 2) {
+                uint32_t kb[2];
+                ldmatrix_x2_trans(kb, k_tile + Tile::index(ks * 16 + bt_row(lane), dq_chunk0 + C::DQ_TILES - 1));
+                mma_16816(acc_dq[C::DQ_TILES - 1], dsa, kb[0], kb[1]);
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int qi = m0 + dq_m * 16 + g + 8 * half;
+            if (qi < T) {
+                float* dst = dq_head + (long)qi * HD + dq_chunk0 * 8 + 2 * t4;
+#pragma unroll
+                for (int dt = 0; dt < C::DQ_TILES; dt++)
+                    atomic_add_f32x2(dst + dt * 8, acc_dq[dt][2 * half], acc_dq[dt][2 * half + 1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
+
+    // dK·scale and dV to bf16 in this warp's own rows of the K and V tiles, then 16-byte stores.
+#pragma unroll
+    for (int dt = 0; dt < C::D_TILES; dt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = key_row0 + g + 8 * half;
+            *(uint32_t*)(k_tile + Tile::index(row, dt) + 2 * t4) =
+                pack_bf16(acc_dk[dt][2 * half] * p.scale, acc_dk[dt][2 * half + 1] * p.scale);
+            *(uint32_t*)(v_tile + Tile::index(row, dt) + 2 * t4) = pack_bf16(acc_dv[dt][2 * half], acc_dv[dt][2 * half + 1]);
+        }
+    __syncwarp();
+    const long key_offset = ((long)b * T + n0 + key_row0) * p.dqkv_stride + (long)h * HD;
+    store_tile<16, HD, 32>(p.dk + key_offset, p.dqkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+                           warp * 32);
+    store_tile<16, HD, 32>(p.dv + key_offset, p.dqkv_stride, v_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+                           warp * 32);
+}
+
+// ---- launch -------------------------------------------------------------------------------------
+template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
+static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
+    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
+    const int rows = B * p->T * p->NH;
+    flash2_backward_preprocess_kernel<HD><<<(rows + 7) / 8, 256, 0, stream>>>(*p, rows);
+    CUDA_CHECK(cudaGetLastError());
+
+    void (*kernel)(Flash2BackwardParams) = flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
+    dim3 grid((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH);
+    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
+    CUDA_CHECK(cudaGetLastError());
+
+    const long chunks = (long)rows * (HD / 8);
+    flash2_backward_convert_dq_kernel<HD><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(*p, chunks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+#endif  // FLASH2_BACKWARD_KERNEL_CUH

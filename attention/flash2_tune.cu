@@ -1,0 +1,203 @@
+// flash2_tune.cu: times candidate block shapes of the flash2 forward and backward kernels on the
+// attention benchmark grid (hidden 2048, batch·seqlen = 16k tokens, bf16 random inputs), so the
+// choice in flash2_forward.cu / flash2_backward.cu rests on measurements. Not part of the trainer.
+//
+//   make build/flash2_tune && build/flash2_tune [--runs N] [--seqlens 512,2048,8192]
+//
+// Each candidate's outputs are compared with the first candidate's (relative error ≤ 1e-2), so a
+// fast but broken shape is reported as WRONG rather than chosen. Prints TFLOP/s (FA2 paper count:
+// fwd 4·B·T²·HD·NH, halved when causal; bwd 2.5× that), median of --runs timed runs.
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "flash2_backward_kernel.cuh"
+#include "flash2_forward_kernel.cuh"
+
+typedef void (*ForwardLaunch)(const Flash2ForwardParams*, int, cudaStream_t);
+typedef void (*BackwardLaunch)(const Flash2BackwardParams*, int, cudaStream_t);
+
+typedef struct {
+    const char* name;
+    int hd;
+    ForwardLaunch launch[2];  // [causal]
+} ForwardCandidate;
+typedef struct {
+    const char* name;
+    int hd;
+    BackwardLaunch launch[2];
+} BackwardCandidate;
+
+#define FWD(HD, BM, BN, NW, MB) \
+    {"fwd BM" #BM " BN" #BN " W" #NW " min" #MB, HD, \
+     {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}}
+#define BWD(HD, BM, NW, MB) \
+    {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
+     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}}
+
+// The first candidate of each head dim is the one in use; the others are the alternatives.
+static const ForwardCandidate FORWARD[] = {
+    FWD(64, 128, 64, 4, 2),  FWD(64, 128, 128, 4, 1), FWD(64, 64, 64, 4, 4),   FWD(64, 64, 128, 4, 2),
+    FWD(64, 128, 64, 8, 1),  FWD(128, 128, 64, 4, 2), FWD(128, 128, 32, 4, 2), FWD(128, 64, 64, 4, 3),
+    FWD(128, 128, 64, 8, 1), FWD(128, 64, 32, 4, 4),
+};
+static const BackwardCandidate BACKWARD[] = {
+    BWD(64, 128, 8, 1), BWD(64, 64, 8, 1), BWD(64, 64, 4, 2), BWD(128, 64, 8, 1), BWD(128, 128, 8, 1), BWD(128, 64, 4, 2),
+};
+
+static float median_ms(std::vector<float>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+__global__ void fill_random_bf16(__nv_bfloat16* x, size_t n, unsigned long long seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned long long z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    x[i] = __float2bfloat16(((float)(z >> 40) / (float)(1ull << 24)) * 2.f - 1.f);
+}
+
+static double rel_error_bf16(const __nv_bfloat16* a_dev, const __nv_bfloat16* b_dev, size_t n) {
+    std::vector<__nv_bfloat16> a(n), b(n);
+    CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+        if (!isfinite(x)) return INFINITY;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+template <typename F>
+static float time_ms(F&& run, int runs, cudaStream_t stream) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; i++) run();
+    std::vector<float> times;
+    for (int i = 0; i < runs; i++) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        run();
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    return median_ms(times);
+}
+
+int main(int argc, char** argv) {
+    int runs = 20;
+    std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+    static struct option options[] = {{"runs", required_argument, 0, 'r'}, {"seqlens", required_argument, 0, 's'},
+                                      {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "r:s:h", options, NULL)) != -1) {
+        if (c == 'r') runs = atoi(optarg);
+        else if (c == 's') {
+            seqlens.clear();
+            for (char* tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) seqlens.push_back(atoi(tok));
+        } else {
+            printf("usage: %s [--runs N] [--seqlens 512,2048,...]\n", argv[0]);
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    const int hidden = 2048, tokens = 16384;
+    cudaStream_t stream = 0;
+    printf("%-30s %4s %6s %6s  %s\n", "candidate", "hd", "causal", "T", "TFLOP/s (rel. error vs first)");
+    for (int hd : {64, 128}) {
+        for (int causal = 0; causal < 2; causal++) {
+            for (int T : seqlens) {
+                const int NH = hidden / hd, B = tokens / T;
+                const size_t n = (size_t)B * T * NH * hd;
+                __nv_bfloat16 *qkv, *out, *out_first, *dout, *dqkv, *dqkv_first;
+                float *lse, *work;
+                CUDA_CHECK(cudaMalloc(&qkv, 3 * n * 2));
+                CUDA_CHECK(cudaMalloc(&dqkv, 3 * n * 2));
+                CUDA_CHECK(cudaMalloc(&dqkv_first, 3 * n * 2));
+                CUDA_CHECK(cudaMalloc(&out, n * 2));
+                CUDA_CHECK(cudaMalloc(&out_first, n * 2));
+                CUDA_CHECK(cudaMalloc(&dout, n * 2));
+                CUDA_CHECK(cudaMalloc(&lse, (size_t)B * NH * T * 4));
+                CUDA_CHECK(cudaMalloc(&work, n * 4 + 2 * (size_t)B * NH * T * 4));
+                fill_random_bf16<<<(unsigned)((3 * n + 255) / 256), 256>>>(qkv, 3 * n, 1);
+                fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(dout, n, 2);
+                const long stride = 3L * NH * hd;
+                Flash2ForwardParams fp = {qkv, qkv + NH * hd, qkv + 2 * NH * hd, out, lse, stride, (long)NH * hd,
+                                          T, NH, 1.4426950408889634f / sqrtf((float)hd)};
+                Flash2BackwardParams bp;
+                bp.q = fp.q;
+                bp.k = fp.k;
+                bp.v = fp.v;
+                bp.out = out;
+                bp.dout = dout;
+                bp.lse = lse;
+                bp.dq = dqkv;
+                bp.dk = dqkv + NH * hd;
+                bp.dv = dqkv + 2 * NH * hd;
+                bp.dq_accum = work;
+                bp.d_rows = work + n;
+                bp.lse_log2 = bp.d_rows + (size_t)B * NH * T;
+                bp.qkv_stride = stride;
+                bp.out_stride = (long)NH * hd;
+                bp.dqkv_stride = stride;
+                bp.T = T;
+                bp.NH = NH;
+                bp.scale = 1.f / sqrtf((float)hd);
+                bp.scale_log2 = bp.scale * 1.4426950408889634f;
+                const double fwd_flops = 4.0 * B * (double)T * T * hd * NH / (causal ? 2 : 1);
+
+                bool first = true;
+                for (const ForwardCandidate& cand : FORWARD) {
+                    if (cand.hd != hd) continue;
+                    float ms = time_ms([&] { cand.launch[causal](&fp, B, stream); }, runs, stream);
+                    CUDA_CHECK(cudaDeviceSynchronize());
+                    double err = 0;
+                    if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
+                    else err = rel_error_bf16(out, out_first, n);
+                    printf("%-30s %4d %6d %6d  %7.1f  %s\n", cand.name, hd, causal, T, fwd_flops / ms / 1e9,
+                           err > 1e-2 ? "WRONG" : "");
+                    first = false;
+                }
+                // The backward needs the forward's out and lse: restore the first candidate's.
+                FORWARD[hd == 64 ? 0 : 5].launch[causal](&fp, B, stream);
+                first = true;
+                for (const BackwardCandidate& cand : BACKWARD) {
+                    if (cand.hd != hd) continue;
+                    float ms = time_ms([&] { cand.launch[causal](&bp, B, stream); }, runs, stream);
+                    CUDA_CHECK(cudaDeviceSynchronize());
+                    double err = 0;
+                    if (first) CUDA_CHECK(cudaMemcpy(dqkv_first, dqkv, 3 * n * 2, cudaMemcpyDeviceToDevice));
+                    else err = rel_error_bf16(dqkv, dqkv_first, 3 * n);
+                    printf("%-30s %4d %6d %6d  %7.1f  %s\n", cand.name, hd, causal, T, 2.5 * fwd_flops / ms / 1e9,
+                           err > 1e-2 ? "WRONG" : "");
+                    first = false;
+                }
+                fflush(stdout);
+                CUDA_CHECK(cudaFree(qkv));
+                CUDA_CHECK(cudaFree(dqkv));
+                CUDA_CHECK(cudaFree(dqkv_first));
+                CUDA_CHECK(cudaFree(out));
+                CUDA_CHECK(cudaFree(out_first));
+                CUDA_CHECK(cudaFree(dout));
+                CUDA_CHECK(cudaFree(lse));
+                CUDA_CHECK(cudaFree(work));
+            }
+        }
+    }
+    return 0;
+}
