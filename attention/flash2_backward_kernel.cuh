@@ -162,12 +162,21 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
         for (int e = 0; e < 4; e++) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
     const int key_row0 = warp * 16;
     const int dq_m = warp % C::DQ_M, dq_n = warp / C::DQ_M;
+    const uint32_t k_a_lane = Tile::lane_base(k_tile, a_row(lane), a_chunk(lane));
+    const uint32_t v_a_lane = Tile::lane_base(v_tile, a_row(lane), a_chunk(lane));
+    const uint32_t k_t_lane = Tile::lane_base(k_tile, bt_row(lane), bt_chunk(lane));
+    // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
+    const uint32_t ds_lane = DsTile::lane_base(ds_tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
     for (int m = m_begin; m < m_end; m++) {
         const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
         const __nv_bfloat16* q_tile = q_tiles + buf * C::QO_ELEMS;
         const __nv_bfloat16* do_tile = do_tiles + buf * C::QO_ELEMS;
         const float* lse_tile = lse_tiles + buf * BLOCK_M;
+        const uint32_t q_b_lane = Tile::lane_base(q_tile, b_row(lane), b_chunk(lane));
+        const uint32_t do_b_lane = Tile::lane_base(do_tile, b_row(lane), b_chunk(lane));
+        const uint32_t q_t_lane = Tile::lane_base(q_tile, bt_row(lane), bt_chunk(lane));
+        const uint32_t do_t_lane = Tile::lane_base(do_tile, bt_row(lane), bt_chunk(lane));
         const float* d_tile = d_tiles + buf * BLOCK_M;
         // One barrier both publishes block m and frees the other buffer and the dS tile (every warp
         // has left iteration m-1), so the prefetch of block m+1 goes after it.
@@ -185,13 +194,13 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 #pragma unroll
         for (int ks = 0; ks < C::D_STEPS; ks++) {
             uint32_t ka[4], va[4];
-            ldmatrix_x4(ka, k_tile + Tile::index(key_row0 + a_row(lane), ks * 2 + a_chunk(lane)));
-            ldmatrix_x4(va, v_tile + Tile::index(key_row0 + a_row(lane), ks * 2 + a_chunk(lane)));
+            ldmatrix_x4(ka, Tile::at(k_a_lane, key_row0, ks * 2));
+            ldmatrix_x4(va, Tile::at(v_a_lane, key_row0, ks * 2));
 #pragma unroll
             for (int np = 0; np < C::Q_TILES / 2; np++) {
                 uint32_t qb[4], dob[4];
-                ldmatrix_x4(qb, q_tile + Tile::index(np * 16 + b_row(lane), ks * 2 + b_chunk(lane)));
-                ldmatrix_x4(dob, do_tile + Tile::index(np * 16 + b_row(lane), ks * 2 + b_chunk(lane)));
+                ldmatrix_x4(qb, Tile::at(q_b_lane, np * 16, ks * 2));
+                ldmatrix_x4(dob, Tile::at(do_b_lane, np * 16, ks * 2));
                 mma_16816(s[2 * np], ka, qb[0], qb[1]);
                 mma_16816(s[2 * np + 1], ka, qb[2], qb[3]);
                 mma_16816(dp[2 * np], va, dob[0], dob[1]);
@@ -222,8 +231,8 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 #pragma unroll
             for (int dp2 = 0; dp2 < C::D_TILES / 2; dp2++) {
                 uint32_t dob[4], qb[4];
-                ldmatrix_x4_trans(dob, do_tile + Tile::index(ks * 16 + bt_row(lane), dp2 * 2 + bt_chunk(lane)));
-                ldmatrix_x4_trans(qb, q_tile + Tile::index(ks * 16 + bt_row(lane), dp2 * 2 + bt_chunk(lane)));
+                ldmatrix_x4_trans(dob, Tile::at(do_t_lane, ks * 16, dp2 * 2));
+                ldmatrix_x4_trans(qb, Tile::at(q_t_lane, ks * 16, dp2 * 2));
                 mma_16816(acc_dv[2 * dp2], pa, dob[0], dob[1]);
                 mma_16816(acc_dv[2 * dp2 + 1], pa, dob[2], dob[3]);
                 mma_16816(acc_dk[2 * dp2], dsa, qb[0], qb[1]);
@@ -231,8 +240,8 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
             }
             if (C::D_TILES % 2) {
                 uint32_t dob[2], qb[2];
-                ldmatrix_x2_trans(dob, do_tile + Tile::index(ks * 16 + bt_row(lane), C::D_TILES - 1));
-                ldmatrix_x2_trans(qb, q_tile + Tile::index(ks * 16 + bt_row(lane), C::D_TILES - 1));
+                ldmatrix_x2_trans(dob, Tile::at(do_t_lane, ks * 16, C::D_TILES - 1));  // unswizzled (HD 80)
+                ldmatrix_x2_trans(qb, Tile::at(q_t_lane, ks * 16, C::D_TILES - 1));
                 mma_16816(acc_dv[C::D_TILES - 1], pa, dob[0], dob[1]);
                 mma_16816(acc_dk[C::D_TILES - 1], dsa, qb[0], qb[1]);
             }
@@ -259,19 +268,17 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 #pragma unroll
         for (int ks = 0; ks < BLOCK_N / 16; ks++) {
             uint32_t dsa[4];
-            // x4.trans matrices: (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
-            ldmatrix_x4_trans(dsa, ds_tile + DsTile::index(ks * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                            dq_m * 2 + ((lane >> 3) & 1)));
+            ldmatrix_x4_trans(dsa, DsTile::at(ds_lane, ks * 16, dq_m * 2));
 #pragma unroll
             for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
                 uint32_t kb[4];
-                ldmatrix_x4_trans(kb, k_tile + Tile::index(ks * 16 + bt_row(lane), dq_chunk0 + dp2 * 2 + bt_chunk(lane)));
+                ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
                 mma_16816(acc_dq[2 * dp2], dsa, kb[0], kb[1]);
                 mma_16816(acc_dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
             }
             if (C::DQ_TILES % 2) {
                 uint32_t kb[2];
-                ldmatrix_x2_trans(kb, k_tile + Tile::index(ks * 16 + bt_row(lane), dq_chunk0 + C::DQ_TILES - 1));
+                ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
                 mma_16816(acc_dq[C::DQ_TILES - 1], dsa, kb[0], kb[1]);
             }
         }

@@ -22,21 +22,34 @@
 // 64 values, chunk c of row r is stored at chunk (c ^ r) within its 128-byte group (XOR swizzle);
 // otherwise (head dims 80, 96) rows are padded by one chunk. Either way the 8 rows one ldmatrix
 // phase reads fall in 8 different 16-byte bank groups: no bank conflicts, for cp.async writes too.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
 template <int COLS>
 struct SmemTile {
     static constexpr bool SWIZZLE = COLS % 64 == 0;
     static constexpr int ROW_ELEMS = SWIZZLE ? COLS : COLS + 8;
+    static constexpr int ROW_BYTES = ROW_ELEMS * 2;
     static constexpr int CHUNKS = COLS / 8;
     static __device__ __forceinline__ int index(int row, int chunk) {
         if (SWIZZLE) return row * ROW_ELEMS + (((chunk ^ row) & 7) | (chunk & ~7)) * 8;
         return row * ROW_ELEMS + chunk * 8;
     }
     static constexpr int elems(int rows) { return rows * ROW_ELEMS; }
+    // ldmatrix addressing without per-load index arithmetic: a lane that reads row row0 + lane_row,
+    // chunk chunk0 + lane_chunk (lane_chunk 0 or 1) computes lane_base once; then, for row0 a multiple
+    // of 8 and chunk0 even, the swizzle of chunk0 is one XOR on bits 4-6 of that base (tiles start
+    // 128-byte aligned and rows are 128-byte multiples, so the XOR commutes with the row offset).
+    static __device__ __forceinline__ uint32_t lane_base(const __nv_bfloat16* tile, int lane_row, int lane_chunk) {
+        return smem_address(tile) + lane_row * ROW_BYTES +
+               (SWIZZLE ? ((lane_chunk ^ lane_row) & 7) << 4 : lane_chunk << 4);
+    }
+    static __device__ __forceinline__ uint32_t at(uint32_t lane_base, int row0, int chunk0) {
+        if (SWIZZLE) return (lane_base ^ ((chunk0 & 6) << 4)) + row0 * ROW_BYTES + ((chunk0 & ~7) << 4);
+        return lane_base + row0 * ROW_BYTES + (chunk0 << 4);
+    }
 };
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 
 // 16-byte global→shared copy that bypasses L1; src_bytes = 0 writes 16 zero bytes instead.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
@@ -57,16 +70,35 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
 }
 
 // Copies rows [0, ROWS) of a (rows, COLS) bf16 matrix whose rows are `row_stride` apart in global
-// memory into a SmemTile; rows ≥ rows_valid become zeros (partial last blocks).
+// memory into a SmemTile; rows ≥ rows_valid become zeros (partial last blocks). Fully unrolled;
+// when the threads cover whole rows 8 at a time, each thread keeps one chunk column and its
+// shared-memory offsets are constants apart.
 template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
                                                 int rows_valid) {
-    constexpr int CHUNKS = COLS / 8;
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-        int row = i / CHUNKS, chunk = i % CHUNKS;
-        bool valid = row < rows_valid;
-        const __nv_bfloat16* from = valid ? src + (long)row * row_stride + chunk * 8 : src;
-        cp_async_16(tile + SmemTile<COLS>::index(row, chunk), from, valid ? 16 : 0);
+    typedef SmemTile<COLS> Tile;
+    constexpr int CHUNKS = COLS / 8, TOTAL = ROWS * CHUNKS;
+    if constexpr (THREADS % CHUNKS == 0 && (THREADS / CHUNKS) % 8 == 0 && TOTAL % THREADS == 0) {
+        constexpr int ROW_STEP = THREADS / CHUNKS;
+        const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+        __nv_bfloat16* dst = tile + Tile::index(row0, chunk);
+        const __nv_bfloat16* from = src + (long)row0 * row_stride + chunk * 8;
+#pragma unroll
+        for (int j = 0; j < TOTAL / THREADS; j++) {
+            const bool valid = row0 + j * ROW_STEP < rows_valid;
+            cp_async_16(dst + j * ROW_STEP * Tile::ROW_ELEMS, valid ? from + (long)j * ROW_STEP * row_stride : src,
+                        valid ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < (TOTAL + THREADS - 1) / THREADS; j++) {
+            const int i = threadIdx.x + j * THREADS;
+            if (TOTAL % THREADS != 0 && i >= TOTAL) break;
+            const int row = i / CHUNKS, chunk = i % CHUNKS;
+            const bool valid = row < rows_valid;
+            const __nv_bfloat16* from = valid ? src + (long)row * row_stride + chunk * 8 : src;
+            cp_async_16(tile + Tile::index(row, chunk), from, valid ? 16 : 0);
+        }
     }
 }
 
@@ -84,6 +116,21 @@ __device__ __forceinline__ void store_tile(__nv_bfloat16* dst, long row_stride, 
 }
 
 // ---- tensor-core fragments ----------------------------------------------------------------------
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -86,11 +86,12 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
     }
     uint32_t q_frag[C::Q_IN_REGS ? C::M_TILES : 1][C::Q_IN_REGS ? C::D_STEPS : 1][4];
     const int warp_row0 = warp * C::WARP_ROWS;
+    const uint32_t q_lane = Tile::lane_base(q_tile, a_row(lane), a_chunk(lane));
 
     for (int n = 0; n < n_blocks; n++) {
         const int n0 = n * BLOCK_N;
-        const __nv_bfloat16* k_tile = k_tiles + (n & 1) * C::KV_ELEMS;
-        const __nv_bfloat16* v_tile = v_tiles + (n & 1) * C::KV_ELEMS;
+        const uint32_t k_lane = Tile::lane_base(k_tiles + (n & 1) * C::KV_ELEMS, b_row(lane), b_chunk(lane));
+        const uint32_t v_lane = Tile::lane_base(v_tiles + (n & 1) * C::KV_ELEMS, bt_row(lane), bt_chunk(lane));
         // One barrier both publishes K_n and frees the other buffer (every warp has left iteration
         // n-1), so the prefetch of block n+1 goes after it.
         cp_async_wait<1>();  // Q and K_n have landed (V_n may still be in flight)
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
 #pragma unroll
                 for (int ks = 0; ks < C::D_STEPS; ks++)
                     ldmatrix_x4(q_frag[C::Q_IN_REGS ? mt : 0][C::Q_IN_REGS ? ks : 0],
-                                q_tile + Tile::index(warp_row0 + mt * 16 + a_row(lane), ks * 2 + a_chunk(lane)));
+                                Tile::at(q_lane, warp_row0 + mt * 16, ks * 2));
         }
 
         // S = Q Kᵀ (WARP_ROWS × BLOCK_N per warp), fp32
@@ -134,13 +135,13 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
 #pragma unroll
                     for (int e = 0; e < 4; e++) a[mt][e] = q_frag[C::Q_IN_REGS ? mt : 0][C::Q_IN_REGS ? ks : 0][e];
                 } else {
-                    ldmatrix_x4(a[mt], q_tile + Tile::index(warp_row0 + mt * 16 + a_row(lane), ks * 2 + a_chunk(lane)));
+                    ldmatrix_x4(a[mt], Tile::at(q_lane, warp_row0 + mt * 16, ks * 2));
                 }
             }
 #pragma unroll
             for (int np = 0; np < C::N_TILES / 2; np++) {
                 uint32_t kb[4];
-                ldmatrix_x4(kb, k_tile + Tile::index(np * 16 + b_row(lane), ks * 2 + b_chunk(lane)));
+                ldmatrix_x4(kb, Tile::at(k_lane, np * 16, ks * 2));
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; mt++) {
                     mma_16816(s[mt][2 * np], a[mt], kb[0], kb[1]);
@@ -164,7 +165,10 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
                     }
         }
 
-        // Online softmax: new row max, rescale what was accumulated, P = exp2(S·scale_log2 − max).
+        // Online softmax: new row max, P = exp2(S·scale_log2 − max), and the running sum and O
+        // rescaled by exp2(old max − new max). Once the maxima settle that factor is 1 in every row
+        // of the warp, and the multiply of O is skipped.
+        float rescale[C::M_TILES][2];
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; mt++)
 #pragma unroll
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
                 const float new_max = fmaxf(row_max[mt][half], mx * p.scale_log2);
                 // A row with every key masked so far keeps max −∞: subtract 0 so exp2 gives 0, not NaN.
                 const float base = new_max == -INFINITY ? 0.f : new_max;
-                const float rescale = fast_exp2(row_max[mt][half] - base);
+                rescale[mt][half] = fast_exp2(row_max[mt][half] - base);
                 row_max[mt][half] = new_max;
                 float sum = 0.f;
 #pragma unroll
@@ -188,13 +192,19 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
                         s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
                         sum += s[mt][nt][e];
                     }
-                row_sum[mt][half] = row_sum[mt][half] * rescale + sum;  // per-thread partial sum
-#pragma unroll
-                for (int dt = 0; dt < C::D_TILES; dt++) {
-                    acc_o[mt][dt][2 * half] *= rescale;
-                    acc_o[mt][dt][2 * half + 1] *= rescale;
-                }
+                row_sum[mt][half] = row_sum[mt][half] * rescale[mt][half] + sum;  // per-thread partial sum
             }
+        bool changed = false;
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; mt++) changed |= rescale[mt][0] != 1.f || rescale[mt][1] != 1.f;
+        if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; mt++)
+#pragma unroll
+                for (int dt = 0; dt < C::D_TILES; dt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc_o[mt][dt][e] *= rescale[mt][e / 2];
+        }
 
         cp_async_wait<2>();  // V_n has landed
         __syncthreads();
@@ -208,7 +218,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
 #pragma unroll
             for (int dp = 0; dp < C::D_TILES / 2; dp++) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, v_tile + Tile::index(ks * 16 + bt_row(lane), dp * 2 + bt_chunk(lane)));
+                ldmatrix_x4_trans(vb, Tile::at(v_lane, ks * 16, dp * 2));
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; mt++) {
                     mma_16816(acc_o[mt][2 * dp], a[mt], vb[0], vb[1]);
@@ -217,7 +227,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
             }
             if (C::D_TILES % 2) {  // head dim 80: one n8 tile left over
                 uint32_t vb[2];
-                ldmatrix_x2_trans(vb, v_tile + Tile::index(ks * 16 + bt_row(lane), C::D_TILES - 1));
+                ldmatrix_x2_trans(vb, Tile::at(v_lane, ks * 16, C::D_TILES - 1));  // unswizzled (HD 80)
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; mt++) mma_16816(acc_o[mt][C::D_TILES - 1], a[mt], vb[0], vb[1]);
             }
