@@ -10,8 +10,9 @@
 //     of BLOCK_M rows (double-buffered with cp.async). Each warp owns 16 keys: it recomputes its
 //     slice of Sᵀ = K Qᵀ and Pᵀ = exp(Sᵀ − LSE) (no softmax pass needed), computes dPᵀ = V dOᵀ and
 //     dSᵀ = Pᵀ ∘ (dPᵀ − D), and accumulates its rows of dV += Pᵀ dO and dK += dSᵀ Q in registers for
-//     the whole loop. dSᵀ goes through shared memory so all warps can form dQ_block = dS K, which is
-//     added into dq_accum with fp32 atomics (other key blocks add to the same rows).
+//     the whole loop. dSᵀ goes through shared memory (two buffers) so all warps can form
+//     dQ_block = dS K one step later, after the next step's only barrier; it is added into dq_accum
+//     with fp32 atomics (other key blocks add to the same rows).
 //  3. convert: dq = dq_accum · scale, to bf16, into the strided dq.
 // Causal: query blocks wholly before the key block are skipped; masking only on diagonal and
 // end-of-sequence blocks.
@@ -101,7 +102,7 @@ struct Flash2BackwardConfig {
     static constexpr int QO_ELEMS = Tile::elems(BLOCK_M);
     static constexpr int DS_ELEMS = DsTile::elems(BLOCK_N);
     static constexpr size_t SMEM_BYTES =
-        (size_t)(2 * KV_ELEMS + 4 * QO_ELEMS + DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
+        (size_t)(2 * KV_ELEMS + 4 * QO_ELEMS + 2 * DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
     static_assert(NWARPS % DQ_M == 0 && D_TILES % DQ_N == 0, "dQ warp split");
     static_assert(BLOCK_M % 64 == 0, "dS tile swizzle needs 64-value rows");
 };
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     __nv_bfloat16* v_tile = k_tile + C::KV_ELEMS;          // (BLOCK_N, HD)
     __nv_bfloat16* q_tiles = v_tile + C::KV_ELEMS;         // 2 × (BLOCK_M, HD)
     __nv_bfloat16* do_tiles = q_tiles + 2 * C::QO_ELEMS;   // 2 × (BLOCK_M, HD)
-    __nv_bfloat16* ds_tile = do_tiles + 2 * C::QO_ELEMS;   // (BLOCK_N, BLOCK_M): dSᵀ
-    float* lse_tiles = (float*)(ds_tile + C::DS_ELEMS);    // 2 × BLOCK_M, in log2 units
+    __nv_bfloat16* ds_tile = do_tiles + 2 * C::QO_ELEMS;   // 2 × (BLOCK_N, BLOCK_M): dSᵀ
+    float* lse_tiles = (float*)(ds_tile + 2 * C::DS_ELEMS);    // 2 × BLOCK_M, in log2 units
     float* d_tiles = lse_tiles + 2 * BLOCK_M;              // 2 × BLOCK_M
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -168,6 +169,45 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
     const uint32_t ds_lane = DsTile::lane_base(ds_tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
+    // dQ_block(mq) += dS K from dS buffer dbuf: this warp's m16 tile dq_m and its DQ_TILES columns;
+    // k = the BLOCK_N keys. A = dS (queries × keys) read transposed from dSᵀ; B = K read transposed.
+    // Called one step late (after the next step's barrier), so dS needs no barrier of its own.
+    auto add_dq_block = [&](int mq, int dbuf) {
+        float acc_dq[C::DQ_TILES][4];
+#pragma unroll
+        for (int dt = 0; dt < C::DQ_TILES; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc_dq[dt][e] = 0.f;
+        const int dq_chunk0 = dq_n * C::DQ_TILES;
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_N / 16; ks++) {
+            uint32_t dsa[4];
+            ldmatrix_x4_trans(dsa, DsTile::at(ds_lane + dbuf * C::DS_ELEMS * 2, ks * 16, dq_m * 2));
+#pragma unroll
+            for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
+                uint32_t kb[4];
+                ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
+                mma_16816(acc_dq[2 * dp2], dsa, kb[0], kb[1]);
+                mma_16816(acc_dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
+            }
+            if (C::DQ_TILES % 2) {
+                uint32_t kb[2];
+                ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
+                mma_16816(acc_dq[C::DQ_TILES - 1], dsa, kb[0], kb[1]);
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int qi = mq * BLOCK_M + dq_m * 16 + g + 8 * half;
+            if (qi < T) {
+                float* dst = dq_head + (long)qi * HD + dq_chunk0 * 8 + 2 * t4;
+#pragma unroll
+                for (int dt = 0; dt < C::DQ_TILES; dt++)
+                    atomic_add_f32x2(dst + dt * 8, acc_dq[dt][2 * half], acc_dq[dt][2 * half + 1]);
+            }
+        }
+    };
+
     for (int m = m_begin; m < m_end; m++) {
         const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
         const __nv_bfloat16* q_tile = q_tiles + buf * C::QO_ELEMS;
@@ -178,12 +218,13 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
         const uint32_t q_t_lane = Tile::lane_base(q_tile, bt_row(lane), bt_chunk(lane));
         const uint32_t do_t_lane = Tile::lane_base(do_tile, bt_row(lane), bt_chunk(lane));
         const float* d_tile = d_tiles + buf * BLOCK_M;
-        // One barrier both publishes block m and frees the other buffer and the dS tile (every warp
-        // has left iteration m-1), so the prefetch of block m+1 goes after it.
+        // One barrier per step: it publishes block m and the dS of step m-1, and frees the other
+        // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
         cp_async_wait<0>();  // block m (and K, V) have landed
         __syncthreads();
         if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
         cp_async_commit();
+        if (m > m_begin) add_dq_block(m - 1, buf ^ 1);
 
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 16 keys × BLOCK_M queries per warp
         float s[C::Q_TILES][4], dp[C::Q_TILES][4];
@@ -253,46 +294,13 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int row = key_row0 + g + 8 * half;
-                *(uint32_t*)(ds_tile + DsTile::index(row, nt) + 2 * t4) = pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
+                *(uint32_t*)(ds_tile + buf * C::DS_ELEMS + DsTile::index(row, nt) + 2 * t4) =
+                    pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
             }
-        __syncthreads();
 
-        // dQ_block += dS K: this warp's m16 tile dq_m and its DQ_TILES columns; k = the BLOCK_N keys.
-        // A = dS (queries × keys) read transposed from dSᵀ; B = K (keys × HD) read transposed.
-        float acc_dq[C::DQ_TILES][4];
-#pragma unroll
-        for (int dt = 0; dt < C::DQ_TILES; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc_dq[dt][e] = 0.f;
-        const int dq_chunk0 = dq_n * C::DQ_TILES;
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_N / 16; ks++) {
-            uint32_t dsa[4];
-            ldmatrix_x4_trans(dsa, DsTile::at(ds_lane, ks * 16, dq_m * 2));
-#pragma unroll
-            for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
-                uint32_t kb[4];
-                ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
-                mma_16816(acc_dq[2 * dp2], dsa, kb[0], kb[1]);
-                mma_16816(acc_dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
-            }
-            if (C::DQ_TILES % 2) {
-                uint32_t kb[2];
-                ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
-                mma_16816(acc_dq[C::DQ_TILES - 1], dsa, kb[0], kb[1]);
-            }
-        }
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int qi = m0 + dq_m * 16 + g + 8 * half;
-            if (qi < T) {
-                float* dst = dq_head + (long)qi * HD + dq_chunk0 * 8 + 2 * t4;
-#pragma unroll
-                for (int dt = 0; dt < C::DQ_TILES; dt++)
-                    atomic_add_f32x2(dst + dt * 8, acc_dq[dt][2 * half], acc_dq[dt][2 * half + 1]);
-            }
-        }
     }
+    __syncthreads();  // the last dS is in shared memory
+    add_dq_block(m_end - 1, (m_end - 1 - m_begin) & 1);
     cp_async_wait<0>();
     __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
 
