@@ -104,7 +104,7 @@ struct Flash2BackwardConfig {
     static constexpr size_t SMEM_BYTES =
         (size_t)(2 * KV_ELEMS + 4 * QO_ELEMS + 2 * DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
     static_assert(NWARPS % DQ_M == 0 && D_TILES % DQ_N == 0, "dQ warp split");
-    static_assert(BLOCK_M % 64 == 0, "dS tile swizzle needs 64-value rows");
+    static_assert(BLOCK_M % 16 == 0, "query blocks are whole m16 tiles");
 };
 
 template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
