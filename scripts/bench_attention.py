@@ -382,7 +382,11 @@ def gpu_slug(name):
 
 
 def git_commit():
-    """git rev-parse HEAD, with "-dirty" when tracked files have changes; "unknown" without git."""
+    """$GIT_COMMIT when set (a copy of the tree whose git metadata is stale, as on the lent GPU
+    machines); else git rev-parse HEAD, with "-dirty" when tracked files have changes; "unknown"
+    without git."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -4,6 +4,7 @@
 #
 #   bash scripts/run_attention_on_gpu.sh [LOG_DIR] [bench flags...]
 #
+# Set GIT_COMMIT to the commit being run where the copy's git metadata is stale.
 # Writes LOG_DIR/test_gpu_attention.log, LOG_DIR/check_attention.log, LOG_DIR/bench_attention.log
 # and the benchmark's scripts/results/attention_<gpu>.{json,md}. Prints a short summary last.
 set -uo pipefail
