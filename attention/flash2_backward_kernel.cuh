@@ -92,8 +92,13 @@ struct Flash2BackwardConfig {
     static constexpr int Q_TILES = BLOCK_M / 8;  // n8 tiles of Sᵀ (queries)
     static constexpr int D_TILES = HD / 8;
     static constexpr int D_STEPS = HD / 16;
-    // dQ_block (BLOCK_M × HD) = dS K split over warps: DQ_M m16 tiles by DQ_N column groups.
-    static constexpr int DQ_M = BLOCK_M / 16;
+    // dQ_block (BLOCK_M × HD) = dS K split over warps: DQ_M row groups of DQ_MT m16 tiles by DQ_N
+    // column groups. Two m16 tiles per warp where the split allows it: each K fragment then feeds
+    // two MMAs, a quarter fewer ldmatrix than one tile per warp.
+    static constexpr bool DQ_PAIRS = (BLOCK_M / 32) > 0 && NWARPS % (BLOCK_M / 32) == 0 &&
+                                     D_TILES % (NWARPS / (BLOCK_M / 32 > 0 ? BLOCK_M / 32 : 1)) == 0;
+    static constexpr int DQ_MT = DQ_PAIRS ? 2 : 1;
+    static constexpr int DQ_M = BLOCK_M / (16 * DQ_MT);
     static constexpr int DQ_N = NWARPS / DQ_M;
     static constexpr int DQ_TILES = D_TILES / DQ_N;  // n8 tiles of dQ per warp
     typedef SmemTile<HD> Tile;
@@ -104,6 +109,7 @@ struct Flash2BackwardConfig {
     static constexpr size_t SMEM_BYTES =
         (size_t)(2 * KV_ELEMS + 4 * QO_ELEMS + 2 * DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
     static_assert(NWARPS % DQ_M == 0 && D_TILES % DQ_N == 0, "dQ warp split");
+    static_assert(!Tile::SWIZZLE || DQ_TILES % 2 == 0, "SmemTile::at needs even chunks in swizzled tiles");
     static_assert(BLOCK_M % 16 == 0, "query blocks are whole m16 tiles");
 };
 
@@ -169,43 +175,54 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
     const uint32_t ds_lane = DsTile::lane_base(ds_tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
-    // dQ_block(mq) += dS K from dS buffer dbuf: this warp's m16 tile dq_m and its DQ_TILES columns;
+    // dQ_block(mq) += dS K from dS buffer dbuf: this warp's DQ_MT m16 tiles and its DQ_TILES columns;
     // k = the BLOCK_N keys. A = dS (queries × keys) read transposed from dSᵀ; B = K read transposed.
     // Called one step late (after the next step's barrier), so dS needs no barrier of its own.
     auto add_dq_block = [&](int mq, int dbuf) {
-        float acc_dq[C::DQ_TILES][4];
+        float acc_dq[C::DQ_MT][C::DQ_TILES][4];
 #pragma unroll
-        for (int dt = 0; dt < C::DQ_TILES; dt++)
+        for (int mt = 0; mt < C::DQ_MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc_dq[dt][e] = 0.f;
+            for (int dt = 0; dt < C::DQ_TILES; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc_dq[mt][dt][e] = 0.f;
         const int dq_chunk0 = dq_n * C::DQ_TILES;
+        const uint32_t ds_buf_lane = ds_lane + dbuf * C::DS_ELEMS * 2;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_N / 16; ks++) {
-            uint32_t dsa[4];
-            ldmatrix_x4_trans(dsa, DsTile::at(ds_lane + dbuf * C::DS_ELEMS * 2, ks * 16, dq_m * 2));
+            uint32_t dsa[C::DQ_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < C::DQ_MT; mt++)
+                ldmatrix_x4_trans(dsa[mt], DsTile::at(ds_buf_lane, ks * 16, (dq_m * C::DQ_MT + mt) * 2));
 #pragma unroll
             for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
                 uint32_t kb[4];
                 ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
-                mma_16816(acc_dq[2 * dp2], dsa, kb[0], kb[1]);
-                mma_16816(acc_dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < C::DQ_MT; mt++) {
+                    mma_16816(acc_dq[mt][2 * dp2], dsa[mt], kb[0], kb[1]);
+                    mma_16816(acc_dq[mt][2 * dp2 + 1], dsa[mt], kb[2], kb[3]);
+                }
             }
             if (C::DQ_TILES % 2) {
                 uint32_t kb[2];
                 ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
-                mma_16816(acc_dq[C::DQ_TILES - 1], dsa, kb[0], kb[1]);
+#pragma unroll
+                for (int mt = 0; mt < C::DQ_MT; mt++) mma_16816(acc_dq[mt][C::DQ_TILES - 1], dsa[mt], kb[0], kb[1]);
             }
         }
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int qi = mq * BLOCK_M + dq_m * 16 + g + 8 * half;
-            if (qi < T) {
-                float* dst = dq_head + (long)qi * HD + dq_chunk0 * 8 + 2 * t4;
+        for (int mt = 0; mt < C::DQ_MT; mt++)
 #pragma unroll
-                for (int dt = 0; dt < C::DQ_TILES; dt++)
-                    atomic_add_f32x2(dst + dt * 8, acc_dq[dt][2 * half], acc_dq[dt][2 * half + 1]);
+            for (int half = 0; half < 2; half++) {
+                const int qi = mq * BLOCK_M + (dq_m * C::DQ_MT + mt) * 16 + g + 8 * half;
+                if (qi < T) {
+                    float* dst = dq_head + (long)qi * HD + dq_chunk0 * 8 + 2 * t4;
+#pragma unroll
+                    for (int dt = 0; dt < C::DQ_TILES; dt++)
+                        atomic_add_f32x2(dst + dt * 8, acc_dq[mt][dt][2 * half], acc_dq[mt][dt][2 * half + 1]);
+                }
             }
-        }
     };
 
     for (int m = m_begin; m < m_end; m++) {

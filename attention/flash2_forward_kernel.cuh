@@ -40,6 +40,7 @@ struct Flash2ForwardConfig {
     static constexpr int KV_ELEMS = Tile::elems(BLOCK_N);
     static constexpr size_t SMEM_BYTES = (size_t)(Q_ELEMS + 4 * KV_ELEMS) * sizeof(__nv_bfloat16);
     static_assert(WARP_ROWS % 16 == 0 && BLOCK_N % 16 == 0 && HD % 16 == 0, "tile shapes");
+    static_assert(!Tile::SWIZZLE || D_TILES % 2 == 0, "SmemTile::at needs even chunks in swizzled tiles");
 };
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS, int MIN_BLOCKS, bool CAUSAL>

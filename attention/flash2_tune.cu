@@ -47,7 +47,7 @@ static const ForwardCandidate FORWARD[] = {
     FWD(128, 128, 64, 8, 1), FWD(128, 64, 32, 4, 4),
 };
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1), BWD(64, 64, 8, 1), BWD(64, 64, 4, 2), BWD(128, 64, 8, 1), BWD(128, 64, 4, 2), BWD(128, 32, 8, 1), BWD(64, 32, 8, 1),
+    BWD(64, 128, 8, 1), BWD(64, 64, 8, 1), BWD(64, 64, 4, 2), BWD(128, 64, 8, 1), BWD(128, 64, 4, 2), BWD(128, 32, 8, 1),
 };
 
 static float median_ms(std::vector<float>& v) {
