@@ -34,7 +34,7 @@ DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
-GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention
+GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so
@@ -95,6 +95,12 @@ $(BUILD)/cpu_reference_plain.o: test/cpu_reference.c | $(BUILD)
 
 $(BUILD)/test_gpu_attention: test/test_gpu_attention.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
+
+$(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas
+
+$(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

@@ -21,6 +21,8 @@ tests=(
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
+    "$BUILD/test_gpu_matmul"
+    "$BUILD/test_gpu_layers"
 )
 
 mkdir -p "$BUILD/test_logs"

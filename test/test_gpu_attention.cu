@@ -322,11 +322,12 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     const AttentionArgs* a = &c.args;
     char problems[1024] = "";
 
-    // ---- forward
+    // ---- forward (poison on the default stream, then wait: the kernels run on a non-blocking stream)
     CUDA_CHECK(cudaMemset(c.out_buf, 0xFF, c.out_buf_elems * sizeof(uint16_t)));
     CUDA_CHECK(cudaMemset(c.lse_buf, 0xFF, c.lse_buf_elems * sizeof(float)));
     if (c.saved) CUDA_CHECK(cudaMemset(c.saved, 0xFF, c.saved_bytes));
     if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());
     attention_forward(backend, ctx, a, stream);
     sync_or_die(stream, name, "forward");
 
@@ -359,6 +360,7 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     // ---- backward, checked against the reference given this forward's out and lse
     CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
     if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());
     attention_backward(backend, ctx, a, stream);
     sync_or_die(stream, name, "backward");
 

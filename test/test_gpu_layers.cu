@@ -1,0 +1,1019 @@
+// test_gpu_layers.cu: the non-GEMM GPU layers (layers/encoder.cuh, layernorm.cuh, gelu.cuh,
+// classifier.cuh, adamw.cuh, global_norm.cuh) against the fp64 CPU reference (test/cpu_reference.h).
+//
+// Every case draws fresh inputs (the seed comes from the clock unless TEST_SEED is set, and is
+// printed), rounds them to bf16 on the host with test_float_to_bf16 and computes the reference from
+// exactly those values. Outputs are poisoned with NaN (0xFF bytes) before every run and every output
+// element must come back finite (written); every device buffer sits between guards of poison that
+// must stay untouched; scratch is poisoned too. Relative errors ‖x − ref‖/‖ref‖ are printed for every
+// case; bounds: 1e-2 for bf16 outputs, 1e-4 for fp32 outputs (mean, rstd, losses, master weights,
+// AdamW moments, the norm). Where a result is exactly defined (a bf16 sum of two bf16 values, the
+// bf16 copy of the fp32 master weights, untouched gradient rows, padding columns) it must match bit
+// for bit. Gradients the layers ADD into start from random values, and the reference adds to the same.
+//
+// Cases (N = B·T rows):
+// - encoder forward and backward: N in {1, 37, 1000}, C in {64, 768, 2048, 2560}, V = 1000 (Vp = 1024),
+//   tokens uniform or skewed (60% one token, so its run spans many sort chunks; the last real token
+//   id appears); plus V = 50257 (Vp = 50304) at C = 64. The backward runs twice: bit-identical.
+// - layernorm forward (fused residual, and plain with inp2 = NULL) and backward (run twice:
+//   bit-identical), same N and C; rows offset from zero so the variance is not E[x²].
+// - gelu forward, backward, backward in place, and an unaligned (scalar path) slice.
+// - cross-entropy: N in {1, 37, 1000}, (V, Vp) in {(1000, 1024), (50257, 50304)}: validation (losses
+//   only, logits untouched) and training (losses, dlogits in place); padding columns hold NaN on
+//   input and must be ignored and come back 0; targets include 0, V − 1 and a near-one-hot row.
+// - AdamW: 4 steps with fresh gradients, with and without weight decay, grad_scale < 1 on the host
+//   and on the device, an unaligned slice; master weights, their change, m, v and the bf16 copy.
+// - global norm: n in {1, 37, 1000, 1000003}, unaligned, squared, repeat bit-identical, clip scale,
+//   and n = 2^32 + 37 (size_t indexing; skipped where the GPU lacks the ~8.6 GB).
+// - determinism: encoder and LayerNorm backward run three times with scratch poisoned differently.
+// - argument checks (CPU, everywhere): launchers reject C or Vp not a multiple of 8 with a message.
+// GPU cases are reported as SKIP where no GPU is found (and the program exits 0).
+#include <cuda_bf16.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../layers/adamw.cuh"
+#include "../layers/classifier.cuh"
+#include "../layers/encoder.cuh"
+#include "../layers/gelu.cuh"
+#include "../layers/global_norm.cuh"
+#include "../layers/gpt_config.h"
+#include "../layers/layernorm.cuh"
+#include "cpu_reference.h"
+#include "test_harness.h"
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+#define TOL_BF16 1e-2
+#define TOL_F32 1e-4
+#define GUARD_BYTES 256
+
+static const int ROWS[] = {1, 37, 1000};
+static const int CHANNELS[] = {64, 768, 2048, 2560};
+
+static uint64_t g_seed;
+static uint64_t g_set_index;
+static const char* g_skip_why;  // non-NULL: no usable GPU, every GPU case is skipped
+static cudaStream_t g_stream;
+static char g_running_case[160];
+
+static void report_exit_during_case(void) {
+    if (g_running_case[0])
+        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
+}
+
+// Starts a GPU case: returns 0 (after printing SKIP) where there is no GPU.
+static int case_begin(const char* name) {
+    if (g_skip_why) {
+        test_skip(name, g_skip_why);
+        return 0;
+    }
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
+    return 1;
+}
+
+static void case_end(const char* name, const char* problems) {
+    test_report(name, problems[0] == 0, "%s", problems);
+    g_running_case[0] = 0;
+}
+
+// A generator per case, so a case's inputs depend only on the seed and its place in the order.
+static TestRng case_rng(void) {
+    TestRng rng = {g_seed + 0x9E3779B97F4A7C15ull * ++g_set_index};
+    return rng;
+}
+
+// Appends "; <message>" (or the first message) to a case's list of problems.
+static void add_problem(char* buf, size_t size, const char* fmt, ...) {
+    size_t used = strlen(buf);
+    if (used + 3 >= size) return;
+    if (used) {
+        strcat(buf, "; ");
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, size - used, fmt, ap);
+    va_end(ap);
+}
+
+static void* host_alloc(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+static uint16_t* host_bf16(size_t n) { return (uint16_t*)host_alloc(n * sizeof(uint16_t)); }
+
+// ---- host values ------------------------------------------------------------------------------------
+
+static uint16_t bf16_bits(double x) { return test_float_to_bf16((float)x); }
+static double bf16_value(uint16_t h) { return test_bf16_to_float(h); }
+
+// bits[i] = bf16(scale·normal + offset), val[i] its exact value.
+static void fill_bf16_normal(TestRng* rng, uint16_t* bits, double* val, size_t n, double scale, double offset) {
+    for (size_t i = 0; i < n; i++) {
+        bits[i] = bf16_bits(scale * test_rng_normal(rng) + offset);
+        if (val) val[i] = bf16_value(bits[i]);
+    }
+}
+
+static void bits_to_double(double* out, const uint16_t* bits, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_value(bits[i]);
+}
+
+static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
+
+// ‖x − ref‖/‖ref‖ for bf16 x; *nonfinite counts NaN/Inf elements of x (unwritten: poison is NaN).
+static double rel_error_bf16(const uint16_t* x, const double* ref, size_t n, size_t* nonfinite) {
+    double num = 0.0, den = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!bf16_is_finite(x[i])) bad++;
+        double d = bf16_value(x[i]) - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    if (nonfinite) *nonfinite += bad;
+    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+    return sqrt(num / den);
+}
+
+static double rel_error_f32(const float* x, const double* ref, size_t n, size_t* nonfinite) {
+    double num = 0.0, den = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) bad++;
+        double d = (double)x[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    if (nonfinite) *nonfinite += bad;
+    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+    return sqrt(num / den);
+}
+
+// Adds "<what> relative error E > bound" when over the bound (NaN fails too).
+static void check_error(char* problems, size_t size, const char* what, double err, double bound) {
+    if (!(err <= bound)) add_problem(problems, size, "%s relative error %.3e > %.0e", what, err, bound);
+}
+
+static void check_written(char* problems, size_t size, const char* what, size_t nonfinite, size_t n) {
+    if (nonfinite) add_problem(problems, size, "%zu of %zu %s elements non-finite or unwritten", nonfinite, n, what);
+}
+
+// ---- device buffers between guards of poison ------------------------------------------------------
+
+typedef struct {
+    unsigned char* base;  // [guard | bytes | guard]
+    size_t bytes;
+} DevBuf;
+
+static DevBuf dev_alloc(size_t bytes) {
+    DevBuf b;
+    b.bytes = bytes;
+    CUDA_CHECK(cudaMalloc(&b.base, bytes + 2 * GUARD_BYTES));
+    CUDA_CHECK(cudaMemset(b.base, 0xFF, bytes + 2 * GUARD_BYTES));
+    return b;
+}
+static void* dptr(DevBuf b) { return b.base + GUARD_BYTES; }
+static void dev_poison(DevBuf b, int byte) { CUDA_CHECK(cudaMemset(b.base + GUARD_BYTES, byte, b.bytes)); }
+static void dev_upload(DevBuf b, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dptr(b), src, bytes, cudaMemcpyHostToDevice));
+}
+static void dev_download(void* dst, DevBuf b, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, dptr(b), bytes, cudaMemcpyDeviceToHost));
+}
+static void dev_free(DevBuf* b) {
+    if (b->base) CUDA_CHECK(cudaFree(b->base));
+    b->base = NULL;
+}
+
+// Adds a problem when the guards around `b` are no longer all 0xFF.
+static void check_guards(char* problems, size_t size, DevBuf b, const char* what) {
+    unsigned char g[2 * GUARD_BYTES];
+    CUDA_CHECK(cudaMemcpy(g, b.base, GUARD_BYTES, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(g + GUARD_BYTES, b.base + GUARD_BYTES + b.bytes, GUARD_BYTES, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 2 * GUARD_BYTES; i++)
+        if (g[i] != 0xFFu) {
+            add_problem(problems, size, "wrote outside %s", what);
+            return;
+        }
+}
+
+// Waits for the stream; a failed kernel leaves the CUDA context unusable, so the case fails and the
+// program ends there (later cases could not run).
+static void sync_or_die(const char* name) {
+    cudaError_t err = cudaStreamSynchronize(g_stream);
+    if (err == cudaSuccess) return;
+    g_running_case[0] = 0;
+    test_fail(name, "a kernel failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access",
+              cudaGetErrorString(err), cudaGetErrorName(err));
+    exit(test_end());
+}
+
+// ---- encoder ----------------------------------------------------------------------------------------
+
+typedef enum { TOKENS_UNIFORM = 0, TOKENS_SKEWED = 1 } TokenMix;
+static const char* TOKEN_MIX_NAMES[] = {"uniform", "skewed"};
+
+// tokens (N) in [0, V): uniform, or 60% one token; position 0 gets V − 1 and the last gets 0.
+static void make_tokens(TestRng* rng, int* tokens, int N, int V, TokenMix mix) {
+    int common = (int)(test_rng_next(rng) % (uint64_t)V);
+    for (int i = 0; i < N; i++) {
+        if (mix == TOKENS_SKEWED && test_rng_uniform(rng, 0.0, 1.0) < 0.6) tokens[i] = common;
+        else tokens[i] = (int)(test_rng_next(rng) % (uint64_t)V);
+    }
+    tokens[0] = V - 1;
+    if (N > 1) tokens[N - 1] = 0;
+}
+
+static void encoder_shape(int N, int* B, int* T) {
+    *B = N >= 1000 ? 4 : 1;
+    *T = N / *B;
+}
+
+static void encoder_forward_case(int N, int C, int V, int Vp) {
+    char name[160];
+    snprintf(name, sizeof(name), "encoder_forward_N%d_C%d_V%d", N, C, V);
+    if (!case_begin(name)) return;
+    int B, T;
+    encoder_shape(N, &B, &T);
+    const int maxT = T + 3;
+    TestRng rng = case_rng();
+    const size_t n_wte = (size_t)Vp * C, n_wpe = (size_t)maxT * C, n_out = (size_t)N * C;
+    uint16_t* wte = host_bf16(n_wte);
+    uint16_t* wpe = host_bf16(n_wpe);
+    uint16_t* out = host_bf16(n_out);
+    int* tokens = (int*)host_alloc(N * sizeof(int));
+    double *dwte = test_alloc(n_wte), *dwpe = test_alloc(n_wpe), *ref = test_alloc(n_out);
+    fill_bf16_normal(&rng, wte, dwte, n_wte, 1.0, 0.0);
+    fill_bf16_normal(&rng, wpe, dwpe, n_wpe, 1.0, 0.0);
+    make_tokens(&rng, tokens, N, V, TOKENS_UNIFORM);
+    ref_encoder_forward(ref, tokens, dwte, dwpe, B, T, C);
+
+    DevBuf d_wte = dev_alloc(n_wte * 2), d_wpe = dev_alloc(n_wpe * 2), d_out = dev_alloc(n_out * 2),
+           d_tok = dev_alloc(N * sizeof(int));
+    dev_upload(d_wte, wte, n_wte * 2);
+    dev_upload(d_wpe, wpe, n_wpe * 2);
+    dev_upload(d_tok, tokens, N * sizeof(int));
+    encoder_forward((__nv_bfloat16*)dptr(d_out), (const int*)dptr(d_tok), (const __nv_bfloat16*)dptr(d_wte),
+                    (const __nv_bfloat16*)dptr(d_wpe), B, T, C, g_stream);
+    sync_or_die(name);
+    dev_download(out, d_out, n_out * 2);
+
+    char problems[1024] = "";
+    size_t bad = 0, mismatched = 0;
+    double err = rel_error_bf16(out, ref, n_out, &bad);
+    for (size_t i = 0; i < n_out; i++)
+        mismatched += out[i] != bf16_bits((float)bf16_value(wte[(size_t)tokens[i / C] * C + i % C]) +
+                                          (float)bf16_value(wpe[(size_t)((i / C) % T) * C + i % C]));
+    printf("%s: out %.2e, %zu of %zu not the bf16 of the fp32 sum\n", name, err, mismatched, n_out);
+    check_written(problems, sizeof(problems), "out", bad, n_out);
+    check_error(problems, sizeof(problems), "out", err, TOL_BF16);
+    if (mismatched) add_problem(problems, sizeof(problems), "%zu elements differ from bf16(wte + wpe)", mismatched);
+    check_guards(problems, sizeof(problems), d_out, "out");
+    case_end(name, problems);
+
+    dev_free(&d_wte), dev_free(&d_wpe), dev_free(&d_out), dev_free(&d_tok);
+    free(wte), free(wpe), free(out), free(tokens), free(dwte), free(dwpe), free(ref);
+}
+
+// Runs encoder_backward `runs` times from the same initial dwte and dwpe (scratch poisoned with a
+// different byte each run) and checks run 1 against the reference, later runs bit for bit against run 1.
+static void encoder_backward_case(const char* prefix, int N, int C, int V, int Vp, TokenMix mix, int runs) {
+    char name[160];
+    snprintf(name, sizeof(name), "%s_N%d_C%d_V%d_%s", prefix, N, C, V, TOKEN_MIX_NAMES[mix]);
+    if (!case_begin(name)) return;
+    int B, T;
+    encoder_shape(N, &B, &T);
+    const int maxT = T + 3;
+    TestRng rng = case_rng();
+    const size_t n_wte = (size_t)Vp * C, n_wpe = (size_t)maxT * C, n_out = (size_t)N * C;
+    uint16_t* dwte0 = host_bf16(n_wte);
+    uint16_t* dwpe0 = host_bf16(n_wpe);
+    uint16_t* dout = host_bf16(n_out);
+    uint16_t* dwte = host_bf16(n_wte);
+    uint16_t* dwpe = host_bf16(n_wpe);
+    uint16_t* dwte_again = host_bf16(n_wte);
+    uint16_t* dwpe_again = host_bf16(n_wpe);
+    int* tokens = (int*)host_alloc(N * sizeof(int));
+    double *ref_wte = test_alloc(n_wte), *ref_wpe = test_alloc(n_wpe), *ddout = test_alloc(n_out);
+    fill_bf16_normal(&rng, dwte0, ref_wte, n_wte, 1.0, 0.0);
+    fill_bf16_normal(&rng, dwpe0, ref_wpe, n_wpe, 1.0, 0.0);
+    fill_bf16_normal(&rng, dout, ddout, n_out, 1.0, 0.0);
+    make_tokens(&rng, tokens, N, V, mix);
+    ref_encoder_backward(ref_wte, ref_wpe, ddout, tokens, B, T, C);
+
+    const size_t scratch_bytes = encoder_backward_scratch_bytes(N, C, Vp);
+    DevBuf d_wte = dev_alloc(n_wte * 2), d_wpe = dev_alloc(n_wpe * 2), d_dout = dev_alloc(n_out * 2),
+           d_tok = dev_alloc(N * sizeof(int)), d_scratch = dev_alloc(scratch_bytes);
+    dev_upload(d_dout, dout, n_out * 2);
+    dev_upload(d_tok, tokens, N * sizeof(int));
+    char problems[1024] = "";
+    int identical = 1;
+    for (int run = 0; run < runs; run++) {
+        dev_upload(d_wte, dwte0, n_wte * 2);
+        dev_upload(d_wpe, dwpe0, n_wpe * 2);
+        dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
+        encoder_backward((__nv_bfloat16*)dptr(d_wte), (__nv_bfloat16*)dptr(d_wpe), dptr(d_scratch), scratch_bytes,
+                         (const __nv_bfloat16*)dptr(d_dout), (const int*)dptr(d_tok), B, T, C, Vp, g_stream);
+        sync_or_die(name);
+        dev_download(run == 0 ? dwte : dwte_again, d_wte, n_wte * 2);
+        dev_download(run == 0 ? dwpe : dwpe_again, d_wpe, n_wpe * 2);
+        if (run > 0 && (memcmp(dwte, dwte_again, n_wte * 2) != 0 || memcmp(dwpe, dwpe_again, n_wpe * 2) != 0)) {
+            identical = 0;
+            add_problem(problems, sizeof(problems), "run %d differs from run 1 (not deterministic)", run + 1);
+        }
+    }
+    size_t bad = 0;
+    double err_wte = rel_error_bf16(dwte, ref_wte, n_wte, &bad);
+    check_written(problems, sizeof(problems), "dwte", bad, n_wte);
+    bad = 0;
+    double err_wpe = rel_error_bf16(dwpe, ref_wpe, n_wpe, &bad);
+    check_written(problems, sizeof(problems), "dwpe", bad, n_wpe);
+    // Rows no position touches must be exactly as they were.
+    char* present = (char*)calloc(Vp, 1);
+    for (int i = 0; i < N; i++) present[tokens[i]] = 1;
+    size_t changed_rows = 0;
+    int distinct = 0;
+    for (int v = 0; v < Vp; v++) {
+        distinct += present[v];
+        if (!present[v] && memcmp(dwte + (size_t)v * C, dwte0 + (size_t)v * C, C * 2) != 0) changed_rows++;
+    }
+    if (memcmp(dwpe + (size_t)T * C, dwpe0 + (size_t)T * C, (size_t)(maxT - T) * C * 2) != 0)
+        add_problem(problems, sizeof(problems), "dwpe rows t >= T changed");
+    if (changed_rows) add_problem(problems, sizeof(problems), "%zu dwte rows of absent tokens changed", changed_rows);
+    printf("%s: dwte %.2e, dwpe %.2e (%d distinct tokens in %d positions), %d runs %s\n", name, err_wte, err_wpe,
+           distinct, N, runs, identical ? "bit-identical" : "DIFFER");
+    check_error(problems, sizeof(problems), "dwte", err_wte, TOL_BF16);
+    check_error(problems, sizeof(problems), "dwpe", err_wpe, TOL_BF16);
+    check_guards(problems, sizeof(problems), d_wte, "dwte");
+    check_guards(problems, sizeof(problems), d_wpe, "dwpe");
+    check_guards(problems, sizeof(problems), d_scratch, "scratch");
+    case_end(name, problems);
+
+    dev_free(&d_wte), dev_free(&d_wpe), dev_free(&d_dout), dev_free(&d_tok), dev_free(&d_scratch);
+    free(dwte0), free(dwpe0), free(dout), free(dwte), free(dwpe), free(dwte_again), free(dwpe_again);
+    free(tokens), free(ref_wte), free(ref_wpe), free(ddout), free(present);
+}
+
+// ---- layernorm --------------------------------------------------------------------------------------
+
+// Rows of inp: normal(0, 1) + a per-row offset of magnitude 0.5 .. 2 (either sign).
+static void fill_rows_offset(TestRng* rng, uint16_t* bits, double* val, int N, int C) {
+    for (int r = 0; r < N; r++) {
+        double offset = test_rng_uniform(rng, 0.5, 2.0) * (test_rng_next(rng) & 1 ? 1.0 : -1.0);
+        fill_bf16_normal(rng, bits + (size_t)r * C, val ? val + (size_t)r * C : NULL, C, 1.0, offset);
+    }
+}
+
+static void layernorm_forward_case(int N, int C, int fused) {
+    char name[160];
+    snprintf(name, sizeof(name), "layernorm_forward_N%d_C%d_%s", N, C, fused ? "residual" : "plain");
+    if (!case_begin(name)) return;
+    TestRng rng = case_rng();
+    const size_t n = (size_t)N * C;
+    uint16_t *inp1 = host_bf16(n), *inp2 = host_bf16(n);
+    uint16_t *w = host_bf16(C), *b = host_bf16(C);
+    uint16_t *out = host_bf16(n), *res = host_bf16(n);
+    uint16_t* res_expected = host_bf16(n);
+    float *mean = (float*)host_alloc(N * 4), *rstd = (float*)host_alloc(N * 4);
+    double *x = test_alloc(n), *dw = test_alloc(C), *db = test_alloc(C), *ref = test_alloc(n);
+    double *ref_mean = test_alloc(N), *ref_rstd = test_alloc(N);
+    fill_rows_offset(&rng, inp1, NULL, N, C);
+    fill_bf16_normal(&rng, inp2, NULL, n, 1.0, 0.0);
+    fill_bf16_normal(&rng, w, dw, C, 0.2, 1.0);
+    fill_bf16_normal(&rng, b, db, C, 0.2, 0.0);
+    for (size_t i = 0; i < n; i++) {
+        res_expected[i] = fused ? bf16_bits((float)bf16_value(inp1[i]) + (float)bf16_value(inp2[i])) : inp1[i];
+        x[i] = bf16_value(res_expected[i]);
+    }
+    ref_layernorm_forward(ref, ref_mean, ref_rstd, x, dw, db, N, C);
+
+    DevBuf d_inp1 = dev_alloc(n * 2), d_inp2 = dev_alloc(n * 2), d_w = dev_alloc(C * 2), d_b = dev_alloc(C * 2),
+           d_out = dev_alloc(n * 2), d_res = dev_alloc(n * 2), d_mean = dev_alloc(N * 4), d_rstd = dev_alloc(N * 4);
+    dev_upload(d_inp1, inp1, n * 2);
+    dev_upload(d_inp2, inp2, n * 2);
+    dev_upload(d_w, w, C * 2);
+    dev_upload(d_b, b, C * 2);
+    fused_residual_layernorm_forward((__nv_bfloat16*)dptr(d_out), (float*)dptr(d_mean), (float*)dptr(d_rstd),
+                                     fused ? (__nv_bfloat16*)dptr(d_res) : NULL, (const __nv_bfloat16*)dptr(d_inp1),
+                                     fused ? (const __nv_bfloat16*)dptr(d_inp2) : NULL,
+                                     (const __nv_bfloat16*)dptr(d_w), (const __nv_bfloat16*)dptr(d_b), N, C,
+                                     g_stream);
+    sync_or_die(name);
+    dev_download(out, d_out, n * 2);
+    dev_download(mean, d_mean, N * 4);
+    dev_download(rstd, d_rstd, N * 4);
+    dev_download(res, d_res, n * 2);
+
+    char problems[1024] = "";
+    size_t bad_out = 0, bad_mean = 0, bad_rstd = 0;
+    double err_out = rel_error_bf16(out, ref, n, &bad_out);
+    double err_mean = rel_error_f32(mean, ref_mean, N, &bad_mean);
+    double err_rstd = rel_error_f32(rstd, ref_rstd, N, &bad_rstd);
+    size_t res_mismatch = 0, res_touched = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fused) res_mismatch += res[i] != res_expected[i];
+        else res_touched += res[i] != 0xFFFFu;
+    }
+    printf("%s: out %.2e, mean %.2e, rstd %.2e, residual %s\n", name, err_out, err_mean, err_rstd,
+           fused ? (res_mismatch ? "MISMATCH" : "bit-exact") : (res_touched ? "WRITTEN" : "untouched"));
+    check_written(problems, sizeof(problems), "out", bad_out, n);
+    check_written(problems, sizeof(problems), "mean", bad_mean, N);
+    check_written(problems, sizeof(problems), "rstd", bad_rstd, N);
+    check_error(problems, sizeof(problems), "out", err_out, TOL_BF16);
+    check_error(problems, sizeof(problems), "mean", err_mean, TOL_F32);
+    check_error(problems, sizeof(problems), "rstd", err_rstd, TOL_F32);
+    if (res_mismatch)
+        add_problem(problems, sizeof(problems), "%zu of %zu residual elements differ from bf16(inp1 + inp2)",
+                    res_mismatch, n);
+    if (res_touched) add_problem(problems, sizeof(problems), "residual buffer written although inp2 = NULL");
+    check_guards(problems, sizeof(problems), d_out, "out");
+    check_guards(problems, sizeof(problems), d_res, "residual");
+    check_guards(problems, sizeof(problems), d_mean, "mean");
+    check_guards(problems, sizeof(problems), d_rstd, "rstd");
+    case_end(name, problems);
+
+    dev_free(&d_inp1), dev_free(&d_inp2), dev_free(&d_w), dev_free(&d_b), dev_free(&d_out), dev_free(&d_res);
+    dev_free(&d_mean), dev_free(&d_rstd);
+    free(inp1), free(inp2), free(w), free(b), free(out), free(res), free(res_expected), free(mean), free(rstd);
+    free(x), free(dw), free(db), free(ref), free(ref_mean), free(ref_rstd);
+}
+
+// The backward is checked on its own inputs: mean and rstd are the fp64 statistics rounded to fp32,
+// given to the kernel and (as those fp32 values) to the reference.
+static void layernorm_backward_case(const char* prefix, int N, int C, int runs) {
+    char name[160];
+    snprintf(name, sizeof(name), "%s_N%d_C%d", prefix, N, C);
+    if (!case_begin(name)) return;
+    TestRng rng = case_rng();
+    const size_t n = (size_t)N * C;
+    uint16_t *inp = host_bf16(n), *dout = host_bf16(n), *w = host_bf16(C);
+    uint16_t *dinp0 = host_bf16(n), *dw0 = host_bf16(C), *db0 = host_bf16(C);
+    uint16_t *dinp = host_bf16(n), *dw = host_bf16(C), *db = host_bf16(C);
+    uint16_t *dinp2 = host_bf16(n), *dw2 = host_bf16(C), *db2 = host_bf16(C);
+    float *mean = (float*)host_alloc(N * 4), *rstd = (float*)host_alloc(N * 4);
+    double *x = test_alloc(n), *dy = test_alloc(n), *wv = test_alloc(C), *tmp = test_alloc(n), *zeros = test_alloc(C);
+    double *m64 = test_alloc(N), *r64 = test_alloc(N);
+    double *ref_dinp = test_alloc(n), *ref_dw = test_alloc(C), *ref_db = test_alloc(C);
+    fill_rows_offset(&rng, inp, x, N, C);
+    fill_bf16_normal(&rng, dout, dy, n, 1.0, 0.0);
+    fill_bf16_normal(&rng, w, wv, C, 0.2, 1.0);
+    fill_bf16_normal(&rng, dinp0, ref_dinp, n, 1.0, 0.0);
+    fill_bf16_normal(&rng, dw0, ref_dw, C, 1.0, 0.0);
+    fill_bf16_normal(&rng, db0, ref_db, C, 1.0, 0.0);
+    ref_layernorm_forward(tmp, m64, r64, x, wv, zeros, N, C);
+    for (int r = 0; r < N; r++) {
+        mean[r] = (float)m64[r];
+        rstd[r] = (float)r64[r];
+        m64[r] = mean[r];
+        r64[r] = rstd[r];
+    }
+    ref_layernorm_backward(ref_dinp, ref_dw, ref_db, dy, x, wv, m64, r64, N, C);
+
+    const size_t scratch_bytes = layernorm_backward_scratch_bytes(N, C);
+    DevBuf d_inp = dev_alloc(n * 2), d_dout = dev_alloc(n * 2), d_w = dev_alloc(C * 2), d_mean = dev_alloc(N * 4),
+           d_rstd = dev_alloc(N * 4), d_dinp = dev_alloc(n * 2), d_dw = dev_alloc(C * 2), d_db = dev_alloc(C * 2),
+           d_scratch = dev_alloc(scratch_bytes);
+    dev_upload(d_inp, inp, n * 2);
+    dev_upload(d_dout, dout, n * 2);
+    dev_upload(d_w, w, C * 2);
+    dev_upload(d_mean, mean, N * 4);
+    dev_upload(d_rstd, rstd, N * 4);
+    char problems[1024] = "";
+    int identical = 1;
+    for (int run = 0; run < runs; run++) {
+        dev_upload(d_dinp, dinp0, n * 2);
+        dev_upload(d_dw, dw0, C * 2);
+        dev_upload(d_db, db0, C * 2);
+        dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
+        layernorm_backward((__nv_bfloat16*)dptr(d_dinp), (__nv_bfloat16*)dptr(d_dw), (__nv_bfloat16*)dptr(d_db),
+                           (float*)dptr(d_scratch), scratch_bytes, (const __nv_bfloat16*)dptr(d_dout),
+                           (const __nv_bfloat16*)dptr(d_inp), (const __nv_bfloat16*)dptr(d_w),
+                           (const float*)dptr(d_mean), (const float*)dptr(d_rstd), N, C, g_stream);
+        sync_or_die(name);
+        dev_download(run == 0 ? dinp : dinp2, d_dinp, n * 2);
+        dev_download(run == 0 ? dw : dw2, d_dw, C * 2);
+        dev_download(run == 0 ? db : db2, d_db, C * 2);
+        if (run > 0 && (memcmp(dinp, dinp2, n * 2) || memcmp(dw, dw2, C * 2) || memcmp(db, db2, C * 2))) {
+            identical = 0;
+            add_problem(problems, sizeof(problems), "run %d differs from run 1 (not deterministic)", run + 1);
+        }
+    }
+    size_t bad_dinp = 0, bad_dw = 0, bad_db = 0;
+    double err_dinp = rel_error_bf16(dinp, ref_dinp, n, &bad_dinp);
+    double err_dw = rel_error_bf16(dw, ref_dw, C, &bad_dw);
+    double err_db = rel_error_bf16(db, ref_db, C, &bad_db);
+    printf("%s: dinp %.2e, dweight %.2e, dbias %.2e, %d runs %s (scratch %zu bytes)\n", name, err_dinp, err_dw,
+           err_db, runs, identical ? "bit-identical" : "DIFFER", scratch_bytes);
+    check_written(problems, sizeof(problems), "dinp", bad_dinp, n);
+    check_written(problems, sizeof(problems), "dweight", bad_dw, C);
+    check_written(problems, sizeof(problems), "dbias", bad_db, C);
+    check_error(problems, sizeof(problems), "dinp", err_dinp, TOL_BF16);
+    check_error(problems, sizeof(problems), "dweight", err_dw, TOL_BF16);
+    check_error(problems, sizeof(problems), "dbias", err_db, TOL_BF16);
+    check_guards(problems, sizeof(problems), d_dinp, "dinp");
+    check_guards(problems, sizeof(problems), d_dw, "dweight");
+    check_guards(problems, sizeof(problems), d_db, "dbias");
+    check_guards(problems, sizeof(problems), d_scratch, "scratch");
+    case_end(name, problems);
+
+    dev_free(&d_inp), dev_free(&d_dout), dev_free(&d_w), dev_free(&d_mean), dev_free(&d_rstd), dev_free(&d_dinp);
+    dev_free(&d_dw), dev_free(&d_db), dev_free(&d_scratch);
+    free(inp), free(dout), free(w), free(dinp0), free(dw0), free(db0), free(dinp), free(dw), free(db);
+    free(dinp2), free(dw2), free(db2), free(mean), free(rstd), free(x), free(dy), free(wv), free(tmp), free(zeros);
+    free(m64), free(r64), free(ref_dinp), free(ref_dw), free(ref_db);
+}
+
+// ---- gelu -------------------------------------------------------------------------------------------
+
+typedef enum { GELU_FORWARD = 0, GELU_BACKWARD = 1, GELU_BACKWARD_IN_PLACE = 2 } GeluMode;
+static const char* GELU_MODE_NAMES[] = {"forward", "backward", "backward_in_place"};
+
+// offset: elements by which every pointer is moved off 16-byte alignment (scalar path when odd).
+static void gelu_case(size_t n, GeluMode mode, int offset) {
+    char name[160];
+    snprintf(name, sizeof(name), "gelu_%s_n%zu%s", GELU_MODE_NAMES[mode], n, offset ? "_unaligned" : "");
+    if (!case_begin(name)) return;
+    TestRng rng = case_rng();
+    uint16_t *inp = host_bf16(n), *dout = host_bf16(n);
+    uint16_t* res = host_bf16(n);
+    double *x = test_alloc(n), *dy = test_alloc(n), *ref = test_alloc(n);
+    fill_bf16_normal(&rng, inp, x, n, 2.0, 0.0);
+    fill_bf16_normal(&rng, dout, dy, n, 1.0, 0.0);
+    if (mode == GELU_FORWARD) ref_gelu_forward(ref, x, n);
+    else ref_gelu_backward(ref, dy, x, n);  // adds into zeros
+
+    const size_t bytes = (n + offset) * 2;
+    DevBuf d_inp = dev_alloc(bytes), d_dout = dev_alloc(bytes), d_res = dev_alloc(bytes);
+    __nv_bfloat16* p_inp = (__nv_bfloat16*)dptr(d_inp) + offset;
+    __nv_bfloat16* p_dout = (__nv_bfloat16*)dptr(d_dout) + offset;
+    __nv_bfloat16* p_res = (__nv_bfloat16*)dptr(d_res) + offset;
+    CUDA_CHECK(cudaMemcpy(p_inp, inp, n * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p_dout, dout, n * 2, cudaMemcpyHostToDevice));
+    char problems[1024] = "";
+    if (mode == GELU_FORWARD) {
+        gelu_forward(p_res, p_inp, n, g_stream);
+    } else if (mode == GELU_BACKWARD) {
+        gelu_backward(p_res, p_dout, p_inp, n, g_stream);
+    } else {
+        gelu_backward(p_dout, p_dout, p_inp, n, g_stream);
+    }
+    sync_or_die(name);
+    CUDA_CHECK(cudaMemcpy(res, mode == GELU_BACKWARD_IN_PLACE ? p_dout : p_res, n * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    double err = rel_error_bf16(res, ref, n, &bad);
+    printf("%s: %s %.2e\n", name, mode == GELU_FORWARD ? "out" : "dinp", err);
+    check_written(problems, sizeof(problems), mode == GELU_FORWARD ? "out" : "dinp", bad, n);
+    check_error(problems, sizeof(problems), mode == GELU_FORWARD ? "out" : "dinp", err, TOL_BF16);
+    if (offset) {  // the elements before the slice are guard too
+        uint16_t head[8];
+        CUDA_CHECK(cudaMemcpy(head, dptr(mode == GELU_BACKWARD_IN_PLACE ? d_dout : d_res), offset * 2,
+                              cudaMemcpyDeviceToHost));
+        if (mode != GELU_BACKWARD_IN_PLACE)
+            for (int i = 0; i < offset; i++)
+                if (head[i] != 0xFFFFu) add_problem(problems, sizeof(problems), "wrote before the slice");
+    }
+    check_guards(problems, sizeof(problems), d_res, "out");
+    check_guards(problems, sizeof(problems), d_dout, "dout");
+    case_end(name, problems);
+    dev_free(&d_inp), dev_free(&d_dout), dev_free(&d_res);
+    free(inp), free(dout), free(res), free(x), free(dy), free(ref);
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------------------
+
+// Validation then training on one input set. Logits uniform in [−6, 6); padding columns NaN; row 0
+// targets V − 1, row 1 targets 0, row 2 has its target logit raised by 20 (softmax near one-hot).
+static void crossentropy_cases(int N, int V, int Vp) {
+    char name_val[160], name_train[160];
+    snprintf(name_val, sizeof(name_val), "crossentropy_validation_N%d_V%d_Vp%d", N, V, Vp);
+    snprintf(name_train, sizeof(name_train), "crossentropy_training_N%d_V%d_Vp%d", N, V, Vp);
+    if (g_skip_why) {
+        test_skip(name_val, g_skip_why);
+        test_skip(name_train, g_skip_why);
+        return;
+    }
+    TestRng rng = case_rng();
+    const size_t n = (size_t)N * Vp;
+    uint16_t *logits = host_bf16(n), *back = host_bf16(n);
+    int* targets = (int*)host_alloc(N * sizeof(int));
+    float* losses = (float*)host_alloc(N * 4);
+    double *ref_loss = test_alloc(N), *row = test_alloc(Vp), *drow = test_alloc(Vp);
+    for (int r = 0; r < N; r++) {
+        targets[r] = r == 0 ? V - 1 : r == 1 ? 0 : (int)(test_rng_next(&rng) % (uint64_t)V);
+        for (int c = 0; c < Vp; c++)
+            logits[(size_t)r * Vp + c] = c < V ? bf16_bits(test_rng_uniform(&rng, -6.0, 6.0)) : 0xFFFFu;
+        uint16_t* t = &logits[(size_t)r * Vp + targets[r]];
+        if (r == 2) *t = bf16_bits(bf16_value(*t) + 20.0);
+    }
+    for (int r = 0; r < N; r++) {
+        bits_to_double(row, logits + (size_t)r * Vp, Vp);
+        ref_crossentropy_forward(&ref_loss[r], row, &targets[r], 1, V, Vp);
+    }
+    DevBuf d_logits = dev_alloc(n * 2), d_targets = dev_alloc(N * sizeof(int)), d_losses = dev_alloc(N * 4);
+    dev_upload(d_logits, logits, n * 2);
+    dev_upload(d_targets, targets, N * sizeof(int));
+
+    // validation
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name_val);
+    char problems[1024] = "";
+    crossentropy_forward((float*)dptr(d_losses), (const __nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets), N,
+                         V, Vp, g_stream);
+    sync_or_die(name_val);
+    dev_download(losses, d_losses, N * 4);
+    dev_download(back, d_logits, n * 2);
+    size_t bad = 0;
+    double err = rel_error_f32(losses, ref_loss, N, &bad);
+    double mean_loss = 0.0;
+    for (int r = 0; r < N; r++) mean_loss += losses[r] / N;
+    printf("%s: losses %.2e (mean loss %.4f)\n", name_val, err, mean_loss);
+    check_written(problems, sizeof(problems), "losses", bad, N);
+    check_error(problems, sizeof(problems), "losses", err, TOL_F32);
+    if (memcmp(back, logits, n * 2) != 0) add_problem(problems, sizeof(problems), "logits changed");
+    check_guards(problems, sizeof(problems), d_logits, "logits");
+    check_guards(problems, sizeof(problems), d_losses, "losses");
+    case_end(name_val, problems);
+
+    // training
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name_train);
+    problems[0] = 0;
+    const float dloss = 1.0f / (float)(N * 2);  // as with 2 gradient-accumulation steps
+    dev_poison(d_losses, 0xFF);
+    crossentropy_forward_backward((float*)dptr(d_losses), (__nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets),
+                                  dloss, N, V, Vp, g_stream);
+    sync_or_die(name_train);
+    dev_download(losses, d_losses, N * 4);
+    dev_download(back, d_logits, n * 2);
+    bad = 0;
+    double err_loss = rel_error_f32(losses, ref_loss, N, &bad);
+    check_written(problems, sizeof(problems), "losses", bad, N);
+    double num = 0.0, den = 0.0;
+    size_t bad_grad = 0, pad_nonzero = 0;
+    for (int r = 0; r < N; r++) {
+        bits_to_double(row, logits + (size_t)r * Vp, Vp);
+        memset(drow, 0, Vp * sizeof(double));
+        ref_crossentropy_backward(drow, row, &targets[r], (double)dloss, 1, V, Vp);
+        const uint16_t* g = back + (size_t)r * Vp;
+        for (int c = 0; c < Vp; c++) {
+            if (c >= V) {
+                pad_nonzero += g[c] != 0;
+                continue;
+            }
+            if (!bf16_is_finite(g[c])) bad_grad++;
+            double d = bf16_value(g[c]) - drow[c];
+            num += d * d;
+            den += drow[c] * drow[c];
+        }
+    }
+    double err_grad = sqrt(num / den);
+    printf("%s: losses %.2e, dlogits %.2e\n", name_train, err_loss, err_grad);
+    check_written(problems, sizeof(problems), "dlogits", bad_grad, (size_t)N * V);
+    check_error(problems, sizeof(problems), "losses", err_loss, TOL_F32);
+    check_error(problems, sizeof(problems), "dlogits", err_grad, TOL_BF16);
+    if (pad_nonzero) add_problem(problems, sizeof(problems), "%zu padding columns not set to +0", pad_nonzero);
+    check_guards(problems, sizeof(problems), d_logits, "logits");
+    check_guards(problems, sizeof(problems), d_losses, "losses");
+    case_end(name_train, problems);
+
+    dev_free(&d_logits), dev_free(&d_targets), dev_free(&d_losses);
+    free(logits), free(back), free(targets), free(losses), free(ref_loss), free(row), free(drow);
+}
+
+// ---- AdamW ------------------------------------------------------------------------------------------
+
+// `steps` steps over n elements with fresh bf16 gradients each step. grad_scale multiplies on the
+// host side of the call, device_scale (0: none) through grad_scale_device. offset: elements by which
+// every pointer is moved off 16-byte alignment.
+static void adamw_case(size_t n, float weight_decay, float grad_scale, float device_scale, int offset) {
+    char name[160];
+    snprintf(name, sizeof(name), "adamw_n%zu_wd%g_scale%g%s%s", n, weight_decay, grad_scale,
+             device_scale != 0.0f ? "_devscale" : "", offset ? "_unaligned" : "");
+    if (!case_begin(name)) return;
+    const int steps = 4;
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    TestRng rng = case_rng();
+    float* master0 = (float*)host_alloc(n * 4);
+    float *master = (float*)host_alloc(n * 4), *m = (float*)host_alloc(n * 4), *v = (float*)host_alloc(n * 4);
+    uint16_t *grads = host_bf16(n), *params = host_bf16(n);
+    double *ref_p = test_alloc(n), *ref_m = test_alloc(n), *ref_v = test_alloc(n), *g = test_alloc(n);
+    for (size_t i = 0; i < n; i++) {
+        master0[i] = (float)test_rng_normal(&rng);
+        ref_p[i] = master0[i];
+    }
+    const size_t fbytes = (n + offset) * 4, hbytes = (n + offset) * 2;
+    DevBuf d_master = dev_alloc(fbytes), d_params = dev_alloc(hbytes), d_grads = dev_alloc(hbytes),
+           d_m = dev_alloc(fbytes), d_v = dev_alloc(fbytes), d_scale = dev_alloc(4);
+    float* p_master = (float*)dptr(d_master) + offset;
+    float* p_m = (float*)dptr(d_m) + offset;
+    float* p_v = (float*)dptr(d_v) + offset;
+    __nv_bfloat16* p_params = (__nv_bfloat16*)dptr(d_params) + offset;
+    __nv_bfloat16* p_grads = (__nv_bfloat16*)dptr(d_grads) + offset;
+    CUDA_CHECK(cudaMemcpy(p_master, master0, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(p_m, 0, n * 4));
+    CUDA_CHECK(cudaMemset(p_v, 0, n * 4));
+    if (device_scale != 0.0f) dev_upload(d_scale, &device_scale, 4);
+    const double total_scale = (double)grad_scale * (device_scale != 0.0f ? (double)device_scale : 1.0);
+    char problems[1024] = "";
+    size_t bad_params = 0;
+    for (int step = 1; step <= steps; step++) {
+        fill_bf16_normal(&rng, grads, NULL, n, 0.01, 0.0);
+        for (size_t i = 0; i < n; i++) g[i] = bf16_value(grads[i]) * total_scale;
+        ref_adamw_step(ref_p, g, ref_m, ref_v, n, lr, beta1, beta2, eps, weight_decay, step);
+        CUDA_CHECK(cudaMemcpy(p_grads, grads, n * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(p_params, 0xFF, n * 2));
+        adamw_update(p_master, p_params, p_grads, p_m, p_v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                     device_scale != 0.0f ? (const float*)dptr(d_scale) : NULL, g_stream);
+        sync_or_die(name);
+        CUDA_CHECK(cudaMemcpy(params, p_params, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) bad_params += !bf16_is_finite(params[i]);
+    }
+    CUDA_CHECK(cudaMemcpy(master, p_master, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(m, p_m, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(v, p_v, n * 4, cudaMemcpyDeviceToHost));
+    size_t bad = 0, copy_mismatch = 0;
+    double err_p = rel_error_f32(master, ref_p, n, &bad);
+    double err_m = rel_error_f32(m, ref_m, n, &bad);
+    double err_v = rel_error_f32(v, ref_v, n, &bad);
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = ((double)master[i] - master0[i]) - (ref_p[i] - master0[i]);
+        num += d * d;
+        den += (ref_p[i] - master0[i]) * (ref_p[i] - master0[i]);
+        copy_mismatch += params[i] != test_float_to_bf16(master[i]);
+    }
+    double err_delta = sqrt(num / den);
+    double err_params = rel_error_bf16(params, ref_p, n, NULL);
+    printf("%s: master %.2e, update %.2e, m %.2e, v %.2e, bf16 params %.2e (%d steps)\n", name, err_p, err_delta, err_m,
+           err_v, err_params, steps);
+    check_written(problems, sizeof(problems), "master/m/v", bad, 3 * n);
+    check_written(problems, sizeof(problems), "params", bad_params, steps * n);
+    check_error(problems, sizeof(problems), "master", err_p, TOL_F32);
+    check_error(problems, sizeof(problems), "master update (master − initial)", err_delta, TOL_F32);
+    check_error(problems, sizeof(problems), "m", err_m, TOL_F32);
+    check_error(problems, sizeof(problems), "v", err_v, TOL_F32);
+    check_error(problems, sizeof(problems), "bf16 params", err_params, TOL_BF16);
+    if (copy_mismatch)
+        add_problem(problems, sizeof(problems), "%zu bf16 params are not the rounded master weights", copy_mismatch);
+    if (offset) {
+        unsigned char head[32];
+        CUDA_CHECK(cudaMemcpy(head, dptr(d_master), offset * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < offset * 4; i++)
+            if (head[i] != 0xFFu) {
+                add_problem(problems, sizeof(problems), "wrote before the master slice");
+                break;
+            }
+    }
+    check_guards(problems, sizeof(problems), d_master, "master");
+    check_guards(problems, sizeof(problems), d_params, "params");
+    check_guards(problems, sizeof(problems), d_m, "m");
+    check_guards(problems, sizeof(problems), d_v, "v");
+    case_end(name, problems);
+
+    dev_free(&d_master), dev_free(&d_params), dev_free(&d_grads), dev_free(&d_m), dev_free(&d_v), dev_free(&d_scale);
+    free(master0), free(master), free(m), free(v), free(grads), free(params);
+    free(ref_p), free(ref_m), free(ref_v), free(g);
+}
+
+// ---- global norm ------------------------------------------------------------------------------------
+
+static void global_norm_case(size_t n, int offset, int squared) {
+    char name[160];
+    snprintf(name, sizeof(name), "global_norm%s_n%zu%s", squared ? "_squared" : "", n, offset ? "_unaligned" : "");
+    if (!case_begin(name)) return;
+    TestRng rng = case_rng();
+    uint16_t* x = host_bf16(n);
+    fill_bf16_normal(&rng, x, NULL, n, 1.0, 0.0);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += bf16_value(x[i]) * bf16_value(x[i]);
+    double ref = squared ? sum : sqrt(sum);
+    DevBuf d_x = dev_alloc((n + offset) * 2), d_out = dev_alloc(8), d_scratch = dev_alloc(global_norm_scratch_bytes());
+    __nv_bfloat16* p_x = (__nv_bfloat16*)dptr(d_x) + offset;
+    CUDA_CHECK(cudaMemcpy(p_x, x, n * 2, cudaMemcpyHostToDevice));
+    char problems[1024] = "";
+    float out[2];
+    for (int run = 0; run < 2; run++) {
+        dev_poison(d_scratch, run ? 0x00 : 0xFF);
+        dev_poison(d_out, 0xFF);
+        if (squared) global_norm_squared((float*)dptr(d_out), (float*)dptr(d_scratch), p_x, n, g_stream);
+        else global_norm((float*)dptr(d_out), (float*)dptr(d_scratch), p_x, n, g_stream);
+        sync_or_die(name);
+        dev_download(&out[run], d_out, 4);
+    }
+    size_t bad = 0;
+    double err = rel_error_f32(&out[0], &ref, 1, &bad);
+    int identical = memcmp(&out[0], &out[1], 4) == 0;
+    printf("%s: %.9g (reference %.9g), error %.2e, repeat %s\n", name, (double)out[0], ref, err,
+           identical ? "bit-identical" : "DIFFERS");
+    check_written(problems, sizeof(problems), "norm", bad, 1);
+    check_error(problems, sizeof(problems), "norm", err, TOL_F32);
+    if (!identical) add_problem(problems, sizeof(problems), "second run differs (not deterministic)");
+    check_guards(problems, sizeof(problems), d_out, "out");
+    check_guards(problems, sizeof(problems), d_scratch, "scratch");
+    check_guards(problems, sizeof(problems), d_x, "x");
+    case_end(name, problems);
+    dev_free(&d_x), dev_free(&d_out), dev_free(&d_scratch);
+    free(x);
+}
+
+// x[i] = 1024 for i >= 2^32 (so a 32-bit index that wraps is seen), else 1 when i % 3 == 0, else 0.5.
+static __global__ void fill_pattern_kernel(__nv_bfloat16* x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(i >= (1ull << 32) ? 1024.0f : i % 3 == 0 ? 1.0f : 0.5f);
+}
+
+static void global_norm_huge_case(void) {
+    const size_t n = (1ull << 32) + 37;
+    char name[160];
+    snprintf(name, sizeof(name), "global_norm_n%zu_size_t", n);
+    if (!case_begin(name)) return;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (free_bytes < n * 2 + (1ull << 30)) {
+        g_running_case[0] = 0;
+        test_skip(name, "needs 9.6 GB of free GPU memory");
+        return;
+    }
+    __nv_bfloat16* x;
+    float *out, *scratch;
+    CUDA_CHECK(cudaMalloc(&x, n * 2));
+    CUDA_CHECK(cudaMalloc(&out, 4));
+    CUDA_CHECK(cudaMalloc(&scratch, global_norm_scratch_bytes()));
+    CUDA_CHECK(cudaMemset(out, 0xFF, 4));
+    CUDA_CHECK(cudaMemset(scratch, 0xFF, global_norm_scratch_bytes()));
+    fill_pattern_kernel<<<4096, 256, 0, g_stream>>>(x, n);
+    CUDA_CHECK(cudaGetLastError());
+    global_norm(out, scratch, x, n, g_stream);
+    sync_or_die(name);
+    float got;
+    CUDA_CHECK(cudaMemcpy(&got, out, 4, cudaMemcpyDeviceToHost));
+    const double low = 1ull << 32, ones = (double)(((1ull << 32) + 2) / 3);
+    double ref = sqrt(ones * 1.0 + (low - ones) * 0.25 + 37.0 * 1024.0 * 1024.0);
+    double err = fabs((double)got - ref) / ref;
+    char problems[256] = "";
+    printf("%s: %.9g (reference %.9g), error %.2e\n", name, (double)got, ref, err);
+    check_error(problems, sizeof(problems), "norm", err, TOL_F32);
+    case_end(name, problems);
+    CUDA_CHECK(cudaFree(x));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(scratch));
+}
+
+// scale = min(1, max_norm / (norm + 1e-6)) for max_norm below and above the norm.
+static void global_norm_clip_scale_case(void) {
+    const char* name = "global_norm_clip_scale";
+    if (!case_begin(name)) return;
+    float *d_norm, *d_scale;
+    CUDA_CHECK(cudaMalloc(&d_norm, 4));
+    CUDA_CHECK(cudaMalloc(&d_scale, 4));
+    const float norm = 3.0f;
+    CUDA_CHECK(cudaMemcpy(d_norm, &norm, 4, cudaMemcpyHostToDevice));
+    float got[2];
+    const float max_norms[2] = {1.5f, 6.0f};
+    for (int k = 0; k < 2; k++) {
+        CUDA_CHECK(cudaMemset(d_scale, 0xFF, 4));
+        global_norm_clip_scale(d_scale, d_norm, max_norms[k], g_stream);
+        sync_or_die(name);
+        CUDA_CHECK(cudaMemcpy(&got[k], d_scale, 4, cudaMemcpyDeviceToHost));
+    }
+    double want0 = 1.5 / (3.0 + 1e-6);
+    char problems[256] = "";
+    printf("%s: %.9g (want %.9g), %.9g (want 1)\n", name, (double)got[0], want0, (double)got[1]);
+    if (!(fabs(got[0] - want0) <= 1e-6 * want0)) add_problem(problems, sizeof(problems), "clip below the norm wrong");
+    if (got[1] != 1.0f) add_problem(problems, sizeof(problems), "clip above the norm is not exactly 1");
+    case_end(name, problems);
+    CUDA_CHECK(cudaFree(d_norm));
+    CUDA_CHECK(cudaFree(d_scale));
+}
+
+// ---- argument checks (CPU only: the launchers refuse before touching the GPU) -----------------------
+
+static void reject_layernorm_C100(void) {
+    layernorm_forward(NULL, NULL, NULL, NULL, NULL, NULL, 4, 100, (cudaStream_t)0);
+}
+static void reject_encoder_C100(void) { encoder_forward(NULL, NULL, NULL, NULL, 1, 4, 100, (cudaStream_t)0); }
+static void reject_crossentropy_Vp50257(void) {
+    crossentropy_forward(NULL, NULL, NULL, 4, 50257, 50257, (cudaStream_t)0);
+}
+
+// Runs fn in a child process; passes when it exits non-zero with a message on stderr that mentions `mention`.
+static void expect_rejection(const char* name, void (*fn)(void), const char* mention) {
+    fflush(stdout);
+    fflush(stderr);
+    int fds[2];
+    if (pipe(fds) != 0) {
+        test_fail(name, "pipe() failed");
+        return;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        test_fail(name, "fork() failed");
+        return;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[1024];
+    size_t used = 0;
+    ssize_t got;
+    while (used + 1 < sizeof(msg) && (got = read(fds[0], msg + used, sizeof(msg) - 1 - used)) > 0) used += got;
+    msg[used] = 0;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char* nl = strchr(msg, '\n');
+    if (nl) *nl = 0;
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(msg, mention) != NULL;
+    test_report(name, ok, "exit status %d, message \"%s\" (want a non-zero exit and a message mentioning \"%s\")",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1, msg, mention);
+}
+
+// ---- main ---------------------------------------------------------------------------------------------
+
+static uint64_t pick_seed(void) {
+    const char* env = getenv("TEST_SEED");
+    if (env && *env) return strtoull(env, NULL, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+}
+
+int main(void) {
+    test_begin();
+    g_seed = pick_seed();
+    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)g_seed,
+           (unsigned long long)g_seed);
+
+    expect_rejection("layernorm_rejects_C_not_multiple_of_8", reject_layernorm_C100, "multiple of 8");
+    expect_rejection("encoder_rejects_C_not_multiple_of_8", reject_encoder_C100, "multiple of 8");
+    expect_rejection("crossentropy_rejects_Vp_not_multiple_of_8", reject_crossentropy_Vp50257, "multiple of 8");
+
+    GpuInfo gpu = gpu_info(0);
+    if (!gpu.found) g_skip_why = "no CUDA GPU found";
+    else if (gpu.major < 8) g_skip_why = "the layers need compute capability 8.0 or newer (bf16)";
+    if (!g_skip_why) {
+        printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
+        printf("errors: ||x - ref|| / ||ref|| (bounds: bf16 %.0e, fp32 %.0e)\n", TOL_BF16, TOL_F32);
+        // A blocking stream: it waits for the poisoning cudaMemset calls on the default stream.
+        CUDA_CHECK(cudaStreamCreate(&g_stream));
+        atexit(report_exit_during_case);
+    }
+
+    for (size_t r = 0; r < COUNT(ROWS); r++)
+        for (size_t c = 0; c < COUNT(CHANNELS); c++) encoder_forward_case(ROWS[r], CHANNELS[c], 1000, 1024);
+    encoder_forward_case(1000, 64, GPT2_VOCAB_SIZE, 50304);
+    for (size_t r = 0; r < COUNT(ROWS); r++)
+        for (size_t c = 0; c < COUNT(CHANNELS); c++)
+            for (int mix = 0; mix < 2; mix++)
+                encoder_backward_case("encoder_backward", ROWS[r], CHANNELS[c], 1000, 1024, (TokenMix)mix, 2);
+    encoder_backward_case("encoder_backward", 1000, 64, GPT2_VOCAB_SIZE, 50304, TOKENS_SKEWED, 2);
+    encoder_backward_case("encoder_backward_deterministic", 1000, 2560, 1000, 1024, TOKENS_SKEWED, 3);
+
+    for (size_t r = 0; r < COUNT(ROWS); r++)
+        for (size_t c = 0; c < COUNT(CHANNELS); c++)
+            for (int fused = 1; fused >= 0; fused--) layernorm_forward_case(ROWS[r], CHANNELS[c], fused);
+    for (size_t r = 0; r < COUNT(ROWS); r++)
+        for (size_t c = 0; c < COUNT(CHANNELS); c++)
+            layernorm_backward_case("layernorm_backward", ROWS[r], CHANNELS[c], 2);
+    layernorm_backward_case("layernorm_backward_deterministic", 1000, 2560, 3);
+    layernorm_backward_case("layernorm_backward_deterministic", 1000, 768, 3);
+
+    const size_t gelu_sizes[] = {1, 37, 1000, (size_t)1000 * 4 * 768 + 5};
+    for (size_t i = 0; i < COUNT(gelu_sizes); i++)
+        for (int mode = 0; mode < 3; mode++) gelu_case(gelu_sizes[i], (GeluMode)mode, 0);
+    gelu_case(1001, GELU_FORWARD, 1);
+    gelu_case(1001, GELU_BACKWARD, 1);
+
+    for (size_t r = 0; r < COUNT(ROWS); r++) {
+        crossentropy_cases(ROWS[r], 1000, 1024);
+        crossentropy_cases(ROWS[r], GPT2_VOCAB_SIZE, 50304);
+    }
+
+    const size_t adamw_sizes[] = {1, 37, 1000003};
+    for (size_t i = 0; i < COUNT(adamw_sizes); i++) {
+        adamw_case(adamw_sizes[i], 0.0f, 1.0f, 0.0f, 0);
+        adamw_case(adamw_sizes[i], 0.1f, 1.0f, 0.0f, 0);
+    }
+    adamw_case(1000003, 0.1f, 0.37f, 0.0f, 0);
+    adamw_case(1000003, 0.1f, 1.0f, 0.25f, 0);
+    adamw_case(1001, 0.1f, 0.5f, 0.0f, 1);
+
+    const size_t norm_sizes[] = {1, 37, 1000, 1000003};
+    for (size_t i = 0; i < COUNT(norm_sizes); i++) global_norm_case(norm_sizes[i], 0, 0);
+    global_norm_case(1000003, 1, 0);
+    global_norm_case(1000003, 0, 1);
+    global_norm_clip_scale_case();
+    global_norm_huge_case();
+
+    if (!g_skip_why) CUDA_CHECK(cudaStreamDestroy(g_stream));
+    return test_end();
+}
