@@ -34,7 +34,8 @@ DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
-GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers
+GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
+             $(BUILD)/test_gpu_gpt
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so
@@ -101,6 +102,13 @@ $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o
 
 $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o
+
+$(BUILD)/cpu_gpt_plain.o: test/cpu_gpt.c | $(BUILD)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -I. $(DEPFLAGS) -c -o $@ $<
+
+$(BUILD)/test_gpu_gpt: test/test_gpu_gpt.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_gpt.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o \
+		$(ATTN_OBJS) -lcublasLt -lcublas
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

@@ -23,6 +23,7 @@ tests=(
     "$BUILD/test_gpu_attention"
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
+    "$BUILD/test_gpu_gpt"
 )
 
 mkdir -p "$BUILD/test_logs"

@@ -1,0 +1,481 @@
+// gpt_model.cuh: the whole GPT on the GPU (llm.c structure), forward and backward, in bf16 with fp32
+// accumulation, built from the layers of this folder and the attention interface.
+//
+// Shapes: L layers, C channels, NH heads of HD = C / NH, V vocab padded to Vp, maxT positions;
+// the model is sized for micro-batches of B sequences of T tokens, N = B·T rows.
+//
+// Forward (pre-LayerNorm; residual_l = encoded for l = 0, else residual3[l−1]):
+//   encoded (N, C)          = wte[inputs] + wpe[t]
+//   per block l:
+//     ln1 (N, C)            = LN1(residual_l)                       (fused with the previous residual add)
+//     qkv (N, 3C)           = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, 3, NH, HD)
+//     atty (N, C), lse      = causal attention(qkv)                 atty (B, T, NH, HD), lse (B, NH, T)
+//     proj (N, C)           = atty · attprojwᵀ + attprojb
+//     residual2, ln2        = residual_l + proj, LN2(residual2)     (fused_residual_layernorm_forward)
+//     fch (N, 4C), fch_gelu = ln2 · fcwᵀ + fcb, GELU(fch)           (cuBLASLt GELU epilogue)
+//     proj (N, C)           = fch_gelu · fcprojwᵀ + fcprojb
+//     residual3 = residual2 + proj                                  (fused into the next LN1 / the final LN)
+//   lnf (N, C)              = LNf(residual3[L−1])
+//   logits (N, Vp)          = lnf · wteᵀ                            (tied LM head, no bias)
+//   losses (N) fp32         = cross-entropy(logits[:, :V], targets); mean_loss = mean of losses
+// gpt_model_forward leaves the logits intact (they can be read back); gpt_model_backward first runs
+// the fused cross-entropy, which rewrites the logits in place with dlogits = grad_scale·(softmax −
+// onehot) (and writes the same losses again), then goes through the layers in reverse. The residual
+// stream's gradient lives in one (N, C) buffer, dresidual: every LayerNorm backward ADDS into it, and
+// the matmuls whose output is added to the residual (attproj, fcproj) read it as their dout.
+//
+// Gradients: every backward kernel ADDS into the bf16 parameter gradients (matmul_backward with
+// accumulate = 1, layernorm/encoder backward always add). The caller zeroes them with
+// gpt_model_zero_grad before the first micro-step of a step, then calls forward/backward per
+// micro-step with grad_scale = 1/(B·T·accum_steps).
+//
+// Memory: three device allocations.
+//   params (bf16)  the 16 tensors of gpt_config.h back to back (llm.c order), one cudaMalloc
+//   grads  (bf16)  same layout
+//   acts           every activation, activation gradient and scratch buffer, one cudaMalloc cut into
+//                  the named tensors of gpt_model_act_table (each 256-byte aligned); see
+//                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
+//                  dbias backward scratch and the attention workspace (all run one after another on
+//                  the model's stream).
+// Everything runs on model->stream. inputs and targets are device arrays (B, T) int32 that must stay
+// valid from gpt_model_forward until gpt_model_backward returns (the backward reads them again).
+#ifndef GPT_MODEL_CUH
+#define GPT_MODEL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../attention/attention.h"
+#include "classifier.cuh"
+#include "cuda_common.h"
+#include "encoder.cuh"
+#include "gpt_config.h"
+#include "layer_common.cuh"
+#include "layernorm.cuh"
+#include "matmul.cuh"
+
+// Parameter tensor indices, in gpt_config.h's order.
+enum {
+    GPT_WTE, GPT_WPE, GPT_LN1W, GPT_LN1B, GPT_QKVW, GPT_QKVB, GPT_ATTPROJW, GPT_ATTPROJB,
+    GPT_LN2W, GPT_LN2B, GPT_FCW, GPT_FCB, GPT_FCPROJW, GPT_FCPROJB, GPT_LNFW, GPT_LNFB
+};
+
+static const char* const GPT_PARAM_NAMES[NUM_PARAM_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+// Named tensors of the activation allocation.
+enum {
+    GPT_ACT_ENCODED,    // (B, T, C) bf16
+    GPT_ACT_LN1,        // (L, B, T, C) bf16
+    GPT_ACT_LN1_MEAN,   // (L, B, T) fp32
+    GPT_ACT_LN1_RSTD,   // (L, B, T) fp32
+    GPT_ACT_QKV,        // (L, B, T, 3, NH, HD) bf16
+    GPT_ACT_ATTY,       // (L, B, T, NH, HD) bf16
+    GPT_ACT_ATT_LSE,    // (L, B, NH, T) fp32
+    GPT_ACT_ATT_SAVED,  // (L, saved bytes) the backend's `saved` per layer (naive: P; flash: empty)
+    GPT_ACT_RESIDUAL2,  // (L, B, T, C) bf16
+    GPT_ACT_LN2,        // (L, B, T, C) bf16
+    GPT_ACT_LN2_MEAN,   // (L, B, T) fp32
+    GPT_ACT_LN2_RSTD,   // (L, B, T) fp32
+    GPT_ACT_FCH,        // (L, B, T, 4C) bf16, before GELU
+    GPT_ACT_FCH_GELU,   // (L, B, T, 4C) bf16
+    GPT_ACT_RESIDUAL3,  // (L, B, T, C) bf16
+    GPT_ACT_LNF,        // (B, T, C) bf16
+    GPT_ACT_LNF_MEAN,   // (B, T) fp32
+    GPT_ACT_LNF_RSTD,   // (B, T) fp32
+    GPT_ACT_LOGITS,     // (B, T, Vp) bf16; dlogits in place after the backward's cross-entropy
+    GPT_ACT_LOSSES,     // (B, T) fp32
+    GPT_ACT_MEAN_LOSS,  // (1) fp32
+    GPT_ACT_PROJ,       // (B, T, C) bf16: attproj / fcproj output before its residual add
+    GPT_ACT_DRESIDUAL,  // (B, T, C) bf16: gradient of the residual stream
+    GPT_ACT_DLN,        // (B, T, C) bf16: gradient of an LN output / of atty
+    GPT_ACT_DWIDE,      // (B, T, 4C) bf16: gradient of fch (N, 4C) or of qkv (N, 3C)
+    GPT_ACT_SCRATCH,    // bytes: max of encoder/LN/dbias backward scratch and attention workspace
+    GPT_NUM_ACTS
+};
+
+typedef struct {
+    const char* name;
+    const char* shape;  // for the memory plan
+    size_t bytes;       // exact size
+    size_t offset;      // into the allocation, 256-byte aligned
+} GPTActTensor;
+
+typedef struct {
+    GPTConfig config;
+    int B, T;  // the micro-batch the activations are sized for
+    int L, C, NH, HD, V, Vp, maxT;
+
+    // parameters and gradients: one allocation each, cut into the 16 tensors
+    size_t param_sizes[NUM_PARAM_TENSORS];
+    size_t param_offsets[NUM_PARAM_TENSORS];  // elements
+    size_t num_params;
+    __nv_bfloat16* params;
+    __nv_bfloat16* grads;
+    __nv_bfloat16* param_tensors[NUM_PARAM_TENSORS];
+    __nv_bfloat16* grad_tensors[NUM_PARAM_TENSORS];
+
+    // activations: one allocation, cut as the table says
+    GPTActTensor act_table[GPT_NUM_ACTS];
+    size_t act_bytes;
+    void* acts_memory;
+    __nv_bfloat16 *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf, *logits;
+    float *ln1_mean, *ln1_rstd, *att_lse, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *mean_loss;
+    __nv_bfloat16 *proj, *dresidual, *dln, *dwide;
+    char* att_saved;  // L slices of att_saved_bytes
+    void* scratch;
+    size_t att_saved_bytes;  // per layer
+    size_t scratch_bytes;
+
+    // compute
+    AttentionBackend backend;
+    AttentionShape att_shape;
+    AttentionContext att_ctx;  // .cublas owned (naive backend only)
+    MatmulContext matmul;
+    cudaStream_t stream;
+
+    // the last forward's token arrays (device, (B, T) int32), read again by the backward
+    const int* inputs;
+    const int* targets;
+} GPTModel;
+
+// ---- memory plan ------------------------------------------------------------------------------------
+
+static void gpt_model_plan_acts(GPTModel* m) {
+    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp;
+    const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
+    GPTActTensor* t = m->act_table;
+#define GPT_ACT(idx, nm, shp, nbytes) t[idx].name = nm, t[idx].shape = shp, t[idx].bytes = (nbytes)
+    GPT_ACT(GPT_ACT_ENCODED, "encoded", "(B, T, C) bf16", N * C * bf);
+    GPT_ACT(GPT_ACT_LN1, "ln1", "(L, B, T, C) bf16", L * N * C * bf);
+    GPT_ACT(GPT_ACT_LN1_MEAN, "ln1_mean", "(L, B, T) fp32", L * N * f4);
+    GPT_ACT(GPT_ACT_LN1_RSTD, "ln1_rstd", "(L, B, T) fp32", L * N * f4);
+    GPT_ACT(GPT_ACT_QKV, "qkv", "(L, B, T, 3, NH, HD) bf16", L * N * 3 * C * bf);
+    GPT_ACT(GPT_ACT_ATTY, "atty", "(L, B, T, NH, HD) bf16", L * N * C * bf);
+    GPT_ACT(GPT_ACT_ATT_LSE, "att_lse", "(L, B, NH, T) fp32", L * NH * N * f4);
+    GPT_ACT(GPT_ACT_ATT_SAVED, "att_saved", "(L, backend saved bytes)", L * layer_align256(m->att_saved_bytes));
+    GPT_ACT(GPT_ACT_RESIDUAL2, "residual2", "(L, B, T, C) bf16", L * N * C * bf);
+    GPT_ACT(GPT_ACT_LN2, "ln2", "(L, B, T, C) bf16", L * N * C * bf);
+    GPT_ACT(GPT_ACT_LN2_MEAN, "ln2_mean", "(L, B, T) fp32", L * N * f4);
+    GPT_ACT(GPT_ACT_LN2_RSTD, "ln2_rstd", "(L, B, T) fp32", L * N * f4);
+    GPT_ACT(GPT_ACT_FCH, "fch", "(L, B, T, 4C) bf16", L * N * 4 * C * bf);
+    GPT_ACT(GPT_ACT_FCH_GELU, "fch_gelu", "(L, B, T, 4C) bf16", L * N * 4 * C * bf);
+    GPT_ACT(GPT_ACT_RESIDUAL3, "residual3", "(L, B, T, C) bf16", L * N * C * bf);
+    GPT_ACT(GPT_ACT_LNF, "lnf", "(B, T, C) bf16", N * C * bf);
+    GPT_ACT(GPT_ACT_LNF_MEAN, "lnf_mean", "(B, T) fp32", N * f4);
+    GPT_ACT(GPT_ACT_LNF_RSTD, "lnf_rstd", "(B, T) fp32", N * f4);
+    GPT_ACT(GPT_ACT_LOGITS, "logits", "(B, T, Vp) bf16", N * Vp * bf);
+    GPT_ACT(GPT_ACT_LOSSES, "losses", "(B, T) fp32", N * f4);
+    GPT_ACT(GPT_ACT_MEAN_LOSS, "mean_loss", "(1) fp32", f4);
+    GPT_ACT(GPT_ACT_PROJ, "proj", "(B, T, C) bf16", N * C * bf);
+    GPT_ACT(GPT_ACT_DRESIDUAL, "dresidual", "(B, T, C) bf16", N * C * bf);
+    GPT_ACT(GPT_ACT_DLN, "dln", "(B, T, C) bf16", N * C * bf);
+    GPT_ACT(GPT_ACT_DWIDE, "dwide", "(B, T, 4C) bf16", N * 4 * C * bf);
+    GPT_ACT(GPT_ACT_SCRATCH, "scratch", "(bytes)", m->scratch_bytes);
+#undef GPT_ACT
+    size_t offset = 0;
+    for (int i = 0; i < GPT_NUM_ACTS; i++) {
+        t[i].offset = offset;
+        offset += layer_align256(t[i].bytes);
+    }
+    m->act_bytes = offset;
+}
+
+// Prints the parameter layout and the activation table (name, shape, MiB, offset).
+static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
+    fprintf(f, "memory plan: L=%d C=%d NH=%d HD=%d V=%d Vp=%d maxT=%d, B=%d T=%d, attention %s\n", m->L, m->C,
+            m->NH, m->HD, m->V, m->Vp, m->maxT, m->B, m->T, attention_backend_name(m->backend));
+    const double MiB = 1024.0 * 1024.0;
+    fprintf(f, "  parameters: %zu (bf16 %.1f MiB; gradients the same)\n", m->num_params,
+            m->num_params * sizeof(__nv_bfloat16) / MiB);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        fprintf(f, "    %-10s %12zu elements at %12zu\n", GPT_PARAM_NAMES[i], m->param_sizes[i], m->param_offsets[i]);
+    fprintf(f, "  activations: %.1f MiB in one allocation\n", m->act_bytes / MiB);
+    for (int i = 0; i < GPT_NUM_ACTS; i++)
+        fprintf(f, "    %-10s %-28s %10.2f MiB at %12zu\n", m->act_table[i].name, m->act_table[i].shape,
+                m->act_table[i].bytes / MiB, m->act_table[i].offset);
+}
+
+static inline size_t gpt_max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+// ---- create / destroy -------------------------------------------------------------------------------
+
+// Allocates the model for micro-batches (B, T), T <= config.max_seq_len, with attention `backend`, all
+// work on `stream`. Parameters and gradients are left zero (the caller uploads or initializes the
+// parameters into model->params). Returns 0, or -1 after printing "error: ..." for an unusable config
+// (head dim, sizes) or backend/shape; CUDA errors exit.
+static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                            cudaStream_t stream) {
+    memset(m, 0, sizeof(*m));
+    char why[512];
+    if (gpt_config_check(&config, why, sizeof(why)) != 0) {
+        fprintf(stderr, "error: %s\n", why);
+        return -1;
+    }
+    if (B < 1 || T < 1 || T > config.max_seq_len) {
+        fprintf(stderr, "error: batch %d x sequence length %d: need B >= 1 and 1 <= T <= max_seq_len (%d)\n", B, T,
+                config.max_seq_len);
+        return -1;
+    }
+    if (config.channels % 8 != 0 || config.padded_vocab_size % 8 != 0) {
+        fprintf(stderr, "error: hidden size %d and padded vocab %d must be multiples of 8 (16-byte bf16 rows)\n",
+                config.channels, config.padded_vocab_size);
+        return -1;
+    }
+    m->config = config;
+    m->B = B, m->T = T;
+    m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
+    m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
+    m->backend = backend;
+    m->stream = stream;
+    m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
+    m->att_shape.causal = 1;
+    if (attention_check(backend, &m->att_shape, why, sizeof(why)) != 0) {
+        const char* name = attention_backend_name(backend);
+        fprintf(stderr, "error: attention backend %s cannot run head dim %d (hidden %d / %d heads), T = %d: %s\n",
+                name ? name : "(unknown)", m->HD, m->C, m->NH, T, why);
+        return -1;
+    }
+
+    // parameters and gradients
+    gpt_param_sizes(m->param_sizes, &config);
+    m->num_params = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        m->param_offsets[i] = m->num_params;
+        m->num_params += m->param_sizes[i];
+    }
+    CUDA_CHECK(cudaMalloc((void**)&m->params, m->num_params * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMalloc((void**)&m->grads, m->num_params * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMemsetAsync(m->params, 0, m->num_params * sizeof(__nv_bfloat16), stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params * sizeof(__nv_bfloat16), stream));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        m->param_tensors[i] = m->params + m->param_offsets[i];
+        m->grad_tensors[i] = m->grads + m->param_offsets[i];
+    }
+
+    // activations
+    const int N = B * T, C = m->C;
+    m->att_saved_bytes = attention_saved_bytes(backend, &m->att_shape);
+    size_t scratch = encoder_backward_scratch_bytes(N, C, m->Vp);
+    scratch = gpt_max_size(scratch, layernorm_backward_scratch_bytes(N, C));
+    scratch = gpt_max_size(scratch, matmul_dbias_scratch_bytes(N, 4 * C));  // the widest biased output, 4C
+    scratch = gpt_max_size(scratch, attention_workspace_bytes(backend, &m->att_shape));
+    m->scratch_bytes = scratch;
+    gpt_model_plan_acts(m);
+    CUDA_CHECK(cudaMalloc(&m->acts_memory, m->act_bytes));
+    char* base = (char*)m->acts_memory;
+#define GPT_PTR(type, idx) (type)(base + m->act_table[idx].offset)
+    m->encoded = GPT_PTR(__nv_bfloat16*, GPT_ACT_ENCODED);
+    m->ln1 = GPT_PTR(__nv_bfloat16*, GPT_ACT_LN1);
+    m->ln1_mean = GPT_PTR(float*, GPT_ACT_LN1_MEAN);
+    m->ln1_rstd = GPT_PTR(float*, GPT_ACT_LN1_RSTD);
+    m->qkv = GPT_PTR(__nv_bfloat16*, GPT_ACT_QKV);
+    m->atty = GPT_PTR(__nv_bfloat16*, GPT_ACT_ATTY);
+    m->att_lse = GPT_PTR(float*, GPT_ACT_ATT_LSE);
+    m->att_saved = GPT_PTR(char*, GPT_ACT_ATT_SAVED);
+    m->residual2 = GPT_PTR(__nv_bfloat16*, GPT_ACT_RESIDUAL2);
+    m->ln2 = GPT_PTR(__nv_bfloat16*, GPT_ACT_LN2);
+    m->ln2_mean = GPT_PTR(float*, GPT_ACT_LN2_MEAN);
+    m->ln2_rstd = GPT_PTR(float*, GPT_ACT_LN2_RSTD);
+    m->fch = GPT_PTR(__nv_bfloat16*, GPT_ACT_FCH);
+    m->fch_gelu = GPT_PTR(__nv_bfloat16*, GPT_ACT_FCH_GELU);
+    m->residual3 = GPT_PTR(__nv_bfloat16*, GPT_ACT_RESIDUAL3);
+    m->lnf = GPT_PTR(__nv_bfloat16*, GPT_ACT_LNF);
+    m->lnf_mean = GPT_PTR(float*, GPT_ACT_LNF_MEAN);
+    m->lnf_rstd = GPT_PTR(float*, GPT_ACT_LNF_RSTD);
+    m->logits = GPT_PTR(__nv_bfloat16*, GPT_ACT_LOGITS);
+    m->losses = GPT_PTR(float*, GPT_ACT_LOSSES);
+    m->mean_loss = GPT_PTR(float*, GPT_ACT_MEAN_LOSS);
+    m->proj = GPT_PTR(__nv_bfloat16*, GPT_ACT_PROJ);
+    m->dresidual = GPT_PTR(__nv_bfloat16*, GPT_ACT_DRESIDUAL);
+    m->dln = GPT_PTR(__nv_bfloat16*, GPT_ACT_DLN);
+    m->dwide = GPT_PTR(__nv_bfloat16*, GPT_ACT_DWIDE);
+    m->scratch = GPT_PTR(void*, GPT_ACT_SCRATCH);
+#undef GPT_PTR
+
+    // compute contexts
+    matmul_context_create(&m->matmul, stream);
+    m->att_ctx.cublas = NULL;
+    if (backend == ATTN_NAIVE) {
+        CUBLAS_CHECK(cublasCreate(&m->att_ctx.cublas));
+        CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, stream));
+    }
+    m->att_ctx.num_sms = layer_num_sms();
+    return 0;
+}
+
+static void gpt_model_destroy(GPTModel* m) {
+    if (m->matmul.lt) matmul_context_destroy(&m->matmul);
+    if (m->att_ctx.cublas) CUBLAS_CHECK(cublasDestroy(m->att_ctx.cublas));
+    if (m->acts_memory) CUDA_CHECK(cudaFree(m->acts_memory));
+    if (m->grads) CUDA_CHECK(cudaFree(m->grads));
+    if (m->params) CUDA_CHECK(cudaFree(m->params));
+    memset(m, 0, sizeof(*m));
+}
+
+// ---- forward ----------------------------------------------------------------------------------------
+
+// mean[0] = (Σ_i losses[i]) / n, one block, summed in a fixed order (deterministic).
+static __global__ void __launch_bounds__(256) gpt_mean_loss_kernel(float* mean, const float* losses, int n) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += losses[i];
+    s = layer_block_sum(s);
+    if (threadIdx.x == 0) mean[0] = s / (float)n;
+}
+
+// The attention arguments of layer l (forward and backward fields both filled).
+static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
+    const size_t N = (size_t)m->B * m->T, C = m->C;
+    AttentionArgs a;
+    memset(&a, 0, sizeof(a));
+    a.shape = m->att_shape;
+    __nv_bfloat16* qkv = m->qkv + l * N * 3 * C;
+    a.q = qkv;
+    a.k = qkv + C;
+    a.v = qkv + 2 * C;
+    a.qkv_stride = (long)(3 * C);
+    a.out = m->atty + l * N * C;
+    a.out_stride = (long)C;
+    a.lse = m->att_lse + l * N * m->NH;
+    a.dout = m->dln;  // datty lives in dln during the backward
+    a.dq = m->dwide;  // dqkv (N, 3C) in the first 3C columns' worth of dwide
+    a.dk = m->dwide + C;
+    a.dv = m->dwide + 2 * C;
+    a.dqkv_stride = (long)(3 * C);
+    a.saved = m->att_saved_bytes ? (void*)(m->att_saved + l * layer_align256(m->att_saved_bytes)) : NULL;
+    a.workspace = m->scratch;
+    return a;
+}
+
+// Forward on inputs and targets (device, (B, T) int32, inputs in [0, Vp), targets in [0, V)): fills
+// model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; logits (N, Vp) are left intact.
+// Enqueued on model->stream; nothing is synchronized (gpt_model_mean_loss copies the scalar back).
+static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const size_t NC = (size_t)N * C;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->matmul;
+    __nv_bfloat16* const* p = m->param_tensors;
+    m->inputs = inputs;
+    m->targets = targets;
+
+    encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
+    for (int l = 0; l < L; l++) {
+        const size_t lC = (size_t)l * C;
+        __nv_bfloat16* ln1 = m->ln1 + l * NC;  // (B, T, C)
+        float* ln1_mean = m->ln1_mean + (size_t)l * N;
+        float* ln1_rstd = m->ln1_rstd + (size_t)l * N;
+        __nv_bfloat16* qkv = m->qkv + l * NC * 3;        // (B, T, 3C)
+        __nv_bfloat16* atty = m->atty + l * NC;          // (B, T, C)
+        __nv_bfloat16* residual2 = m->residual2 + l * NC;
+        __nv_bfloat16* ln2 = m->ln2 + l * NC;
+        float* ln2_mean = m->ln2_mean + (size_t)l * N;
+        float* ln2_rstd = m->ln2_rstd + (size_t)l * N;
+        __nv_bfloat16* fch = m->fch + l * NC * 4;        // (B, T, 4C)
+        __nv_bfloat16* fch_gelu = m->fch_gelu + l * NC * 4;
+        const __nv_bfloat16* residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * NC;
+
+        // LN1: on the embedding for block 0; otherwise residual3[l−1] = residual2[l−1] + proj (the
+        // previous block's MLP output) fused with the LayerNorm.
+        if (l == 0)
+            layernorm_forward(ln1, ln1_mean, ln1_rstd, m->encoded, p[GPT_LN1W], p[GPT_LN1B], N, C, s);
+        else
+            fused_residual_layernorm_forward(ln1, ln1_mean, ln1_rstd, m->residual3 + (l - 1) * NC,
+                                             m->residual2 + (l - 1) * NC, m->proj, p[GPT_LN1W] + lC,
+                                             p[GPT_LN1B] + lC, N, C, s);
+        // qkv (N, 3C) = ln1 · qkvwᵀ + qkvb
+        matmul_forward(mm, qkv, ln1, p[GPT_QKVW] + lC * 3 * C, p[GPT_QKVB] + lC * 3, N, C, 3 * C, NULL);
+        AttentionArgs a = gpt_attention_args(m, l);
+        attention_forward(m->backend, &m->att_ctx, &a, s);  // atty (B, T, NH, HD), lse (B, NH, T)
+        // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
+        matmul_forward(mm, m->proj, atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C, NULL);
+        fused_residual_layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, residual, m->proj, p[GPT_LN2W] + lC,
+                                         p[GPT_LN2B] + lC, N, C, s);
+        // fch (N, 4C) = ln2 · fcwᵀ + fcb, fch_gelu = GELU(fch)
+        matmul_forward(mm, fch_gelu, ln2, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, fch);
+        // proj (N, C) = fch_gelu · fcprojwᵀ + fcprojb (added to residual2 by the next LayerNorm)
+        matmul_forward(mm, m->proj, fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C, C, NULL);
+    }
+    // residual3[L−1] = residual2[L−1] + proj; lnf = LNf(residual3[L−1])
+    fused_residual_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * NC,
+                                     m->residual2 + (L - 1) * NC, m->proj, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
+    // logits (N, Vp) = lnf · wteᵀ
+    matmul_forward(mm, m->logits, m->lnf, p[GPT_WTE], NULL, N, C, Vp, NULL);
+    crossentropy_forward(m->losses, m->logits, targets, N, m->V, Vp, s);
+    gpt_mean_loss_kernel<<<1, 256, 0, s>>>(m->mean_loss, m->losses, N);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Copies the last forward's mean loss to the host (synchronizes the stream).
+static float gpt_model_mean_loss(GPTModel* m) {
+    float loss = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&loss, m->mean_loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    return loss;
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+
+// grads = 0 (before the first micro-step of a step).
+static void gpt_model_zero_grad(GPTModel* m) {
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params * sizeof(__nv_bfloat16), m->stream));
+}
+
+// ADDS the gradient of grad_scale · Σ losses (grad_scale = 1/(B·T·accum_steps) for the mean over a
+// step) into model->grads. Must follow gpt_model_forward on the same batch (its inputs and targets
+// still valid). Overwrites the logits with dlogits.
+static void gpt_model_backward(GPTModel* m, float grad_scale) {
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const size_t NC = (size_t)N * C;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->matmul;
+    __nv_bfloat16* const* p = m->param_tensors;
+    __nv_bfloat16* const* g = m->grad_tensors;
+    float* ln_scratch = (float*)m->scratch;
+
+    // losses again, and logits (N, Vp) := dlogits = grad_scale·(softmax − onehot)
+    crossentropy_forward_backward(m->losses, m->logits, m->targets, grad_scale, N, m->V, Vp, s);
+    // LM head: dln (N, C) = dlogits · wte; dwte += dlogitsᵀ · lnf
+    matmul_backward(mm, m->dln, g[GPT_WTE], NULL, m->logits, m->lnf, p[GPT_WTE], N, C, Vp, NULL, 1, NULL);
+    // final LN: dresidual (N, C) = 0 + LNf backward (the gradient of residual3[L−1])
+    CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, NC * sizeof(__nv_bfloat16), s));
+    layernorm_backward(m->dresidual, g[GPT_LNFW], g[GPT_LNFB], ln_scratch, m->scratch_bytes, m->dln,
+                       m->residual3 + (L - 1) * NC, p[GPT_LNFW], m->lnf_mean, m->lnf_rstd, N, C, s);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const size_t lC = (size_t)l * C;
+        const __nv_bfloat16* residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * NC;
+        // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU
+        matmul_backward(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, g[GPT_FCPROJB] + lC, m->dresidual,
+                        m->fch_gelu + l * NC * 4, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, m->fch + l * NC * 4, 1,
+                        m->scratch);
+        // dln (N, C) = d(ln2)
+        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, g[GPT_FCB] + lC * 4, m->dwide, m->ln2 + l * NC,
+                        p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
+        // dresidual += LN2 backward: now d(residual2)
+        layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, ln_scratch, m->scratch_bytes, m->dln,
+                           m->residual2 + l * NC, p[GPT_LN2W] + lC, m->ln2_mean + (size_t)l * N,
+                           m->ln2_rstd + (size_t)l * N, N, C, s);
+        // attention projection: dln (N, C) = d(atty)
+        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, m->atty + l * NC,
+                        p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
+        // attention: dwide[:, :3C] = dqkv (B, T, 3, NH, HD) (overwritten)
+        AttentionArgs a = gpt_attention_args(m, l);
+        attention_backward(m->backend, &m->att_ctx, &a, s);
+        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, 3C) contiguous in dwide)
+        matmul_backward(mm, m->dln, g[GPT_QKVW] + lC * 3 * C, g[GPT_QKVB] + lC * 3, m->dwide, m->ln1 + l * NC,
+                        p[GPT_QKVW] + lC * 3 * C, N, C, 3 * C, NULL, 1, m->scratch);
+        // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding)
+        layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
+                           residual, p[GPT_LN1W] + lC, m->ln1_mean + (size_t)l * N, m->ln1_rstd + (size_t)l * N, N,
+                           C, s);
+    }
+    // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)
+    encoder_backward(g[GPT_WTE], g[GPT_WPE], m->scratch, m->scratch_bytes, m->dresidual, m->inputs, B, T, C, Vp, s);
+}
+
+#endif  // GPT_MODEL_CUH
