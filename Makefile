@@ -56,8 +56,8 @@ test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.install
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
-train_gpt: train_gpt.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $<
+train_gpt: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
 $(BUILD)/%.o: attention/%.cu | $(BUILD)

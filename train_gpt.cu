@@ -1,25 +1,30 @@
 // train_gpt.cu: GPT training in C/CUDA around our own FlashAttention kernels.
 //
-// Stage of this file: the command line, the model configuration, the data check and the
-// training plan. The kernels and the training loop land in later changes; until then
-// `./train_gpt` validates everything it is given, prints what it would run, and exits.
+// Checks the options and the data, prints the training plan, then trains on one GPU: micro
+// steps accumulated to the total batch, global-norm clipping, AdamW on fp32 master weights with
+// warmup + cosine learning rate, validation loss every --val-every steps, and a log line per step
+// (loss, lr, grad norm, ms, tokens/s, TFLOP/s, MFU), also written as JSON lines to --log-file.
+// The model itself (parameters, activations, forward, backward) is layers/gpt_model.cuh.
 //
-// Sections, top to bottom: options, model configuration, data, plan, main.
+// Sections, top to bottom: options, model configuration, data, initialization, training, main.
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "attention/attention.h"
 #include "data/dataloader.h"
+#include "layers/adamw.cuh"
 #include "layers/cuda_common.h"
+#include "layers/global_norm.cuh"
 #include "layers/gpt_config.h"
+#include "layers/gpt_model.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Options
-
-typedef enum { ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2 } AttentionBackend;
-static const char* ATTENTION_BACKEND_NAMES[] = {"naive", "flash1", "flash2"};
 
 typedef struct {
     const char* model;            // a name from gpt_config.h
@@ -34,6 +39,14 @@ typedef struct {
     uint64_t seed;
     int shuffle;
     double peak_tflops;           // 0 = look up by GPU name
+    double lr, min_lr_fraction;   // peak learning rate; the cosine ends at lr · min_lr_fraction
+    long long warmup_steps;
+    double weight_decay;          // on 2-D weights only
+    double grad_clip;             // global-norm clip; 0 = off
+    long long val_every;          // steps between validation losses; 0 = only at the end
+    long long val_batches;        // micro batches per validation (0 = the whole validation set)
+    const char* log_file;         // JSON lines, one per step; NULL = none
+    int plan_only;
 } Options;
 
 static void print_usage(FILE* out) {
@@ -41,8 +54,8 @@ static void print_usage(FILE* out) {
             "usage: ./train_gpt [options]\n"
             "\n"
             "Trains a GPT on token shards (llm.c format) and reports tokens/s, TFLOP/s per GPU and MFU.\n"
-            "This build checks the options and the data and prints the training plan; the kernels\n"
-            "and the training loop are not in it yet.\n"
+            "It checks the options and the data, prints the plan, and trains (one GPU; checkpoints and\n"
+            "multi-GPU are not in this build yet).\n"
             "\n"
             "model\n"
             "  -m, --model NAME            gpt2-124m (default), gpt2-350m, gpt2-774m, gpt2-1558m,\n"
@@ -65,6 +78,17 @@ static void print_usage(FILE* out) {
             "  -d, --total-batch-tokens N  tokens per optimizer step, a multiple of batch-size * seq-len\n"
             "                              (default: batch-size * seq-len, no accumulation)\n"
             "  -x, --steps N               optimizer steps (default: one pass over the training data)\n"
+            "optimizer\n"
+            "      --lr X                  peak learning rate (default 3e-4)\n"
+            "      --min-lr-fraction X     the cosine decays to lr * X at the last step (default 0.1)\n"
+            "      --warmup-steps N        linear warmup steps (default 0)\n"
+            "      --weight-decay X        AdamW weight decay on 2-D weights (default 0.1)\n"
+            "      --grad-clip X           clip the global gradient norm to X; 0 = off (default 1.0)\n"
+            "logging\n"
+            "      --val-every N           validation loss every N steps (default 0: at the end only)\n"
+            "      --val-batches N         micro batches per validation, 0 = all (default 20)\n"
+            "      --log-file PATH         also write each step as a JSON line to PATH\n"
+            "      --plan-only             print the plan and exit without training\n"
             "throughput\n"
             "      --peak-tflops X         dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM\n"
             "                              989.4, A100 312)\n"
@@ -96,8 +120,10 @@ static Options parse_options(int argc, char** argv) {
     Options opt = {"gpt2-124m", 0, 0, 0,
                    "data/tinyshakespeare/tinyshakespeare_train_*.bin",
                    "data/tinyshakespeare/tinyshakespeare_val_*.bin",
-                   4, 1024, 0, 0, ATTN_FLASH2, 1337, 0, 0.0};
-    enum { OPT_LAYERS = 1000, OPT_HIDDEN, OPT_HEADS, OPT_SEED, OPT_SHUFFLE, OPT_PEAK };
+                   4, 1024, 0, 0, ATTN_FLASH2, 1337, 0, 0.0,
+                   3e-4, 0.1, 0, 0.1, 1.0, 0, 20, NULL, 0};
+    enum { OPT_LAYERS = 1000, OPT_HIDDEN, OPT_HEADS, OPT_SEED, OPT_SHUFFLE, OPT_PEAK, OPT_LR, OPT_MIN_LR, OPT_WARMUP,
+           OPT_WD, OPT_CLIP, OPT_VAL_EVERY, OPT_VAL_BATCHES, OPT_LOG_FILE, OPT_PLAN_ONLY };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},       {"layers", required_argument, 0, OPT_LAYERS},
         {"hidden", required_argument, 0, OPT_HIDDEN}, {"heads", required_argument, 0, OPT_HEADS},
@@ -106,6 +132,11 @@ static Options parse_options(int argc, char** argv) {
         {"seed", required_argument, 0, OPT_SEED},   {"batch-size", required_argument, 0, 'b'},
         {"seq-len", required_argument, 0, 't'},     {"total-batch-tokens", required_argument, 0, 'd'},
         {"steps", required_argument, 0, 'x'},       {"peak-tflops", required_argument, 0, OPT_PEAK},
+        {"lr", required_argument, 0, OPT_LR},       {"min-lr-fraction", required_argument, 0, OPT_MIN_LR},
+        {"warmup-steps", required_argument, 0, OPT_WARMUP}, {"weight-decay", required_argument, 0, OPT_WD},
+        {"grad-clip", required_argument, 0, OPT_CLIP}, {"val-every", required_argument, 0, OPT_VAL_EVERY},
+        {"val-batches", required_argument, 0, OPT_VAL_BATCHES}, {"log-file", required_argument, 0, OPT_LOG_FILE},
+        {"plan-only", no_argument, 0, OPT_PLAN_ONLY},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "m:a:i:j:b:t:d:x:h", long_options, NULL)) != -1) {
@@ -114,17 +145,12 @@ static Options parse_options(int argc, char** argv) {
             case OPT_LAYERS: opt.layers = (int)parse_int("--layers", optarg, 1, 1000); break;
             case OPT_HIDDEN: opt.hidden = (int)parse_int("--hidden", optarg, 1, 1 << 16); break;
             case OPT_HEADS: opt.heads = (int)parse_int("--heads", optarg, 1, 1024); break;
-            case 'a': {
-                int found = -1;
-                for (int k = 0; k < 3; k++)
-                    if (strcmp(optarg, ATTENTION_BACKEND_NAMES[k]) == 0) found = k;
-                if (found < 0) {
+            case 'a':
+                if (attention_backend_from_name(optarg, &opt.attn) != 0) {
                     fprintf(stderr, "error: --attn expects naive, flash1 or flash2, got \"%s\"\n", optarg);
                     exit(2);
                 }
-                opt.attn = (AttentionBackend)found;
                 break;
-            }
             case 'i': opt.train_data = optarg; break;
             case 'j': opt.val_data = optarg; break;
             case OPT_SHUFFLE: opt.shuffle = 1; break;
@@ -134,6 +160,15 @@ static Options parse_options(int argc, char** argv) {
             case 'd': opt.total_batch_tokens = parse_int("--total-batch-tokens", optarg, 1, INT64_MAX); break;
             case 'x': opt.steps = parse_int("--steps", optarg, 1, INT64_MAX); break;
             case OPT_PEAK: opt.peak_tflops = parse_double("--peak-tflops", optarg, 0.0); break;
+            case OPT_LR: opt.lr = parse_double("--lr", optarg, 0.0); break;
+            case OPT_MIN_LR: opt.min_lr_fraction = parse_double("--min-lr-fraction", optarg, 0.0); break;
+            case OPT_WARMUP: opt.warmup_steps = parse_int("--warmup-steps", optarg, 0, INT64_MAX); break;
+            case OPT_WD: opt.weight_decay = parse_double("--weight-decay", optarg, 0.0); break;
+            case OPT_CLIP: opt.grad_clip = parse_double("--grad-clip", optarg, 0.0); break;
+            case OPT_VAL_EVERY: opt.val_every = parse_int("--val-every", optarg, 0, INT64_MAX); break;
+            case OPT_VAL_BATCHES: opt.val_batches = parse_int("--val-batches", optarg, 0, INT64_MAX); break;
+            case OPT_LOG_FILE: opt.log_file = optarg; break;
+            case OPT_PLAN_ONLY: opt.plan_only = 1; break;
             case 'h': print_usage(stdout); exit(0);
             default: fprintf(stderr, "run ./train_gpt --help for the options\n"); exit(2);
         }
@@ -186,7 +221,220 @@ static void open_data_or_exit(DataLoader* loader, const char* what, const char* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Plan
+// Initialization
+
+static uint64_t splitmix64_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// A standard normal sample (Box-Muller on two uniforms in (0, 1]).
+static float normal_sample(uint64_t* state) {
+    double u1 = ((splitmix64_next(state) >> 11) + 1) * (1.0 / 9007199254740992.0);
+    double u2 = (splitmix64_next(state) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+// fp32 -> bf16 bits, round to nearest even (inputs are finite).
+static uint16_t float_to_bf16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+// GPT-2 initialization from `seed`: weights N(0, 0.02), the residual projections (attprojw,
+// fcprojw) N(0, 0.02/√(2L)), LayerNorm weights 1, biases 0. Writes the fp32 master weights
+// (num_params) and the model's bf16 copy.
+static void init_parameters(GPTModel* model, float* master, uint64_t seed) {
+    size_t largest = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (model->param_sizes[i] > largest) largest = model->param_sizes[i];
+    float* values = (float*)malloc(largest * sizeof(float));
+    uint16_t* bits = (uint16_t*)malloc(largest * sizeof(uint16_t));
+    if (!values || !bits) {
+        fprintf(stderr, "error: out of host memory initializing %zu parameters\n", largest);
+        exit(1);
+    }
+    uint64_t rng = seed * 0x2545F4914F6CDD1Dull + 1;
+    const float residual_std = 0.02f / sqrtf(2.0f * model->L);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const size_t n = model->param_sizes[i];
+        const int is_ln_weight = i == GPT_LN1W || i == GPT_LN2W || i == GPT_LNFW;
+        const int is_bias = i == GPT_LN1B || i == GPT_QKVB || i == GPT_ATTPROJB || i == GPT_LN2B || i == GPT_FCB ||
+                            i == GPT_FCPROJB || i == GPT_LNFB;
+        const float std = (i == GPT_ATTPROJW || i == GPT_FCPROJW) ? residual_std : 0.02f;
+        for (size_t j = 0; j < n; j++) {
+            values[j] = is_ln_weight ? 1.0f : is_bias ? 0.0f : std * normal_sample(&rng);
+            bits[j] = float_to_bf16_bits(values[j]);
+        }
+        CUDA_CHECK(cudaMemcpy(master + model->param_offsets[i], values, n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(model->param_tensors[i], bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    }
+    free(values);
+    free(bits);
+}
+
+// Weight decay applies to the 2-D weights: embeddings and the four matrices of each block.
+static int decays(int tensor) {
+    return tensor == GPT_WTE || tensor == GPT_WPE || tensor == GPT_QKVW || tensor == GPT_ATTPROJW ||
+           tensor == GPT_FCW || tensor == GPT_FCPROJW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training
+
+// Linear warmup to opt->lr, then cosine decay to lr · min_lr_fraction at the last step. step from 1.
+static double learning_rate(const Options* opt, long long step, long long steps) {
+    if (step <= opt->warmup_steps) return opt->lr * (double)step / (double)opt->warmup_steps;
+    if (steps <= opt->warmup_steps) return opt->lr;
+    const double progress = (double)(step - opt->warmup_steps) / (double)(steps - opt->warmup_steps);
+    const double min_lr = opt->lr * opt->min_lr_fraction;
+    return min_lr + 0.5 * (opt->lr - min_lr) * (1.0 + cos(3.141592653589793 * progress));
+}
+
+// Copies the loader's current batch (inputs, targets (B, T) int32) to the GPU.
+static void upload_batch(const DataLoader* loader, int* inputs_dev, int* targets_dev, size_t tokens) {
+    CUDA_CHECK(cudaMemcpy(inputs_dev, loader->inputs, tokens * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(targets_dev, loader->targets, tokens * sizeof(int), cudaMemcpyHostToDevice));
+}
+
+static void next_batch_or_exit(DataLoader* loader, const char* what) {
+    if (dataloader_next_batch(loader) != 0) {
+        fprintf(stderr, "error: %s data: %s\n", what, loader->error);
+        exit(1);
+    }
+}
+
+// Mean loss over `batches` validation micro batches (0 or more than there are: all of them).
+static double validation_loss(GPTModel* model, DataLoader* val, long long batches, int* inputs_dev,
+                              int* targets_dev) {
+    const long long available = dataloader_batches_per_epoch(val);
+    const long long n = (batches == 0 || batches > available) ? available : batches;
+    dataloader_reset(val);
+    double sum = 0.0;
+    for (long long i = 0; i < n; i++) {
+        next_batch_or_exit(val, "validation");
+        upload_batch(val, inputs_dev, targets_dev, (size_t)model->B * model->T);
+        gpt_model_forward(model, inputs_dev, targets_dev);
+        sum += gpt_model_mean_loss(model);
+    }
+    return sum / (double)n;
+}
+
+typedef struct {
+    long long steps, accumulation_steps, total_batch_tokens;
+    double flops_per_step, peak_tflops;
+} TrainPlan;
+
+static void train(const Options* opt, const GPTConfig* config, const TrainPlan* plan, DataLoader* train_loader,
+                  DataLoader* val_loader) {
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    GPTModel model;
+    if (gpt_model_create(&model, *config, opt->batch_size, opt->seq_len, opt->attn, stream) != 0) exit(1);
+    gpt_model_print_memory(&model, stdout);
+    const size_t n = model.num_params;
+    float *master, *adam_m, *adam_v, *norm, *clip_scale, *norm_scratch;
+    int *inputs_dev, *targets_dev;
+    const size_t tokens = (size_t)opt->batch_size * opt->seq_len;
+    CUDA_CHECK(cudaMalloc(&master, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&adam_m, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&adam_v, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(adam_m, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(adam_v, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&norm, sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&clip_scale, sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&norm_scratch, global_norm_scratch_bytes()));
+    CUDA_CHECK(cudaMalloc(&inputs_dev, tokens * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&targets_dev, tokens * sizeof(int)));
+    init_parameters(&model, master, opt->seed);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    FILE* log = NULL;
+    if (opt->log_file) {
+        log = fopen(opt->log_file, "w");
+        if (!log) {
+            fprintf(stderr, "error: cannot write the log file %s\n", opt->log_file);
+            exit(1);
+        }
+    }
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    dataloader_reset(train_loader);  // the plan read one batch to check the data
+    const int have_val = val_loader != NULL;
+    for (long long step = 1; step <= plan->steps; step++) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        gpt_model_zero_grad(&model);
+        double loss = 0.0;
+        for (long long micro = 0; micro < plan->accumulation_steps; micro++) {
+            next_batch_or_exit(train_loader, "training");
+            upload_batch(train_loader, inputs_dev, targets_dev, tokens);
+            gpt_model_forward(&model, inputs_dev, targets_dev);
+            gpt_model_backward(&model, 1.0f / (float)((double)tokens * plan->accumulation_steps));
+            loss += gpt_model_mean_loss(&model) / (double)plan->accumulation_steps;
+        }
+        if (!isfinite(loss)) {
+            fprintf(stderr, "error: the loss is %f at step %lld; lower --lr or raise --warmup-steps\n", loss, step);
+            exit(1);
+        }
+        global_norm(norm, norm_scratch, model.grads, n, stream);
+        const float* scale = NULL;
+        if (opt->grad_clip > 0) {
+            global_norm_clip_scale(clip_scale, norm, (float)opt->grad_clip, stream);
+            scale = clip_scale;
+        }
+        const double lr = learning_rate(opt, step, plan->steps);
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            const size_t off = model.param_offsets[i];
+            adamw_update(master + off, model.param_tensors[i], model.grad_tensors[i], adam_m + off, adam_v + off,
+                         model.param_sizes[i], (float)lr, 0.9f, 0.95f, 1e-8f,
+                         decays(i) ? (float)opt->weight_decay : 0.0f, (int)step, 1.0f, scale, stream);
+        }
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        float grad_norm = 0.0f, ms = 0.0f;
+        CUDA_CHECK(cudaMemcpyAsync(&grad_norm, norm, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        const double seconds = ms / 1e3;
+        const double tokens_per_s = (double)plan->total_batch_tokens / seconds;
+        const double tflops = plan->flops_per_step / seconds / 1e12;
+        const double mfu = plan->peak_tflops > 0 ? 100.0 * tflops / plan->peak_tflops : 0.0;
+        printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%%\n",
+               step, plan->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu);
+        if (log)
+            fprintf(log,
+                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
+                    "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f}\n",
+                    step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0);
+        if (have_val && ((opt->val_every > 0 && step % opt->val_every == 0) || step == plan->steps)) {
+            const double val = validation_loss(&model, val_loader, opt->val_batches, inputs_dev, targets_dev);
+            printf("step %5lld/%lld | val loss %.4f\n", step, plan->steps, val);
+            if (log) fprintf(log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, val);
+        }
+        if (log) fflush(log);
+        fflush(stdout);
+    }
+    if (log) fclose(log);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    CUDA_CHECK(cudaFree(master));
+    CUDA_CHECK(cudaFree(adam_m));
+    CUDA_CHECK(cudaFree(adam_v));
+    CUDA_CHECK(cudaFree(norm));
+    CUDA_CHECK(cudaFree(clip_scale));
+    CUDA_CHECK(cudaFree(norm_scratch));
+    CUDA_CHECK(cudaFree(inputs_dev));
+    CUDA_CHECK(cudaFree(targets_dev));
+    gpt_model_destroy(&model);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plan and main
 
 static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
@@ -224,7 +472,7 @@ int main(int argc, char** argv) {
            config.num_layers, config.channels, config.num_heads, config.channels / config.num_heads,
            config.vocab_size, config.padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", num_params, num_params / 1e9);
-    printf("attention    %s\n", ATTENTION_BACKEND_NAMES[opt.attn]);
+    printf("attention    %s\n", attention_backend_name(opt.attn));
     printf("batch        %d x %d = %lld tokens per micro step, %lld micro steps per optimizer step = %lld tokens\n",
            B, T, tokens_per_micro_step, accumulation_steps, total_batch_tokens);
     printf("train data   %s: %d shard(s), %lld tokens, %lld micro batches per epoch%s\n", opt.train_data,
@@ -244,10 +492,11 @@ int main(int argc, char** argv) {
            gib(state_bytes));
 
     GpuInfo gpu = gpu_info(0);
+    double peak = 0.0;
     if (!gpu.found) {
         printf("gpu          none found: plan only\n");
     } else {
-        double peak = opt.peak_tflops > 0 ? opt.peak_tflops : gpu_peak_bf16_tflops(gpu.name);
+        peak = opt.peak_tflops > 0 ? opt.peak_tflops : gpu_peak_bf16_tflops(gpu.name);
         printf("gpu          %s, sm_%d%d, %d SMs, %.1f GiB free of %.1f GiB\n", gpu.name, gpu.major, gpu.minor,
                gpu.num_sms, gib((double)gpu.free_bytes), gib((double)gpu.total_bytes));
         if (peak > 0)
@@ -263,7 +512,10 @@ int main(int argc, char** argv) {
             exit(1);
         }
     }
-    printf("status       plan only: the training loop is not implemented in this build\n");
+    if (gpu.found && !opt.plan_only) {
+        TrainPlan plan = {steps, accumulation_steps, total_batch_tokens, flops_per_step, peak};
+        train(&opt, &config, &plan, &train_loader, have_val ? &val_loader : NULL);
+    }
 
     dataloader_close(&train_loader);
     if (have_val) dataloader_close(&val_loader);

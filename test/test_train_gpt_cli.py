@@ -3,6 +3,8 @@
 Run from the repository root after `make train_gpt`. The cases marked GPU skip when
 `nvidia-smi -L` lists no GPU.
 """
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -45,12 +47,13 @@ def expect_error(result, code, *words):
         assert word in result.stderr, f"stderr lacks {word!r}: {result.stderr.strip()}"
 
 
-def test_help_lists_flags_and_says_plan_only():
+def test_help_lists_flags():
     r = run("--help")
     assert r.returncode == 0, r.stderr
-    for flag in ("--attn", "--model", "--train-data", "--batch-size", "--seq-len", "--peak-tflops"):
+    for flag in ("--attn", "--model", "--train-data", "--batch-size", "--seq-len", "--peak-tflops", "--lr",
+                 "--warmup-steps", "--weight-decay", "--grad-clip", "--val-every", "--log-file", "--plan-only"):
         assert flag in r.stdout, f"--help lacks {flag}"
-    assert "training loop" in r.stdout and "not in it yet" in r.stdout, "--help must say the trainer is not there yet"
+    assert "checkpoints" in r.stdout and "not in this build" in r.stdout, "--help must say what is missing"
 
 
 def test_plan_on_good_data():
@@ -116,12 +119,32 @@ def test_token_out_of_range():
 def test_gpu_plan_reports_device_and_peak():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
-    r = run(*GOOD)
+    r = run(*GOOD, "--plan-only")
     assert r.returncode == 0, r.stderr
     assert "gpu          none found" not in r.stdout, "nvidia-smi lists a GPU but train_gpt found none"
     assert "mfu peak" in r.stdout, r.stdout
-    r = run(*GOOD, "--peak-tflops", "123.5")
+    assert not any(line.startswith("step ") for line in r.stdout.splitlines()), "--plan-only must not train"
+    r = run(*GOOD, "--plan-only", "--peak-tflops", "123.5")
     assert "mfu peak     123.5 TFLOP/s dense bf16 (from --peak-tflops)" in r.stdout, r.stdout
+
+
+def test_gpu_trains_and_logs_every_step():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    log = os.path.join(WORK, "train_log.jsonl")
+    r = run(*GOOD, "--model", "gpt2-124m", "--layers", "2", "--log-file", log)
+    assert r.returncode == 0, r.stderr
+    steps = [line for line in r.stdout.splitlines() if line.startswith("step ") and "| loss" in line]
+    assert len(steps) == 3, r.stdout  # 3 micro batches of 4 x 64 in the training shard: one epoch
+    for word in ("tok/s", "TFLOP/s", "MFU", "norm", "lr"):
+        assert word in steps[0], steps[0]
+    assert "val loss" in r.stdout, r.stdout
+    with open(log) as f:
+        records = [json.loads(line) for line in f]
+    losses = [rec["loss"] for rec in records if "loss" in rec]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses), records
+    assert 9.0 < losses[0] < 12.0, f"first loss {losses[0]}: a fresh GPT-2 starts near ln(50257) = 10.8"
+    assert any("val_loss" in rec for rec in records), records
 
 
 def test_gpu_model_too_large_is_a_clear_error():
