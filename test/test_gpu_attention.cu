@@ -37,6 +37,7 @@
 #include "../attention/attention.h"
 #include "../layers/cuda_common.h"
 #include "cpu_reference.h"
+#include "gpu_test_util.h"
 #include "test_harness.h"
 
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
@@ -126,20 +127,6 @@ static void free_inputs(InputSet* in) {
 }
 
 // ---- checks ------------------------------------------------------------------------------------------
-
-// Appends "; <message>" (or the first message) to a case's list of problems.
-static void add_problem(char* buf, size_t size, const char* fmt, ...) {
-    size_t used = strlen(buf);
-    if (used + 3 >= size) return;
-    if (used) {
-        strcat(buf, "; ");
-        used += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, size - used, fmt, ap);
-    va_end(ap);
-}
 
 // ‖x − ref‖ / max(‖ref‖, ABS_FLOOR·√n) over n elements; *floored says whether the floor was used.
 // NaN anywhere gives NaN, which fails every `<=` bound.
@@ -521,14 +508,6 @@ static void cpu_cases(void) {
 }
 
 // ---- main --------------------------------------------------------------------------------------------
-
-static uint64_t pick_seed(void) {
-    const char* env = getenv("TEST_SEED");
-    if (env && *env) return strtoull(env, NULL, 0);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
-}
 
 // Batch and heads per T: several (b, h) pairs, but few at T = 1000 so the fp64 reference stays quick.
 static void batch_heads(int T, int* B, int* NH) {

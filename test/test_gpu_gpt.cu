@@ -22,19 +22,12 @@
 
 #include "../layers/gpt_model.cuh"
 #include "cpu_gpt.h"
+#include "gpu_test_util.h"
 #include "test_harness.h"
 
 #define TOL_LOGITS 2e-2
 #define TOL_LOSS 1e-2
 #define TOL_GRAD 3e-2
-
-static uint64_t pick_seed(void) {
-    const char* env = getenv("TEST_SEED");
-    if (env && *env) return strtoull(env, NULL, 0);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
-}
 
 typedef struct {
     GPTConfig config;
@@ -110,17 +103,6 @@ static size_t download_bf16(double* out, const __nv_bfloat16* dev, size_t n) {
     }
     free(h);
     return bad;
-}
-
-// Appends a formatted problem to buf.
-static void add_problem(char* buf, size_t size, const char* fmt, ...) {
-    size_t len = strlen(buf);
-    if (len + 2 >= size) return;
-    if (len) buf[len++] = ';', buf[len++] = ' ', buf[len] = 0;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, size - len, fmt, ap);
-    va_end(ap);
 }
 
 // Compares the model's gradients with scale·ref_grads, tensor by tensor; prints every error.

@@ -41,6 +41,7 @@
 #include "../layers/gpt_config.h"
 #include "../layers/layernorm.cuh"
 #include "cpu_reference.h"
+#include "gpu_test_util.h"
 #include "test_harness.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -81,20 +82,6 @@ static void case_end(const char* name, const char* problems) {
 static TestRng case_rng(void) {
     TestRng rng = {g_seed + 0x9E3779B97F4A7C15ull * ++g_set_index};
     return rng;
-}
-
-// Appends "; <message>" (or the first message) to a case's list of problems.
-static void add_problem(char* buf, size_t size, const char* fmt, ...) {
-    size_t used = strlen(buf);
-    if (used + 3 >= size) return;
-    if (used) {
-        strcat(buf, "; ");
-        used += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, size - used, fmt, ap);
-    va_end(ap);
 }
 
 static void* host_alloc(size_t bytes) {
@@ -938,14 +925,6 @@ static void expect_rejection(const char* name, void (*fn)(void), const char* men
 }
 
 // ---- main ---------------------------------------------------------------------------------------------
-
-static uint64_t pick_seed(void) {
-    const char* env = getenv("TEST_SEED");
-    if (env && *env) return strtoull(env, NULL, 0);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
-}
 
 int main(void) {
     test_begin();

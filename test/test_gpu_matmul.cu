@@ -38,6 +38,7 @@
 
 #include "../layers/matmul.cuh"
 #include "cpu_reference.h"
+#include "gpu_test_util.h"
 #include "test_harness.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -100,20 +101,6 @@ static char g_running_case[160];
 static void report_exit_during_case(void) {
     if (g_running_case[0])
         printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
-}
-
-// Appends "; <message>" (or the first message) to a case's list of problems.
-static void add_problem(char* buf, size_t size, const char* fmt, ...) {
-    size_t used = strlen(buf);
-    if (used + 3 >= size) return;
-    if (used) {
-        strcat(buf, "; ");
-        used += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, size - used, fmt, ap);
-    va_end(ap);
 }
 
 static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
@@ -639,14 +626,6 @@ static void cpu_cases(void) {
 }
 
 // ---- main --------------------------------------------------------------------------------------------
-
-static uint64_t pick_seed(void) {
-    const char* env = getenv("TEST_SEED");
-    if (env && *env) return strtoull(env, NULL, 0);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
-}
 
 int main(void) {
     test_begin();
