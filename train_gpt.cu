@@ -294,7 +294,9 @@ static double learning_rate(const Options* opt, long long step, long long steps)
     return min_lr + 0.5 * (opt->lr - min_lr) * (1.0 + cos(3.141592653589793 * progress));
 }
 
-// Copies the loader's current batch (inputs, targets (B, T) int32) to the GPU.
+// Copies the loader's current batch (inputs, targets (B, T) int32) to the GPU. cudaMemcpy runs on
+// the legacy default stream, which the model's blocking stream (cudaStreamCreate) waits for and is
+// waited for by: the previous micro-step's backward, which reads the tokens again, is done first.
 static void upload_batch(const DataLoader* loader, int* inputs_dev, int* targets_dev, size_t tokens) {
     CUDA_CHECK(cudaMemcpy(inputs_dev, loader->inputs, tokens * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(targets_dev, loader->targets, tokens * sizeof(int), cudaMemcpyHostToDevice));

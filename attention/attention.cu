@@ -28,11 +28,6 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
                  s->T, s->NH, s->HD);
         return -1;
     }
-    if ((long)s->B * s->NH > 65535L * 65535L) {
-        snprintf(why, why_size, "attention: B·NH = %ld is too large for one launch; lower the batch size",
-                 (long)s->B * s->NH);
-        return -1;
-    }
     switch (backend) {
         case ATTN_NAIVE:
             if (s->HD % 8 != 0 || s->HD > 256) {
@@ -44,6 +39,13 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
             }
             return 0;
         case ATTN_FLASH2:
+            if ((long)s->B * s->NH > 65535) {  // one block row per (b, h): the grid's y limit
+                snprintf(why, why_size,
+                         "the flash2 backend runs at most 65535 (batch, head) pairs in one call, not B·NH = %ld; "
+                         "lower the batch size",
+                         (long)s->B * s->NH);
+                return -1;
+            }
             if (!flash2_supports_head_dim(s->HD)) {
                 snprintf(why, why_size,
                          "the flash2 backend supports head dims 64, 80, 96 and 128, not %d; change --heads "

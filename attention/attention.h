@@ -47,7 +47,6 @@ typedef struct {
 
 typedef struct {
     cublasHandle_t cublas;  // the naive backend's GEMMs; may be NULL for the flash backends
-    int num_sms;
 } AttentionContext;
 
 #ifdef __cplusplus

@@ -30,7 +30,6 @@ static thread_local char g_last_error[1024];
 // cuBLAS handles for the naive backend, made on first use, one per device, never destroyed.
 static pthread_mutex_t g_cublas_lock = PTHREAD_MUTEX_INITIALIZER;
 static cublasHandle_t g_cublas[MAX_DEVICES];
-static int g_num_sms[MAX_DEVICES];
 
 static int fail(const char* fmt, ...) {
     va_list ap;
@@ -51,7 +50,7 @@ static int resolve(const char* name, int B, int T, int NH, int HD, int causal, A
     return 0;
 }
 
-// The context for the current device: cuBLAS (naive backend only) and the SM count.
+// The context for the current device: its cuBLAS handle (naive backend only).
 static int context_for(AttentionBackend backend, cudaStream_t stream, AttentionContext* ctx) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -63,14 +62,6 @@ static int context_for(AttentionBackend backend, cudaStream_t stream, AttentionC
     if (device < 0 || device >= MAX_DEVICES)
         return fail("device %d is beyond the %d this library handles", device, MAX_DEVICES);
     pthread_mutex_lock(&g_cublas_lock);
-    if (g_num_sms[device] == 0) {
-        err = cudaDeviceGetAttribute(&g_num_sms[device], cudaDevAttrMultiProcessorCount, device);
-        if (err != cudaSuccess) {
-            pthread_mutex_unlock(&g_cublas_lock);
-            cudaGetLastError();
-            return fail("cudaDeviceGetAttribute failed on device %d: %s", device, cudaGetErrorString(err));
-        }
-    }
     if (backend == ATTN_NAIVE && g_cublas[device] == NULL) {
         cublasStatus_t status = cublasCreate(&g_cublas[device]);
         if (status != CUBLAS_STATUS_SUCCESS) {
@@ -81,7 +72,6 @@ static int context_for(AttentionBackend backend, cudaStream_t stream, AttentionC
         }
     }
     ctx->cublas = backend == ATTN_NAIVE ? g_cublas[device] : NULL;
-    ctx->num_sms = g_num_sms[device];
     pthread_mutex_unlock(&g_cublas_lock);
     if (ctx->cublas) {
         cublasStatus_t status = cublasSetStream(ctx->cublas, stream);

@@ -348,7 +348,7 @@ int main(int argc, char** argv) {
     cublasHandle_t cublas;
     CUBLAS_CHECK(cublasCreate(&cublas));
     CUBLAS_CHECK(cublasSetStream(cublas, stream));
-    AttentionContext ctx = {cublas, gpu.num_sms};
+    AttentionContext ctx = {cublas};
 
     AttentionArgs args;
     memset(&args, 0, sizeof(args));

@@ -9,7 +9,8 @@
 void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
 
 // ---- block shapes per head dim ----------------------------------------------------------------
-// (query rows per step, warps (16 keys each), blocks per SM), chosen by scripts/tune_flash2.sh.
+// (query rows per step, warps (16 keys each), blocks per SM), measured with build/flash2_tune
+// (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
 template <bool CAUSAL>
 static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cudaStream_t stream) {
     switch (HD) {

@@ -348,7 +348,11 @@ static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStr
     CUDA_CHECK(cudaGetLastError());
 
     void (*kernel)(Flash2BackwardParams) = flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
+    static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
+    if (!smem_limit_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
+        smem_limit_set = 1;
+    }
     dim3 grid((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH);
     kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
     CUDA_CHECK(cudaGetLastError());

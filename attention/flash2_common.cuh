@@ -131,26 +131,6 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], uint32_t addr) 
                  : "=r"(r[0]), "=r"(r[1])
                  : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_address(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_address(smem)));
-}
 
 // c (16×8 fp32) += a (16×16 bf16) · b (16×8 bf16)
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {

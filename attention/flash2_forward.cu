@@ -7,7 +7,8 @@
 #include "flash2_forward_kernel.cuh"
 
 // ---- block shapes per head dim ----------------------------------------------------------------
-// (query rows, key rows, warps, blocks per SM the registers allow), chosen by scripts/tune_flash2.sh.
+// (query rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune
+// (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
 template <bool CAUSAL>
 static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
     switch (HD) {
@@ -22,7 +23,7 @@ int flash2_supports_head_dim(int head_dim) {
     return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
 
-// cp.async moves 16-byte rows pieces: every row must start 16-byte aligned.
+// cp.async moves rows in 16-byte pieces: every row must start 16-byte aligned.
 void flash2_require_aligned(const void* ptr, long stride, const char* what) {
     if ((uintptr_t)ptr % 16 != 0 || stride % 8 != 0) {
         fprintf(stderr,

@@ -304,7 +304,6 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
         CUBLAS_CHECK(cublasCreate(&m->att_ctx.cublas));
         CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, stream));
     }
-    m->att_ctx.num_sms = layer_num_sms();
     return 0;
 }
 

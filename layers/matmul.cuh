@@ -29,7 +29,7 @@
 //   backward dinp      DGELU (aux = gelu_pre) with gelu_pre, DEFAULT without
 //   backward dweight   BGRADB (Σ over k = N of op(B) = doutᶜᵀ: the column sums of dout) with dbias
 // Where cuBLASLt has no algorithm for a GELU/dGELU/BGRADB epilogue on this GPU, and always with
-// MATMUL_FUSE_NONE, the plain GEMM runs and the small kernels below finish the job (GELU of the bf16
+// MATMUL_FUSE_NONE, the plain GEMM runs and small kernels finish the job (gelu.cuh: GELU of the bf16
 // pre-activation; dGELU in place on the bf16 dinp; dbias by a deterministic two-pass reduction:
 // fp32 partial sums per row chunk, then a fixed-order sum). ctx->last_* say which path ran.
 //
@@ -49,6 +49,7 @@
 #include <stdlib.h>
 
 #include "cuda_common.h"
+#include "gelu.cuh"
 
 #define MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)  // cuBLASLt workspace; NVIDIA recommends 32 MiB on Hopper
 
@@ -283,48 +284,7 @@ static inline void matmul_note_fallback(MatmulContext* ctx, cublasLtEpilogue_t e
 
 // ---- kernels for the unfused paths ---------------------------------------------------------------
 
-#define MATMUL_GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
-
-static __device__ __forceinline__ float matmul_gelu(float x) {
-    return 0.5f * x * (1.0f + tanhf(MATMUL_GELU_SCALE * (x + 0.044715f * x * x * x)));
-}
-
-static __device__ __forceinline__ float matmul_gelu_grad(float x) {
-    float th = tanhf(MATMUL_GELU_SCALE * (x + 0.044715f * x * x * x));
-    float du_dx = MATMUL_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du_dx;
-}
-
-// out (n) = GELU(pre (n)); n = 8·n8 elements, both 16-byte aligned.
-static __global__ void matmul_gelu_forward_kernel(__nv_bfloat16* out, const __nv_bfloat16* pre, size_t n8) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
-        uint4 p = reinterpret_cast<const uint4*>(pre)[i];
-        uint4 o;
-        const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&p);
-        __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
-        for (int j = 0; j < 4; j++) {
-            float2 x = __bfloat1622float2(p2[j]);
-            o2[j] = __floats2bfloat162_rn(matmul_gelu(x.x), matmul_gelu(x.y));
-        }
-        reinterpret_cast<uint4*>(out)[i] = o;
-    }
-}
-
-// d (n) = GELU'(pre (n)) ∘ d (n), in place; n = 8·n8 elements, both 16-byte aligned.
-static __global__ void matmul_dgelu_inplace_kernel(__nv_bfloat16* d, const __nv_bfloat16* pre, size_t n8) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
-        uint4 p = reinterpret_cast<const uint4*>(pre)[i];
-        uint4 g = reinterpret_cast<const uint4*>(d)[i];
-        const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&p);
-        __nv_bfloat162* g2 = reinterpret_cast<__nv_bfloat162*>(&g);
-        for (int j = 0; j < 4; j++) {
-            float2 x = __bfloat1622float2(p2[j]);
-            float2 y = __bfloat1622float2(g2[j]);
-            g2[j] = __floats2bfloat162_rn(y.x * matmul_gelu_grad(x.x), y.y * matmul_gelu_grad(x.y));
-        }
-        reinterpret_cast<uint4*>(d)[i] = g;
-    }
-}
+// GELU and its gradient for these paths are gelu_forward / gelu_backward (gelu.cuh).
 
 #define MATMUL_DBIAS_THREADS_X 32  // column groups of 8 per block: 256 columns
 #define MATMUL_DBIAS_THREADS_Y 8   // rows read at once per block
@@ -379,11 +339,6 @@ static __global__ void matmul_dbias_finish_kernel(__nv_bfloat16* dbias, const fl
 static __global__ void matmul_dbias_add_kernel(__nv_bfloat16* dbias, const __nv_bfloat16* grad, int OC) {
     const int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o < OC) dbias[o] = __float2bfloat16(__bfloat162float(dbias[o]) + __bfloat162float(grad[o]));
-}
-
-static inline unsigned matmul_elementwise_blocks(size_t n8) {
-    size_t blocks = (n8 + 255) / 256;
-    return (unsigned)(blocks < 65536 ? (blocks ? blocks : 1) : 65536);  // grid-stride beyond
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -442,9 +397,7 @@ static inline void matmul_forward(MatmulContext* ctx, __nv_bfloat16* out, const 
     // Unfused: the GEMM (+ bias) writes the pre-activation, then out = GELU(gelu_pre).
     g.D = gelu_pre;
     matmul_lt_gemm(ctx, &g, 0);
-    const size_t n8 = (size_t)N * OC / 8;
-    matmul_gelu_forward_kernel<<<matmul_elementwise_blocks(n8), 256, 0, ctx->stream>>>(out, gelu_pre, n8);
-    CUDA_CHECK(cudaGetLastError());
+    gelu_forward(out, gelu_pre, (size_t)N * OC, ctx->stream);
     ctx->last_forward = bias ? "BIAS epilogue + GELU kernel" : "DEFAULT epilogue + GELU kernel";
 }
 
@@ -513,9 +466,7 @@ static inline void matmul_backward(MatmulContext* ctx, __nv_bfloat16* dinp, __nv
             matmul_lt_gemm(ctx, &g, 0);
             ctx->last_dinp = "DEFAULT epilogue";
             if (gelu_pre) {
-                const size_t n8 = (size_t)N * IC / 8;
-                matmul_dgelu_inplace_kernel<<<matmul_elementwise_blocks(n8), 256, 0, ctx->stream>>>(dinp, gelu_pre, n8);
-                CUDA_CHECK(cudaGetLastError());
+                gelu_backward(dinp, dinp, gelu_pre, (size_t)N * IC, ctx->stream);  // in place
                 ctx->last_dinp = "DEFAULT epilogue + dGELU kernel";
             }
         }

@@ -549,7 +549,6 @@ int main(void) {
 
     AttentionContext ctx;
     CUBLAS_CHECK(cublasCreate(&ctx.cublas));
-    ctx.num_sms = gpu.num_sms;
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     atexit(report_exit_during_case);
