@@ -3,20 +3,28 @@
 // Checks the options and the data, prints the training plan, then trains on one GPU: micro
 // steps accumulated to the total batch, global-norm clipping, AdamW on fp32 master weights with
 // warmup + cosine learning rate, validation loss every --val-every steps, and a log line per step
-// (loss, lr, grad norm, ms, tokens/s, TFLOP/s, MFU), also written as JSON lines to --log-file.
-// The model itself (parameters, activations, forward, backward) is layers/gpt_model.cuh.
+// (loss, lr, grad norm, ms, tokens/s, TFLOP/s, MFU), also written as JSON lines to --log-file;
+// checkpoints every --checkpoint-every steps that --resume continues exactly.
+// The model itself (parameters, activations, forward, backward) is layers/gpt_model.cuh; the file
+// formats are data/checkpoint.h (training state) and data/model_file.h (llm.c weights).
 //
-// Sections, top to bottom: options, model configuration, data, initialization, training, main.
+// Sections, top to bottom: options, model configuration, data, initialization, checkpoints and
+// weight files, training, main.
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "attention/attention.h"
+#include "data/checkpoint.h"
 #include "data/dataloader.h"
+#include "data/model_file.h"
 #include "layers/adamw.cuh"
 #include "layers/cuda_common.h"
 #include "layers/global_norm.cuh"
@@ -34,7 +42,7 @@ typedef struct {
     int batch_size;               // B, sequences per micro step per GPU
     int seq_len;                  // T
     long long total_batch_tokens; // tokens per optimizer step; 0 = B·T (no accumulation)
-    long long steps;              // optimizer steps; 0 = one pass over the training data
+    long long max_steps;          // optimizer steps of the schedule; 0 = one pass over the training data
     AttentionBackend attn;
     uint64_t seed;
     int shuffle;
@@ -46,6 +54,12 @@ typedef struct {
     long long val_every;          // steps between validation losses; 0 = only at the end
     long long val_batches;        // micro batches per validation (0 = the whole validation set)
     const char* log_file;         // JSON lines, one per step; NULL = none
+    const char* checkpoint_dir;   // NULL = no checkpoints (with --resume: the resumed file's directory)
+    long long checkpoint_every;   // steps between checkpoints; the last step is always saved
+    int keep_checkpoints;         // newest checkpoints kept in checkpoint_dir; 0 = all
+    const char* resume;           // a checkpoint file, or a directory (its newest); NULL = fresh run
+    const char* init_from;        // llm.c model file with the initial weights; NULL = GPT-2 init
+    const char* dump_grads;       // write the first step's gradients here (llm.c format, bf16)
     int plan_only;
 } Options;
 
@@ -54,8 +68,8 @@ static void print_usage(FILE* out) {
             "usage: ./train_gpt [options]\n"
             "\n"
             "Trains a GPT on token shards (llm.c format) and reports tokens/s, TFLOP/s per GPU and MFU.\n"
-            "It checks the options and the data, prints the plan, and trains (one GPU; checkpoints and\n"
-            "multi-GPU are not in this build yet).\n"
+            "It checks the options and the data, prints the plan, and trains on one GPU (multi-GPU is\n"
+            "not in this build yet).\n"
             "\n"
             "model\n"
             "  -m, --model NAME            gpt2-124m (default), gpt2-350m, gpt2-774m, gpt2-1558m,\n"
@@ -77,7 +91,8 @@ static void print_usage(FILE* out) {
             "  -t, --seq-len N             tokens per sequence (default 1024)\n"
             "  -d, --total-batch-tokens N  tokens per optimizer step, a multiple of batch-size * seq-len\n"
             "                              (default: batch-size * seq-len, no accumulation)\n"
-            "  -x, --steps N               optimizer steps (default: one pass over the training data)\n"
+            "  -x, --max-steps N           optimizer steps of the run and its LR schedule (default: one\n"
+            "                              pass over the training data); --steps is the same flag\n"
             "optimizer\n"
             "      --lr X                  peak learning rate (default 3e-4)\n"
             "      --min-lr-fraction X     the cosine decays to lr * X at the last step (default 0.1)\n"
@@ -89,6 +104,18 @@ static void print_usage(FILE* out) {
             "      --val-batches N         micro batches per validation, 0 = all (default 20)\n"
             "      --log-file PATH         also write each step as a JSON line to PATH\n"
             "      --plan-only             print the plan and exit without training\n"
+            "checkpoints (format: README.md)\n"
+            "      --checkpoint-dir DIR    save DIR/step_XXXXXXXX.ckpt (weights, optimizer, step, data\n"
+            "                              position); DIR must not hold another run's checkpoints\n"
+            "      --checkpoint-every N    save every N steps (default 0: only after the last step)\n"
+            "      --keep-checkpoints N    keep the N newest checkpoints, 0 = all (default 2)\n"
+            "      --resume PATH           continue from a checkpoint file, or the newest in a directory;\n"
+            "                              the next steps give the same losses as an uninterrupted run\n"
+            "weights\n"
+            "      --init-from PATH        start from weights in llm.c's model file format (fp32 or bf16)\n"
+            "                              instead of the GPT-2 initialization\n"
+            "      --dump-grads PATH       write the gradients of the run's first step (mean over its\n"
+            "                              tokens, before clipping) as a bf16 llm.c model file\n"
             "throughput\n"
             "      --peak-tflops X         dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM\n"
             "                              989.4, A100 312)\n"
@@ -121,9 +148,10 @@ static Options parse_options(int argc, char** argv) {
                    "data/tinyshakespeare/tinyshakespeare_train_*.bin",
                    "data/tinyshakespeare/tinyshakespeare_val_*.bin",
                    4, 1024, 0, 0, ATTN_FLASH2, 1337, 0, 0.0,
-                   3e-4, 0.1, 0, 0.1, 1.0, 0, 20, NULL, 0};
+                   3e-4, 0.1, 0, 0.1, 1.0, 0, 20, NULL, NULL, 0, 2, NULL, NULL, NULL, 0};
     enum { OPT_LAYERS = 1000, OPT_HIDDEN, OPT_HEADS, OPT_SEED, OPT_SHUFFLE, OPT_PEAK, OPT_LR, OPT_MIN_LR, OPT_WARMUP,
-           OPT_WD, OPT_CLIP, OPT_VAL_EVERY, OPT_VAL_BATCHES, OPT_LOG_FILE, OPT_PLAN_ONLY };
+           OPT_WD, OPT_CLIP, OPT_VAL_EVERY, OPT_VAL_BATCHES, OPT_LOG_FILE, OPT_PLAN_ONLY, OPT_CKPT_DIR, OPT_CKPT_EVERY,
+           OPT_KEEP_CKPT, OPT_RESUME, OPT_INIT_FROM, OPT_DUMP_GRADS };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},       {"layers", required_argument, 0, OPT_LAYERS},
         {"hidden", required_argument, 0, OPT_HIDDEN}, {"heads", required_argument, 0, OPT_HEADS},
@@ -131,12 +159,16 @@ static Options parse_options(int argc, char** argv) {
         {"val-data", required_argument, 0, 'j'},    {"shuffle", no_argument, 0, OPT_SHUFFLE},
         {"seed", required_argument, 0, OPT_SEED},   {"batch-size", required_argument, 0, 'b'},
         {"seq-len", required_argument, 0, 't'},     {"total-batch-tokens", required_argument, 0, 'd'},
-        {"steps", required_argument, 0, 'x'},       {"peak-tflops", required_argument, 0, OPT_PEAK},
+        {"max-steps", required_argument, 0, 'x'},   {"steps", required_argument, 0, 'x'},
+        {"peak-tflops", required_argument, 0, OPT_PEAK},
         {"lr", required_argument, 0, OPT_LR},       {"min-lr-fraction", required_argument, 0, OPT_MIN_LR},
         {"warmup-steps", required_argument, 0, OPT_WARMUP}, {"weight-decay", required_argument, 0, OPT_WD},
         {"grad-clip", required_argument, 0, OPT_CLIP}, {"val-every", required_argument, 0, OPT_VAL_EVERY},
         {"val-batches", required_argument, 0, OPT_VAL_BATCHES}, {"log-file", required_argument, 0, OPT_LOG_FILE},
-        {"plan-only", no_argument, 0, OPT_PLAN_ONLY},
+        {"plan-only", no_argument, 0, OPT_PLAN_ONLY}, {"checkpoint-dir", required_argument, 0, OPT_CKPT_DIR},
+        {"checkpoint-every", required_argument, 0, OPT_CKPT_EVERY},
+        {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT}, {"resume", required_argument, 0, OPT_RESUME},
+        {"init-from", required_argument, 0, OPT_INIT_FROM}, {"dump-grads", required_argument, 0, OPT_DUMP_GRADS},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "m:a:i:j:b:t:d:x:h", long_options, NULL)) != -1) {
@@ -158,7 +190,7 @@ static Options parse_options(int argc, char** argv) {
             case 'b': opt.batch_size = (int)parse_int("--batch-size", optarg, 1, 1 << 20); break;
             case 't': opt.seq_len = (int)parse_int("--seq-len", optarg, 1, 1 << 20); break;
             case 'd': opt.total_batch_tokens = parse_int("--total-batch-tokens", optarg, 1, INT64_MAX); break;
-            case 'x': opt.steps = parse_int("--steps", optarg, 1, INT64_MAX); break;
+            case 'x': opt.max_steps = parse_int("--max-steps", optarg, 1, INT64_MAX); break;
             case OPT_PEAK: opt.peak_tflops = parse_double("--peak-tflops", optarg, 0.0); break;
             case OPT_LR: opt.lr = parse_double("--lr", optarg, 0.0); break;
             case OPT_MIN_LR: opt.min_lr_fraction = parse_double("--min-lr-fraction", optarg, 0.0); break;
@@ -169,12 +201,26 @@ static Options parse_options(int argc, char** argv) {
             case OPT_VAL_BATCHES: opt.val_batches = parse_int("--val-batches", optarg, 0, INT64_MAX); break;
             case OPT_LOG_FILE: opt.log_file = optarg; break;
             case OPT_PLAN_ONLY: opt.plan_only = 1; break;
+            case OPT_CKPT_DIR: opt.checkpoint_dir = optarg; break;
+            case OPT_CKPT_EVERY: opt.checkpoint_every = parse_int("--checkpoint-every", optarg, 0, INT64_MAX); break;
+            case OPT_KEEP_CKPT: opt.keep_checkpoints = (int)parse_int("--keep-checkpoints", optarg, 0, 1 << 30); break;
+            case OPT_RESUME: opt.resume = optarg; break;
+            case OPT_INIT_FROM: opt.init_from = optarg; break;
+            case OPT_DUMP_GRADS: opt.dump_grads = optarg; break;
             case 'h': print_usage(stdout); exit(0);
             default: fprintf(stderr, "run ./train_gpt --help for the options\n"); exit(2);
         }
     }
     if (optind < argc) {
         fprintf(stderr, "error: unexpected argument \"%s\"; run ./train_gpt --help for the options\n", argv[optind]);
+        exit(2);
+    }
+    if (opt.resume && opt.init_from) {
+        fprintf(stderr, "error: --resume and --init-from both set the weights; give one of them\n");
+        exit(2);
+    }
+    if (opt.checkpoint_every > 0 && !opt.checkpoint_dir && !opt.resume) {
+        fprintf(stderr, "error: --checkpoint-every needs --checkpoint-dir DIR\n");
         exit(2);
     }
     return opt;
@@ -283,6 +329,306 @@ static int decays(int tensor) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Checkpoints and weight files
+
+// What a run keeps on the GPU besides the model: fp32 master weights and the two AdamW moments.
+typedef struct {
+    float *master, *adam_m, *adam_v;  // (num_params) each, in the parameter order
+} OptimizerState;
+
+// Host staging buffer for moving state between the GPU and files in pieces.
+#define STAGING_BYTES ((size_t)64 << 20)
+
+// The header fields that describe this run (the step and data position are filled in when saving).
+static CheckpointHeader run_header(const Options* opt, const GPTConfig* config, long long max_steps,
+                                   long long total_batch_tokens, const DataLoader* train_loader) {
+    CheckpointHeader h;
+    memset(&h, 0, sizeof(h));
+    h.num_layers = config->num_layers;
+    h.channels = config->channels;
+    h.num_heads = config->num_heads;
+    h.vocab_size = config->vocab_size;
+    h.padded_vocab_size = config->padded_vocab_size;
+    h.max_seq_len = config->max_seq_len;
+    h.batch_size = opt->batch_size;
+    h.seq_len = opt->seq_len;
+    h.world_size = 1;
+    h.shuffle = opt->shuffle;
+    h.total_batch_tokens = total_batch_tokens;
+    h.seed = opt->seed;
+    h.train_tokens = train_loader->total_tokens;
+    h.train_shards = train_loader->num_shards;
+    h.attention_backend = (int32_t)opt->attn;
+    h.max_steps = max_steps;
+    h.warmup_steps = opt->warmup_steps;
+    h.lr = opt->lr;
+    h.min_lr_fraction = opt->min_lr_fraction;
+    h.weight_decay = opt->weight_decay;
+    h.grad_clip = opt->grad_clip;
+    h.num_params = (int64_t)gpt_num_params(config);
+    return h;
+}
+
+// Exits (status 2) when the checkpoint at `path` belongs to a run that this one cannot continue:
+// another model, batch shape, data order or training data. Differences in the schedule (steps, lr,
+// warmup, ...) are allowed and printed, so a run can be extended or its learning rate changed.
+static void check_resume_compatible(const CheckpointHeader* saved, const CheckpointHeader* now, const char* path) {
+    struct { const char* what; long long saved, now; const char* flags; } must[] = {
+        {"layers", saved->num_layers, now->num_layers, "--model / --layers"},
+        {"hidden size", saved->channels, now->channels, "--model / --hidden"},
+        {"heads", saved->num_heads, now->num_heads, "--model / --heads"},
+        {"vocab", saved->vocab_size, now->vocab_size, "(the build's vocab)"},
+        {"padded vocab", saved->padded_vocab_size, now->padded_vocab_size, "(the build's vocab)"},
+        {"sequence length", saved->seq_len, now->seq_len, "--seq-len"},
+        {"positions", saved->max_seq_len, now->max_seq_len, "--seq-len"},
+        {"batch size", saved->batch_size, now->batch_size, "--batch-size"},
+        {"tokens per step", saved->total_batch_tokens, now->total_batch_tokens, "--total-batch-tokens"},
+        {"GPUs", saved->world_size, now->world_size, "the launcher"},
+        {"shuffle", saved->shuffle, now->shuffle, "--shuffle"},
+        {"seed", (long long)saved->seed, (long long)now->seed, "--seed"},
+        {"training tokens", saved->train_tokens, now->train_tokens, "--train-data"},
+        {"training shards", saved->train_shards, now->train_shards, "--train-data"},
+        {"parameters", saved->num_params, now->num_params, "--model"},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++) {
+        if (must[i].saved == must[i].now) continue;
+        if (!bad) fprintf(stderr, "error: cannot resume from %s: it was saved by another run:\n", path);
+        fprintf(stderr, "  %s: %lld in the checkpoint, %lld in this run (%s)\n", must[i].what, must[i].saved,
+                must[i].now, must[i].flags);
+        bad = 1;
+    }
+    if (bad) {
+        fprintf(stderr, "hint: resume with the same model, batch and data flags as the run that saved it\n");
+        exit(2);
+    }
+    struct { const char* flag; double saved, now; } may[] = {
+        {"--max-steps", (double)saved->max_steps, (double)now->max_steps},
+        {"--warmup-steps", (double)saved->warmup_steps, (double)now->warmup_steps},
+        {"--lr", saved->lr, now->lr},
+        {"--min-lr-fraction", saved->min_lr_fraction, now->min_lr_fraction},
+        {"--weight-decay", saved->weight_decay, now->weight_decay},
+        {"--grad-clip", saved->grad_clip, now->grad_clip},
+    };
+    for (size_t i = 0; i < sizeof(may) / sizeof(may[0]); i++)
+        if (may[i].saved != may[i].now)
+            printf("note         %s is %g, the checkpoint's run had %g: the schedule continues with %g\n",
+                   may[i].flag, may[i].now, may[i].saved, may[i].now);
+}
+
+// Streams `bytes` of device memory at `src` into the checkpoint being written.
+static int write_device_bytes(CheckpointWriter* w, const void* src, size_t bytes, void* staging, char* err,
+                              size_t err_len) {
+    for (size_t done = 0; done < bytes; done += STAGING_BYTES) {
+        const size_t n = bytes - done < STAGING_BYTES ? bytes - done : STAGING_BYTES;
+        CUDA_CHECK(cudaMemcpy(staging, (const char*)src + done, n, cudaMemcpyDeviceToHost));
+        if (checkpoint_writer_append(w, staging, n, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
+// Saves the state after `header->step` steps as DIR/step_XXXXXXXX.ckpt (temporary name, then
+// rename) and prunes old ones. A failure to write is reported and the run goes on: the previous
+// checkpoints are untouched. Returns 0 when saved (its path in saved_path).
+static int save_checkpoint(const char* dir, int keep, CheckpointHeader header, const GPTModel* model,
+                           const OptimizerState* opt_state, void* staging, char* saved_path, size_t saved_len) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    char err[CHECKPOINT_PATH_MAX + 256];
+    CheckpointWriter w;
+    const size_t n = model->num_params;
+    if (checkpoint_writer_open(&w, dir, header.step, err, sizeof(err)) != 0 ||
+        write_device_bytes(&w, model->params, n * sizeof(__nv_bfloat16), staging, err, sizeof(err)) != 0 ||
+        write_device_bytes(&w, opt_state->master, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
+        write_device_bytes(&w, opt_state->adam_m, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
+        write_device_bytes(&w, opt_state->adam_v, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
+        checkpoint_writer_commit(&w, header, err, sizeof(err)) != 0) {
+        fprintf(stderr, "warning: checkpoint at step %lld not saved: %s\n", (long long)header.step, err);
+        return -1;
+    }
+    checkpoint_prune(dir, keep);
+    snprintf(saved_path, saved_len, "%s", w.final_path);
+    return 0;
+}
+
+static void read_device_bytes(CheckpointReader* r, void* dst, size_t bytes, void* staging) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    for (size_t done = 0; done < bytes; done += STAGING_BYTES) {
+        const size_t n = bytes - done < STAGING_BYTES ? bytes - done : STAGING_BYTES;
+        if (checkpoint_reader_read(r, staging, n, err, sizeof(err)) != 0) {
+            fprintf(stderr, "error: %s\n", err);
+            exit(1);
+        }
+        CUDA_CHECK(cudaMemcpy((char*)dst + done, staging, n, cudaMemcpyHostToDevice));
+    }
+}
+
+// Loads weights and optimizer state from a checkpoint whose header main() has already checked.
+static void load_checkpoint(const char* path, GPTModel* model, const OptimizerState* opt_state, void* staging) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    CheckpointReader r;
+    if (checkpoint_reader_open(&r, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    const size_t n = model->num_params;
+    read_device_bytes(&r, model->params, n * sizeof(__nv_bfloat16), staging);
+    read_device_bytes(&r, opt_state->master, n * sizeof(float), staging);
+    read_device_bytes(&r, opt_state->adam_m, n * sizeof(float), staging);
+    read_device_bytes(&r, opt_state->adam_v, n * sizeof(float), staging);
+    if (checkpoint_reader_finish(&r, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+}
+
+// Opens an llm.c model file and checks that it holds this model (the same shape, at least T
+// positions); exits with a message otherwise.
+static void open_model_file_or_exit(ModelFile* file, const char* path, const GPTConfig* config) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    if (model_file_open(file, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: --init-from: %s\n", err);
+        exit(1);
+    }
+    const GPTConfig* f = &file->config;
+    if (f->num_layers != config->num_layers || f->channels != config->channels || f->num_heads != config->num_heads ||
+        f->vocab_size != config->vocab_size || f->padded_vocab_size != config->padded_vocab_size ||
+        f->max_seq_len < config->max_seq_len) {
+        fprintf(stderr,
+                "error: --init-from %s holds a model of %d layers, hidden %d, %d heads, vocab %d padded to %d, %d "
+                "positions; this run needs %d layers, hidden %d, %d heads, vocab %d padded to %d, >= %d positions "
+                "(set --model/--layers/--hidden/--heads to match; --seq-len at most the file's positions)\n",
+                path, f->num_layers, f->channels, f->num_heads, f->vocab_size, f->padded_vocab_size, f->max_seq_len,
+                config->num_layers, config->channels, config->num_heads, config->vocab_size,
+                config->padded_vocab_size, config->max_seq_len);
+        exit(2);
+    }
+}
+
+static float bf16_bits_to_float(uint16_t bits) {
+    uint32_t x = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+// Loads --init-from weights into the fp32 master copy and the model's bf16 weights.
+static void load_model_file(const char* path, GPTModel* model, float* master) {
+    ModelFile file;
+    open_model_file_or_exit(&file, path, &model->config);
+    size_t largest = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (model->param_sizes[i] > largest) largest = model->param_sizes[i];
+    float* values = (float*)malloc(largest * sizeof(float));
+    uint16_t* bits = (uint16_t*)malloc(largest * sizeof(uint16_t));
+    if (!values || !bits) {
+        fprintf(stderr, "error: out of host memory loading %s\n", path);
+        exit(1);
+    }
+    char err[CHECKPOINT_PATH_MAX + 256];
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const size_t n = model->param_sizes[i];  // wpe: the first maxT rows of the file's
+        void* raw = file.version == MODEL_FILE_FP32 ? (void*)values : (void*)bits;
+        if (model_file_read_tensor(&file, i, raw, n, err, sizeof(err)) != 0) {
+            fprintf(stderr, "error: --init-from %s: %s\n", path, err);
+            exit(1);
+        }
+        for (size_t j = 0; j < n; j++) {
+            if (file.version == MODEL_FILE_FP32) bits[j] = float_to_bf16_bits(values[j]);
+            else values[j] = bf16_bits_to_float(bits[j]);
+            if (!isfinite(values[j])) {
+                fprintf(stderr, "error: --init-from %s: tensor %s holds a non-finite value at %zu\n", path,
+                        GPT_PARAM_NAMES[i], j);
+                exit(1);
+            }
+        }
+        CUDA_CHECK(cudaMemcpy(master + model->param_offsets[i], values, n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(model->param_tensors[i], bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    }
+    model_file_close(&file);
+    free(values);
+    free(bits);
+}
+
+// Writes the model's bf16 gradients as an llm.c model file (version 5) at `path`.
+static void dump_gradients(const char* path, const GPTModel* model) {
+    const size_t bytes = model->num_params * sizeof(__nv_bfloat16);
+    void* host = malloc(bytes);
+    FILE* f = fopen(path, "wb");
+    if (!host || !f) {
+        fprintf(stderr, "error: --dump-grads: cannot write %s: %s\n", path, host ? strerror(errno) : "out of memory");
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpy(host, model->grads, bytes, cudaMemcpyDeviceToHost));
+    if (model_file_write_header(f, &model->config, MODEL_FILE_BF16) != 0 || fwrite(host, 1, bytes, f) != bytes ||
+        fclose(f) != 0) {
+        fprintf(stderr, "error: --dump-grads: cannot write %s (disk full?)\n", path);
+        exit(1);
+    }
+    free(host);
+    printf("gradients    of this run's first step written to %s\n", path);
+}
+
+// The checkpoint --resume names: PATH itself, or the newest step_*.ckpt when PATH is a directory.
+// Fills `path` and `dir` (where it lies); exits with a message when there is none.
+static const char* find_resume_checkpoint(const char* resume, char* path, char* dir) {
+    struct stat st;
+    if (stat(resume, &st) != 0) {
+        fprintf(stderr, "error: --resume %s: %s\n", resume, strerror(errno));
+        exit(2);
+    }
+    char err[CHECKPOINT_PATH_MAX + 256];
+    if (S_ISDIR(st.st_mode)) {
+        int64_t step = 0;
+        const int found = checkpoint_find_latest(resume, path, CHECKPOINT_PATH_MAX, &step, err, sizeof(err));
+        if (found <= 0) {
+            fprintf(stderr, "error: --resume %s: %s\n", resume, found < 0 ? err : "no step_*.ckpt checkpoint in it");
+            exit(2);
+        }
+        snprintf(dir, CHECKPOINT_PATH_MAX, "%s", resume);
+    } else {
+        snprintf(path, CHECKPOINT_PATH_MAX, "%s", resume);
+        snprintf(dir, CHECKPOINT_PATH_MAX, "%s", resume);
+        char* slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, CHECKPOINT_PATH_MAX, ".");
+    }
+    return path;
+}
+
+// Reads and checks a checkpoint's header (magic, version, size); exits with the reason otherwise.
+static CheckpointHeader read_checkpoint_header(const char* path) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    CheckpointReader r;
+    if (checkpoint_reader_open(&r, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: --resume: %s\n", err);
+        exit(2);
+    }
+    CheckpointHeader h = r.header;
+    checkpoint_reader_close(&r);
+    return h;
+}
+
+// A fresh run must not write its step_*.ckpt over another run's: exits when `dir` already holds
+// checkpoints, unless it is the directory of the checkpoint being resumed (`resume_dir`).
+static void refuse_foreign_checkpoints(const char* dir, const char* resume_dir) {
+    char latest[CHECKPOINT_PATH_MAX + 64], err[CHECKPOINT_PATH_MAX + 256];
+    int64_t step = 0;
+    const int found = checkpoint_find_latest(dir, latest, sizeof(latest), &step, err, sizeof(err));
+    if (found < 0) {
+        fprintf(stderr, "error: --checkpoint-dir: %s\n", err);
+        exit(2);
+    }
+    if (found == 0) return;
+    if (resume_dir) {
+        char a[PATH_MAX], b[PATH_MAX];
+        if (realpath(dir, a) && realpath(resume_dir, b) && strcmp(a, b) == 0) return;
+    }
+    fprintf(stderr, "error: --checkpoint-dir %s already holds checkpoints of a run (the newest is step %lld); pass "
+                    "--resume %s to continue it, or choose an empty directory\n", dir, (long long)step, dir);
+    exit(2);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Training
 
 // Linear warmup to opt->lr, then cosine decay to lr · min_lr_fraction at the last step. step from 1.
@@ -328,7 +674,31 @@ static double validation_loss(GPTModel* model, DataLoader* val, long long batche
 typedef struct {
     long long steps, accumulation_steps, total_batch_tokens;
     double flops_per_step, peak_tflops;
+    CheckpointHeader header;     // this run's description; step and data position are set when saving
+    const char* checkpoint_dir;  // NULL: no checkpoints
+    const char* resume_path;     // a checkpoint whose header main() checked, or NULL
+    long long start_step;        // the first step this run takes: 1, or the checkpoint's step + 1
+    DataLoaderState start_data;  // the data position of start_step
 } TrainPlan;
+
+// Saves the state after `step` steps, with the data position of the next step; returns 0 when saved.
+static int save_state(const Options* opt, const TrainPlan* plan, long long step, DataLoaderState data,
+                      const GPTModel* model, const OptimizerState* state, void* staging, char* saved_path,
+                      size_t saved_len) {
+    CheckpointHeader header = plan->header;
+    header.step = step;
+    header.data_epoch = data.epoch;
+    header.data_shard_index = data.shard_index;
+    header.data_chunk_index = data.chunk_index;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (save_checkpoint(plan->checkpoint_dir, opt->keep_checkpoints, header, model, state, staging, saved_path,
+                        saved_len) != 0)
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("checkpoint   %s (%.1f s)\n", saved_path, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+    return 0;
+}
 
 static void train(const Options* opt, const GPTConfig* config, const TrainPlan* plan, DataLoader* train_loader,
                   DataLoader* val_loader) {
@@ -338,36 +708,60 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
     if (gpt_model_create(&model, *config, opt->batch_size, opt->seq_len, opt->attn, stream) != 0) exit(1);
     gpt_model_print_memory(&model, stdout);
     const size_t n = model.num_params;
-    float *master, *adam_m, *adam_v, *norm, *clip_scale, *norm_scratch;
+    OptimizerState state;
+    float *norm, *clip_scale, *norm_scratch;
     int *inputs_dev, *targets_dev;
+    void* staging = NULL;
     const size_t tokens = (size_t)opt->batch_size * opt->seq_len;
-    CUDA_CHECK(cudaMalloc(&master, n * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&adam_m, n * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&adam_v, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(adam_m, 0, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(adam_v, 0, n * sizeof(float)));
+    const char* state_hint = "the fp32 master weights and AdamW moments take 12 bytes per parameter; use a smaller "
+                             "model, or lower --batch-size or --seq-len to leave room for them";
+    cuda_malloc_or_explain((void**)&state.master, n * sizeof(float), "the fp32 master weights", state_hint);
+    cuda_malloc_or_explain((void**)&state.adam_m, n * sizeof(float), "the AdamW first moments", state_hint);
+    cuda_malloc_or_explain((void**)&state.adam_v, n * sizeof(float), "the AdamW second moments", state_hint);
+    CUDA_CHECK(cudaMemset(state.adam_m, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(state.adam_v, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&norm, sizeof(float)));
     CUDA_CHECK(cudaMalloc(&clip_scale, sizeof(float)));
     CUDA_CHECK(cudaMalloc(&norm_scratch, global_norm_scratch_bytes()));
     CUDA_CHECK(cudaMalloc(&inputs_dev, tokens * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&targets_dev, tokens * sizeof(int)));
-    init_parameters(&model, master, opt->seed);
+    if (plan->checkpoint_dir || plan->resume_path) CUDA_CHECK(cudaMallocHost(&staging, STAGING_BYTES));
+    if (plan->resume_path) {
+        load_checkpoint(plan->resume_path, &model, &state, staging);
+        printf("resumed      from %s: %lld steps done\n", plan->resume_path, plan->start_step - 1);
+    } else if (opt->init_from) {
+        load_model_file(opt->init_from, &model, state.master);
+        printf("weights      from %s\n", opt->init_from);
+    } else {
+        init_parameters(&model, state.master, opt->seed);
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
+    // The plan read one batch to check the data; start from the first step's position.
+    if (dataloader_set_state(train_loader, plan->start_data) != 0) {
+        fprintf(stderr, "error: training data: %s\n", train_loader->error);
+        exit(1);
+    }
 
     FILE* log = NULL;
     if (opt->log_file) {
-        log = fopen(opt->log_file, "w");
+        log = fopen(opt->log_file, plan->resume_path ? "a" : "w");  // a resumed run continues its log
         if (!log) {
-            fprintf(stderr, "error: cannot write the log file %s\n", opt->log_file);
+            fprintf(stderr, "error: cannot write the log file %s: %s\n", opt->log_file, strerror(errno));
             exit(1);
         }
+    }
+    char last_checkpoint[CHECKPOINT_PATH_MAX + 64] = "";
+    long long last_checkpoint_step = -1;
+    if (plan->resume_path) {
+        snprintf(last_checkpoint, sizeof(last_checkpoint), "%s", plan->resume_path);
+        last_checkpoint_step = plan->start_step - 1;
     }
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
-    dataloader_reset(train_loader);  // the plan read one batch to check the data
     const int have_val = val_loader != NULL;
-    for (long long step = 1; step <= plan->steps; step++) {
+    for (long long step = plan->start_step; step <= plan->steps; step++) {
+        const DataLoaderState step_data = dataloader_get_state(train_loader);
         CUDA_CHECK(cudaEventRecord(start, stream));
         gpt_model_zero_grad(&model);
         double loss = 0.0;
@@ -378,11 +772,25 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
             gpt_model_backward(&model, 1.0f / (float)((double)tokens * plan->accumulation_steps));
             loss += gpt_model_mean_loss(&model) / (double)plan->accumulation_steps;
         }
-        if (!isfinite(loss)) {
-            fprintf(stderr, "error: the loss is %f at step %lld; lower --lr or raise --warmup-steps\n", loss, step);
+        global_norm(norm, norm_scratch, model.grads, n, stream);
+        float grad_norm = 0.0f;
+        CUDA_CHECK(cudaMemcpyAsync(&grad_norm, norm, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // check before the update, so the state stays good
+        if (opt->dump_grads && step == plan->start_step) dump_gradients(opt->dump_grads, &model);
+        if (!isfinite(loss) || !isfinite(grad_norm)) {
+            fprintf(stderr, "error: the %s is %g at step %lld; the weights were not updated\n",
+                    isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, step);
+            if (plan->checkpoint_dir && last_checkpoint_step != step - 1)
+                save_state(opt, plan, step - 1, step_data, &model, &state, staging, last_checkpoint,
+                           sizeof(last_checkpoint));
+            if (last_checkpoint[0])
+                fprintf(stderr, "the last good checkpoint is %s; resume from it (--resume) with a lower --lr or "
+                                "more --warmup-steps\n", last_checkpoint);
+            else
+                fprintf(stderr, "hint: lower --lr or raise --warmup-steps (and save checkpoints with "
+                                "--checkpoint-dir to resume from the last good step)\n");
             exit(1);
         }
-        global_norm(norm, norm_scratch, model.grads, n, stream);
         const float* scale = NULL;
         if (opt->grad_clip > 0) {
             global_norm_clip_scale(clip_scale, norm, (float)opt->grad_clip, stream);
@@ -391,15 +799,13 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
         const double lr = learning_rate(opt, step, plan->steps);
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
             const size_t off = model.param_offsets[i];
-            adamw_update(master + off, model.param_tensors[i], model.grad_tensors[i], adam_m + off, adam_v + off,
-                         model.param_sizes[i], (float)lr, 0.9f, 0.95f, 1e-8f,
+            adamw_update(state.master + off, model.param_tensors[i], model.grad_tensors[i], state.adam_m + off,
+                         state.adam_v + off, model.param_sizes[i], (float)lr, 0.9f, 0.95f, 1e-8f,
                          decays(i) ? (float)opt->weight_decay : 0.0f, (int)step, 1.0f, scale, stream);
         }
         CUDA_CHECK(cudaEventRecord(stop, stream));
-        float grad_norm = 0.0f, ms = 0.0f;
-        CUDA_CHECK(cudaMemcpyAsync(&grad_norm, norm, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        float ms = 0.0f;
         CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
         CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         const double seconds = ms / 1e3;
         const double tokens_per_s = (double)plan->total_batch_tokens / seconds;
@@ -418,19 +824,25 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
             if (log) fprintf(log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, val);
         }
         if (log) fflush(log);
+        if (plan->checkpoint_dir &&
+            ((opt->checkpoint_every > 0 && step % opt->checkpoint_every == 0) || step == plan->steps) &&
+            save_state(opt, plan, step, dataloader_get_state(train_loader), &model, &state, staging,
+                       last_checkpoint, sizeof(last_checkpoint)) == 0)
+            last_checkpoint_step = step;
         fflush(stdout);
     }
     if (log) fclose(log);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
-    CUDA_CHECK(cudaFree(master));
-    CUDA_CHECK(cudaFree(adam_m));
-    CUDA_CHECK(cudaFree(adam_v));
+    CUDA_CHECK(cudaFree(state.master));
+    CUDA_CHECK(cudaFree(state.adam_m));
+    CUDA_CHECK(cudaFree(state.adam_v));
     CUDA_CHECK(cudaFree(norm));
     CUDA_CHECK(cudaFree(clip_scale));
     CUDA_CHECK(cudaFree(norm_scratch));
     CUDA_CHECK(cudaFree(inputs_dev));
     CUDA_CHECK(cudaFree(targets_dev));
+    if (staging) CUDA_CHECK(cudaFreeHost(staging));
     gpt_model_destroy(&model);
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
@@ -463,7 +875,38 @@ int main(int argc, char** argv) {
         exit(1);
     }
     const long long micro_batches_per_epoch = dataloader_batches_per_epoch(&train_loader);
-    const long long steps = opt.steps ? opt.steps : (micro_batches_per_epoch + accumulation_steps - 1) / accumulation_steps;
+    const long long steps =
+        opt.max_steps ? opt.max_steps : (micro_batches_per_epoch + accumulation_steps - 1) / accumulation_steps;
+    TrainPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.header = run_header(&opt, &config, steps, total_batch_tokens, &train_loader);
+    plan.start_step = 1;
+    static char resume_path[CHECKPOINT_PATH_MAX], resume_dir[CHECKPOINT_PATH_MAX];
+    if (opt.resume) {
+        plan.resume_path = find_resume_checkpoint(opt.resume, resume_path, resume_dir);
+        CheckpointHeader saved = read_checkpoint_header(plan.resume_path);
+        check_resume_compatible(&saved, &plan.header, plan.resume_path);
+        if (saved.step >= steps) {
+            fprintf(stderr, "error: %s is at step %lld and this run ends at step %lld: nothing to do; raise "
+                            "--max-steps to train further\n", plan.resume_path, (long long)saved.step, steps);
+            exit(2);
+        }
+        plan.start_step = saved.step + 1;
+        plan.start_data.epoch = saved.data_epoch;
+        plan.start_data.shard_index = saved.data_shard_index;
+        plan.start_data.chunk_index = saved.data_chunk_index;
+        if (dataloader_set_state(&train_loader, plan.start_data) != 0) {
+            fprintf(stderr, "error: cannot resume from %s: %s\n", plan.resume_path, train_loader.error);
+            exit(2);
+        }
+    }
+    plan.checkpoint_dir = opt.checkpoint_dir ? opt.checkpoint_dir : (opt.resume ? resume_dir : NULL);
+    if (opt.checkpoint_dir) refuse_foreign_checkpoints(opt.checkpoint_dir, opt.resume ? resume_dir : NULL);
+    if (opt.init_from) {  // check the file now, before any GPU work
+        ModelFile file;
+        open_model_file_or_exit(&file, opt.init_from, &config);
+        model_file_close(&file);
+    }
 
     const size_t num_params = gpt_num_params(&config);
     // Model state: bf16 weights and gradients, fp32 master weights and two AdamW moments.
@@ -489,6 +932,22 @@ int main(int argc, char** argv) {
            train_loader.inputs[2], train_loader.inputs[3], train_loader.targets[0], train_loader.targets[1],
            train_loader.targets[2], train_loader.targets[3]);
     printf("steps        %lld\n", steps);
+    if (plan.resume_path)
+        printf("resume       %s: %lld steps done, continues at step %lld (data epoch %lld, shard %lld, chunk %lld)\n",
+               plan.resume_path, plan.start_step - 1, plan.start_step, (long long)plan.start_data.epoch,
+               (long long)plan.start_data.shard_index, (long long)plan.start_data.chunk_index);
+    else
+        printf("init         %s\n", opt.init_from ? opt.init_from : "GPT-2 (normal 0.02, residual projections / sqrt(2L))");
+    if (plan.checkpoint_dir) {
+        char every[64] = "";
+        if (opt.checkpoint_every > 0) snprintf(every, sizeof(every), "every %lld steps and ", opt.checkpoint_every);
+        char keep[64] = "keeping all";
+        if (opt.keep_checkpoints > 0) snprintf(keep, sizeof(keep), "keeping the %d newest", opt.keep_checkpoints);
+        printf("checkpoints  %safter the last step into %s, %s (%.2f GiB each)\n", every, plan.checkpoint_dir, keep,
+               gib((double)CHECKPOINT_HEADER_BYTES + (double)checkpoint_payload_bytes((int64_t)num_params)));
+    } else {
+        printf("checkpoints  none (--checkpoint-dir DIR to save them)\n");
+    }
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", flops_per_step / 1e12);
     printf("model state  %.2f GiB (bf16 weights + grads, fp32 master + AdamW moments); activations extra\n",
            gib(state_bytes));
@@ -515,7 +974,16 @@ int main(int argc, char** argv) {
         }
     }
     if (gpu.found && !opt.plan_only) {
-        TrainPlan plan = {steps, accumulation_steps, total_batch_tokens, flops_per_step, peak};
+        plan.steps = steps;
+        plan.accumulation_steps = accumulation_steps;
+        plan.total_batch_tokens = total_batch_tokens;
+        plan.flops_per_step = flops_per_step;
+        plan.peak_tflops = peak;
+        char err[CHECKPOINT_PATH_MAX + 256];
+        if (plan.checkpoint_dir && checkpoint_make_dir(plan.checkpoint_dir, err, sizeof(err)) != 0) {
+            fprintf(stderr, "error: %s\n", err);
+            exit(1);
+        }
         train(&opt, &config, &plan, &train_loader, have_val ? &val_loader : NULL);
     }
 

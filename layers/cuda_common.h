@@ -21,6 +21,23 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
 }
 #define CUDA_CHECK(call) cuda_check((call), __FILE__, __LINE__)
 
+// cudaMalloc that, when the GPU is out of memory, says how much `what` needed, how much was free
+// and `hint` (what to lower), then exits; other CUDA errors exit as CUDA_CHECK does.
+static inline void cuda_malloc_or_explain(void** ptr, size_t bytes, const char* what, const char* hint) {
+    cudaError_t err = cudaMalloc(ptr, bytes);
+    if (err != cudaErrorMemoryAllocation) {
+        cuda_check(err, __FILE__, __LINE__);
+        return;
+    }
+    cudaGetLastError();  // clear it, so cudaMemGetInfo answers
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    fprintf(stderr, "error: out of GPU memory: %s need %.2f GiB, %.2f GiB of %.2f GiB are free\nhint: %s\n", what,
+            bytes / GiB, free_bytes / GiB, total_bytes / GiB, hint);
+    exit(EXIT_FAILURE);
+}
+
 // Exits with the file, line and cuBLAS's status when a cuBLAS call fails. The status names are
 // spelled out here, so a file that includes this header without calling cuBLAS links without it.
 static inline void cublas_check(cublasStatus_t status, const char* file, int line) {

@@ -248,8 +248,9 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
     }
-    CUDA_CHECK(cudaMalloc((void**)&m->params, m->num_params * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc((void**)&m->grads, m->num_params * sizeof(__nv_bfloat16)));
+    const char* params_hint = "use a smaller model (--model, --layers, --hidden)";
+    cuda_malloc_or_explain((void**)&m->params, m->num_params * sizeof(__nv_bfloat16), "the bf16 weights", params_hint);
+    cuda_malloc_or_explain((void**)&m->grads, m->num_params * sizeof(__nv_bfloat16), "the bf16 gradients", params_hint);
     CUDA_CHECK(cudaMemsetAsync(m->params, 0, m->num_params * sizeof(__nv_bfloat16), stream));
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params * sizeof(__nv_bfloat16), stream));
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
@@ -266,7 +267,14 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
     scratch = gpt_max_size(scratch, attention_workspace_bytes(backend, &m->att_shape));
     m->scratch_bytes = scratch;
     gpt_model_plan_acts(m);
-    CUDA_CHECK(cudaMalloc(&m->acts_memory, m->act_bytes));
+    char acts_what[128], acts_hint[512];
+    snprintf(acts_what, sizeof(acts_what), "the activations of a %d x %d micro batch", B, T);
+    snprintf(acts_hint, sizeof(acts_hint),
+             "activations grow with --batch-size x --seq-len%s; lower --batch-size (--total-batch-tokens keeps the "
+             "tokens per step through accumulation) or --seq-len%s",
+             backend == ATTN_NAIVE ? ", and naive attention stores B x heads x T^2 probabilities per layer" : "",
+             backend == ATTN_NAIVE ? ", or use --attn flash2" : "");
+    cuda_malloc_or_explain(&m->acts_memory, m->act_bytes, acts_what, acts_hint);
     char* base = (char*)m->acts_memory;
 #define GPT_PTR(type, idx) (type)(base + m->act_table[idx].offset)
     m->encoded = GPT_PTR(__nv_bfloat16*, GPT_ACT_ENCODED);

@@ -17,6 +17,7 @@ tests=(
     "$PYTHON test/test_cpu_gpt_numpy.py"
     "$BUILD/test_gpt_config"
     "$BUILD/test_dataloader"
+    "$BUILD/test_checkpoint"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"

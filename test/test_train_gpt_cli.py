@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,10 @@ def test_help_lists_flags():
     for flag in ("--attn", "--model", "--train-data", "--batch-size", "--seq-len", "--peak-tflops", "--lr",
                  "--warmup-steps", "--weight-decay", "--grad-clip", "--val-every", "--log-file", "--plan-only"):
         assert flag in r.stdout, f"--help lacks {flag}"
-    assert "checkpoints" in r.stdout and "not in this build" in r.stdout, "--help must say what is missing"
+    for flag in ("--max-steps", "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--resume",
+                 "--init-from", "--dump-grads"):
+        assert flag in r.stdout, f"--help lacks {flag}"
+    assert "multi-GPU is\nnot in this build" in r.stdout, "--help must say what is missing"
 
 
 def test_plan_on_good_data():
@@ -116,6 +120,111 @@ def test_token_out_of_range():
     expect_error(run("--train-data", path, "--val-data", "", "--batch-size", "1", "--seq-len", "8"), 1, path)
 
 
+# ---- checkpoints and weight files (format: README.md, data/checkpoint.h, data/model_file.h) ----------
+
+CKPT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQ"  # data/checkpoint.h's CheckpointHeader, no padding
+
+
+def tiny_config_params(layers=1, hidden=64, heads=1, seq=64):
+    """Parameter count of gpt_config.h's layout, computed here from the format's definition."""
+    vp, c = 50304, hidden
+    return vp * c + seq * c + layers * (2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c
+                                        + 4 * c * c + c) + 2 * c
+
+
+TINY = ["--layers", "1", "--hidden", "64", "--heads", "1"]
+
+
+def write_checkpoint(path, step=3, layers=1, hidden=64, heads=1, batch=4, seq=64, payload_bytes=None, **fields):
+    """A checkpoint header as the README documents it, and a sparse payload of the right size."""
+    num_params = tiny_config_params(layers, hidden, heads, seq)
+    h = dict(layers=layers, hidden=hidden, heads=heads, batch=batch, seq=seq, total=batch * seq, seed=1337,
+             train_tokens=len(TRAIN_TOKENS), train_shards=1, step=step, epoch=0, shard=0, chunk=step % 3,
+             max_steps=3, warmup=0, lr=3e-4, min_lr=0.1, wd=0.1, clip=1.0)
+    h.update(fields)
+    header = struct.pack(CKPT_FORMAT, b"GPTCKPT\0", 1, 1024, h["layers"], h["hidden"], h["heads"], 50257, 50304,
+                         h["seq"], h["batch"], h["seq"], 1, 0, h["total"], h["seed"], h["train_tokens"],
+                         h["train_shards"], 2, h["step"], h["epoch"], h["shard"], h["chunk"], h["max_steps"],
+                         h["warmup"], h["lr"], h["min_lr"], h["wd"], h["clip"], num_params, 0)
+    with open(path, "wb") as f:
+        f.write(header.ljust(1024, b"\0"))
+        f.truncate(1024 + (num_params * 14 if payload_bytes is None else payload_bytes))
+
+
+def write_model_file(path, layers=1, hidden=64, heads=1, max_t=64, version=3, values=None):
+    """An llm.c model file (data/model_file.h): 256 int32 header, then the 16 tensors."""
+    n = tiny_config_params(layers, hidden, heads, max_t)
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20240326, version, max_t, 50257, layers, heads, hidden, 50304]
+    dtype = "<f4" if version == 3 else "<u2"
+    data = np.zeros(n, dtype=dtype) if values is None else values.astype(dtype)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(data.tobytes())
+
+
+def test_resume_from_another_config_is_refused():
+    path = os.path.join(WORK, "other_config.ckpt")
+    write_checkpoint(path, hidden=128, heads=2)
+    r = run(*GOOD, *TINY, "--resume", path, "--max-steps", "6")
+    expect_error(r, 2, "cannot resume", path, "hidden size: 128 in the checkpoint, 64 in this run", "heads")
+    write_checkpoint(path, batch=2, total=2 * 64)
+    expect_error(run(*GOOD, *TINY, "--resume", path, "--max-steps", "6"), 2, "batch size: 2 in the checkpoint")
+    write_checkpoint(path, train_tokens=999)
+    expect_error(run(*GOOD, *TINY, "--resume", path, "--max-steps", "6"), 2, "training tokens", "--train-data")
+
+
+def test_resume_plan_continues_at_the_saved_step():
+    path = os.path.join(WORK, "good.ckpt")
+    write_checkpoint(path, step=4, chunk=1, lr=1e-3)
+    r = run(*GOOD, *TINY, "--resume", path, "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert f"resume       {path}: 4 steps done, continues at step 5 (data epoch 0, shard 0, chunk 1)" in r.stdout, r.stdout
+    assert "--lr is 0.0003, the checkpoint's run had 0.001" in r.stdout, r.stdout
+    expect_error(run(*GOOD, *TINY, "--resume", path, "--max-steps", "4"), 2, "nothing to do", "--max-steps")
+    write_checkpoint(path, step=4, chunk=7)  # the data holds 3 chunks
+    expect_error(run(*GOOD, *TINY, "--resume", path, "--max-steps", "6"), 2, "cannot resume", "chunk_index 7")
+
+
+def test_damaged_checkpoints_are_refused():
+    path = os.path.join(WORK, "short.ckpt")
+    write_checkpoint(path, payload_bytes=1000)
+    expect_error(run(*GOOD, *TINY, "--resume", path), 2, path, "truncated or corrupt")
+    with open(path, "wb") as f:
+        f.write(b"hello")
+    expect_error(run(*GOOD, *TINY, "--resume", path), 2, path, "not a train_gpt checkpoint")
+    expect_error(run(*GOOD, *TINY, "--resume", os.path.join(WORK, "absent.ckpt")), 2, "absent.ckpt")
+    empty = os.path.join(WORK, "empty_dir")
+    os.makedirs(empty, exist_ok=True)
+    expect_error(run(*GOOD, *TINY, "--resume", empty), 2, empty, "no step_*.ckpt")
+
+
+def test_checkpoint_dir_of_another_run_is_not_overwritten():
+    d = os.path.join(WORK, "used_dir")
+    os.makedirs(d, exist_ok=True)
+    write_checkpoint(os.path.join(d, "step_00000002.ckpt"), step=2)
+    r = run(*GOOD, *TINY, "--checkpoint-dir", d)
+    expect_error(r, 2, d, "newest is step 2", "--resume")
+    r = run(*GOOD, *TINY, "--checkpoint-dir", d, "--resume", d, "--plan-only")
+    assert r.returncode == 0 and "continues at step 3" in r.stdout, (r.stdout, r.stderr)
+    expect_error(run(*GOOD, *TINY, "--checkpoint-every", "5"), 2, "--checkpoint-dir")
+    expect_error(run(*GOOD, *TINY, "--resume", d, "--init-from", d), 2, "--resume and --init-from")
+
+
+def test_init_from_checks_the_file():
+    path = os.path.join(WORK, "weights.bin")
+    write_model_file(path, hidden=128, heads=2)
+    expect_error(run(*GOOD, *TINY, "--init-from", path), 2, path, "hidden 128", "hidden 64")
+    write_model_file(path, max_t=32)
+    expect_error(run(*GOOD, *TINY, "--init-from", path), 2, "32 positions", ">= 64 positions")
+    write_model_file(path, max_t=128)  # more positions than --seq-len: fine, the first 64 rows are used
+    r = run(*GOOD, *TINY, "--init-from", path)
+    assert r.returncode == 0 and f"init         {path}" in r.stdout, (r.stdout, r.stderr)
+    with open(path, "r+b") as f:
+        f.truncate(5000)
+    expect_error(run(*GOOD, *TINY, "--init-from", path), 1, path, "truncated or corrupt")
+
+
 def test_gpu_plan_reports_device_and_peak():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
@@ -153,6 +262,95 @@ def test_gpu_model_too_large_is_a_clear_error():
     # 200 layers of hidden 8192 is about 161 B parameters: 2.4 TiB of model state.
     r = run(*GOOD, "--layers", "200", "--hidden", "8192", "--heads", "64")
     expect_error(r, 1, "model state needs", "GiB free")
+
+
+def gpu_losses(log):
+    with open(log) as f:
+        return {rec["step"]: rec["loss"] for rec in map(json.loads, f) if "loss" in rec}
+
+
+def test_gpu_resume_gives_the_same_losses():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # 8 steps over 3 batches per epoch: the resumed part crosses an epoch boundary.
+    for attn, exact in (("naive", True), ("flash2", False)):
+        d = os.path.join(WORK, f"resume_{attn}")
+        full_log, resumed_log = os.path.join(d, "full.jsonl"), os.path.join(d, "resumed.jsonl")
+        os.makedirs(d)
+        common = [*GOOD, "--layers", "2", "--attn", attn, "--max-steps", "8", "--lr", "1e-3", "--warmup-steps", "2",
+                  "--val-data", ""]
+        r = run(*common, "--checkpoint-dir", os.path.join(d, "ck"), "--checkpoint-every", "4", "--keep-checkpoints",
+                "0", "--log-file", full_log)
+        assert r.returncode == 0, r.stderr
+        saved = sorted(os.listdir(os.path.join(d, "ck")))
+        assert saved == ["step_00000004.ckpt", "step_00000008.ckpt"], saved
+        r = run(*common, "--resume", os.path.join(d, "ck", "step_00000004.ckpt"), "--checkpoint-dir",
+                os.path.join(d, "ck2"), "--log-file", resumed_log)
+        assert r.returncode == 0, r.stderr
+        full, resumed = gpu_losses(full_log), gpu_losses(resumed_log)
+        assert sorted(resumed) == [5, 6, 7, 8], resumed
+        assert full[8] < full[1] - 0.5, f"{attn}: the loss did not fall, the comparison would mean little: {full}"
+        for step in resumed:
+            # naive attention and the other kernels are deterministic: the same bits. flash2 adds dQ
+            # with float atomics, whose order varies run to run: the same to ~1e-5.
+            if exact:
+                assert resumed[step] == full[step], (attn, step, resumed[step], full[step])
+            else:
+                assert abs(resumed[step] - full[step]) < 2e-3, (attn, step, resumed[step], full[step])
+
+
+def test_gpu_nan_keeps_the_last_good_checkpoint():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    d = os.path.join(WORK, "nan_run")
+    r = run(*GOOD, "--layers", "2", "--max-steps", "30", "--lr", "1e4", "--grad-clip", "0", "--val-data", "",
+            "--checkpoint-dir", d)
+    assert r.returncode == 1, f"a run at lr 1e4 should stop on a non-finite loss: {r.stdout[-2000:]}"
+    assert "at step" in r.stderr and "the last good checkpoint is" in r.stderr, r.stderr
+    bad_step = int(r.stderr.split(" at step ")[1].split(";")[0])
+    saved = sorted(os.listdir(d))
+    assert saved == [f"step_{bad_step - 1:08d}.ckpt"], (saved, bad_step)
+    # The rescued state resumes (at a sane learning rate) and trains on.
+    r = run(*GOOD, "--layers", "2", "--max-steps", str(bad_step + 1), "--lr", "1e-5", "--val-data", "",
+            "--resume", d, "--warmup-steps", "0")
+    assert r.returncode == 0 or "at step" in r.stderr, r.stderr
+
+
+def test_gpu_init_from_and_dump_grads():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # All-zero weights with LayerNorm gains 1: every logit is 0, so the loss is exactly ln(50257).
+    n = tiny_config_params(2, 768, 12, 64)
+    weights = np.zeros(n, dtype=np.float32)
+    c, L, vp = 768, 2, 50304
+    offset_ln1w = vp * c + 64 * c
+    weights[offset_ln1w:offset_ln1w + L * c] = 1.0
+    path, grads = os.path.join(WORK, "zeros.bin"), os.path.join(WORK, "grads.bin")
+    write_model_file(path, layers=2, hidden=768, heads=12, max_t=64, values=weights)
+    log = os.path.join(WORK, "zeros.jsonl")
+    r = run(*GOOD, "--layers", "2", "--init-from", path, "--max-steps", "1", "--log-file", log, "--val-data", "")
+    assert r.returncode == 0, r.stderr
+    assert abs(gpu_losses(log)[1] - math.log(50257)) < 1e-3, gpu_losses(log)
+    # The gradients of a GPT-2-initialized model: an llm.c bf16 file of the right size, finite, not zero.
+    r = run(*GOOD, "--layers", "2", "--dump-grads", grads, "--max-steps", "1", "--val-data", "")
+    assert r.returncode == 0, r.stderr
+    header = np.fromfile(grads, dtype="<i4", count=256)
+    assert list(header[:8]) == [20240326, 5, 64, 50257, 2, 12, 768, 50304], header[:8]
+    bits = np.fromfile(grads, dtype="<u2", offset=1024)
+    assert bits.size == n, (bits.size, n)
+    g = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.isfinite(g)) and np.count_nonzero(g) > n // 2, np.count_nonzero(g)
+
+
+def test_gpu_out_of_memory_says_what_to_lower():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    path = os.path.join(WORK, "big_train.bin")
+    write_shard(path, RNG.integers(0, 50257, size=20000 * 64 + 1))
+    # gpt2-124m, 20000 x 64 tokens per micro step: its logits alone are 20000*64*50304*2 bytes = 120 GiB.
+    r = run("--train-data", path, "--val-data", "", "--batch-size", "20000", "--seq-len", "64", "--layers", "2",
+            "--max-steps", "1")
+    expect_error(r, 1, "out of GPU memory", "activations of a 20000 x 64 micro batch", "--batch-size")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,356 @@
+// checkpoint.h: the training checkpoint file: what a run needs to continue exactly where it stopped.
+//
+// File layout (little-endian), one file per saved step, DIR/step_XXXXXXXX.ckpt:
+//   header   CHECKPOINT_HEADER_BYTES (1024): CheckpointHeader below, zero-padded
+//   payload  four arrays of num_params elements, in gpt_config.h's parameter order:
+//            params bf16 (the model's weights), master fp32, adam_m fp32, adam_v fp32
+// The header's payload_checksum (checkpoint_hash over the payload bytes) catches a corrupt or
+// partly copied file; the file size must be exactly header + payload.
+//
+// Writing is crash-safe: the payload streams to DIR/.step_XXXXXXXX.ckpt.tmp, the header goes in
+// last, the file is fsync'ed and only then renamed to its final name (rename is atomic on POSIX
+// file systems), so DIR never holds a half-written step_*.ckpt. A crash leaves at most a .tmp file,
+// which the next save of that step replaces.
+//
+// Plain C11 that also compiles as C++ (nvcc). Fallible calls return -1 with one line in `err` that
+// names the file and the problem; nothing here prints or exits.
+#ifndef CHECKPOINT_H
+#define CHECKPOINT_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHECKPOINT_MAGIC "GPTCKPT"  // 8 bytes with the terminating zero
+#define CHECKPOINT_VERSION 1
+#define CHECKPOINT_HEADER_BYTES 1024
+#define CHECKPOINT_PATH_MAX 4096
+
+typedef struct {
+    char magic[8];              // CHECKPOINT_MAGIC
+    int32_t version;            // CHECKPOINT_VERSION
+    int32_t header_bytes;       // CHECKPOINT_HEADER_BYTES
+    // the model: must match to resume
+    int32_t num_layers, channels, num_heads, vocab_size, padded_vocab_size, max_seq_len;
+    // the data stream: must match to resume (the data position is only meaningful with them)
+    int32_t batch_size, seq_len, world_size, shuffle;
+    int64_t total_batch_tokens;  // tokens per optimizer step
+    uint64_t seed;               // data-order seed (and the init seed of the run)
+    int64_t train_tokens;        // tokens in the training shards, a cheap check for "the same data"
+    int32_t train_shards;
+    int32_t attention_backend;   // AttentionBackend of the run that saved (informational)
+    // where the run stands
+    int64_t step;                // optimizer steps completed
+    int64_t data_epoch, data_shard_index, data_chunk_index;  // DataLoaderState of the next batch
+    // the schedule the run was started with (a resume with other values is allowed, and told)
+    int64_t max_steps, warmup_steps;
+    double lr, min_lr_fraction, weight_decay, grad_clip;
+    // the payload
+    int64_t num_params;
+    uint64_t payload_checksum;
+} CheckpointHeader;
+
+// The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
+// every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (README).
+typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 184 ? 1 : -1];
+#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQ"
+
+
+static inline int64_t checkpoint_payload_bytes(int64_t num_params) { return num_params * (2 + 4 + 4 + 4); }
+
+// ---- checksum: FNV-1a style over 8-byte little-endian words, fed in pieces of any size ----------
+
+typedef struct {
+    uint64_t hash;
+    unsigned char pending[8];
+    int num_pending;
+    uint64_t total_bytes;
+} CheckpointHash;
+
+static inline void checkpoint_hash_init(CheckpointHash* h) {
+    memset(h, 0, sizeof(*h));
+    h->hash = 0xcbf29ce484222325ull;
+}
+
+static inline void checkpoint_hash_word(CheckpointHash* h, uint64_t word) {
+    h->hash = (h->hash ^ word) * 0x100000001b3ull;
+    h->hash ^= h->hash >> 29;  // FNV's multiply only moves bits up; fold the high bits back down
+}
+
+static inline void checkpoint_hash_update(CheckpointHash* h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    h->total_bytes += n;
+    while (n > 0 && h->num_pending > 0) {  // complete a word started by an earlier piece
+        h->pending[h->num_pending++] = *p++;
+        n--;
+        if (h->num_pending == 8) {
+            uint64_t w;
+            memcpy(&w, h->pending, 8);
+            checkpoint_hash_word(h, w);
+            h->num_pending = 0;
+        }
+    }
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        checkpoint_hash_word(h, w);
+    }
+    for (; n > 0; n--) h->pending[h->num_pending++] = *p++;
+}
+
+static inline uint64_t checkpoint_hash_final(const CheckpointHash* h) {
+    CheckpointHash copy = *h;
+    uint64_t w = 0;
+    memcpy(&w, copy.pending, (size_t)copy.num_pending);  // the tail, zero-padded
+    checkpoint_hash_word(&copy, w);
+    checkpoint_hash_word(&copy, copy.total_bytes);     // so trailing zero bytes still count
+    return copy.hash;
+}
+
+// ---- names ----------------------------------------------------------------------------------------
+
+static inline void checkpoint_path(char* out, size_t out_len, const char* dir, int64_t step) {
+    snprintf(out, out_len, "%s/step_%08lld.ckpt", dir, (long long)step);
+}
+
+// Parses "step_XXXXXXXX.ckpt" (digits only); returns the step or -1.
+static inline int64_t checkpoint_step_of_name(const char* name) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char* p = name + 5;
+    int64_t step = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if (step > (INT64_MAX - 9) / 10) return -1;
+        step = step * 10 + (*p - '0');
+    }
+    if (digits == 0 || strcmp(p, ".ckpt") != 0) return -1;
+    return step;
+}
+
+// The highest step of DIR's step_*.ckpt files, its path in `path`; 0 when DIR has none (or does not
+// exist), 1 when found, -1 when DIR cannot be read.
+static inline int checkpoint_find_latest(const char* dir, char* path, size_t path_len, int64_t* step,
+                                         char* err, size_t err_len) {
+    DIR* d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, err_len, "%s: cannot list the checkpoint directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    int64_t best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t s = checkpoint_step_of_name(e->d_name);
+        if (s > best) best = s;
+    }
+    closedir(d);
+    if (best < 0) return 0;
+    *step = best;
+    checkpoint_path(path, path_len, dir, best);
+    return 1;
+}
+
+// Deletes DIR's step_*.ckpt files other than the `keep` newest (keep <= 0: keeps all).
+static inline void checkpoint_prune(const char* dir, int keep) {
+    if (keep <= 0) return;
+    for (;;) {
+        DIR* d = opendir(dir);
+        if (!d) return;
+        int64_t oldest = -1;
+        int count = 0;
+        struct dirent* e;
+        while ((e = readdir(d)) != NULL) {
+            int64_t s = checkpoint_step_of_name(e->d_name);
+            if (s < 0) continue;
+            count++;
+            if (oldest < 0 || s < oldest) oldest = s;
+        }
+        closedir(d);
+        if (count <= keep) return;
+        char path[CHECKPOINT_PATH_MAX];
+        checkpoint_path(path, sizeof(path), dir, oldest);
+        if (remove(path) != 0) return;
+    }
+}
+
+// Creates DIR (one level) if it does not exist.
+static inline int checkpoint_make_dir(const char* dir, char* err, size_t err_len) {
+    if (mkdir(dir, 0777) == 0 || errno == EEXIST) {
+        struct stat st;
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+        snprintf(err, err_len, "%s: exists and is not a directory; choose another --checkpoint-dir", dir);
+        return -1;
+    }
+    snprintf(err, err_len, "%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
+    return -1;
+}
+
+// ---- writing ---------------------------------------------------------------------------------------
+
+typedef struct {
+    FILE* file;
+    char tmp_path[CHECKPOINT_PATH_MAX], final_path[CHECKPOINT_PATH_MAX], dir[CHECKPOINT_PATH_MAX];
+    CheckpointHash hash;
+} CheckpointWriter;
+
+static inline int checkpoint_write_fail(CheckpointWriter* w, char* err, size_t err_len, const char* what) {
+    snprintf(err, err_len, "%s: %s: %s (the previous checkpoints are untouched)", w->tmp_path, what,
+             strerror(errno));
+    if (w->file) fclose(w->file);
+    w->file = NULL;
+    remove(w->tmp_path);
+    return -1;
+}
+
+// Starts DIR/.step_XXXXXXXX.ckpt.tmp with a blank header; the payload follows with _append.
+static inline int checkpoint_writer_open(CheckpointWriter* w, const char* dir, int64_t step, char* err,
+                                         size_t err_len) {
+    memset(w, 0, sizeof(*w));
+    snprintf(w->dir, sizeof(w->dir), "%s", dir);
+    checkpoint_path(w->final_path, sizeof(w->final_path), dir, step);
+    snprintf(w->tmp_path, sizeof(w->tmp_path), "%s/.step_%08lld.ckpt.tmp", dir, (long long)step);
+    checkpoint_hash_init(&w->hash);
+    w->file = fopen(w->tmp_path, "wb");
+    if (!w->file) return checkpoint_write_fail(w, err, err_len, "cannot create");
+    static const char zeros[CHECKPOINT_HEADER_BYTES] = {0};
+    if (fwrite(zeros, 1, sizeof(zeros), w->file) != sizeof(zeros))
+        return checkpoint_write_fail(w, err, err_len, "cannot write");
+    return 0;
+}
+
+static inline int checkpoint_writer_append(CheckpointWriter* w, const void* data, size_t n, char* err,
+                                           size_t err_len) {
+    checkpoint_hash_update(&w->hash, data, n);
+    if (fwrite(data, 1, n, w->file) != n) return checkpoint_write_fail(w, err, err_len, "cannot write (disk full?)");
+    return 0;
+}
+
+// Writes the header (with the payload's checksum), flushes to disk and renames into place.
+static inline int checkpoint_writer_commit(CheckpointWriter* w, CheckpointHeader header, char* err,
+                                           size_t err_len) {
+    memcpy(header.magic, CHECKPOINT_MAGIC, 8);
+    header.version = CHECKPOINT_VERSION;
+    header.header_bytes = CHECKPOINT_HEADER_BYTES;
+    header.payload_checksum = checkpoint_hash_final(&w->hash);
+    if ((int64_t)w->hash.total_bytes != checkpoint_payload_bytes(header.num_params)) {
+        errno = EINVAL;
+        return checkpoint_write_fail(w, err, err_len, "payload size does not match num_params (a bug)");
+    }
+    unsigned char block[CHECKPOINT_HEADER_BYTES] = {0};
+    memcpy(block, &header, sizeof(header));
+    if (fseek(w->file, 0, SEEK_SET) != 0 || fwrite(block, 1, sizeof(block), w->file) != sizeof(block))
+        return checkpoint_write_fail(w, err, err_len, "cannot write the header");
+    if (fflush(w->file) != 0 || fsync(fileno(w->file)) != 0)
+        return checkpoint_write_fail(w, err, err_len, "cannot flush to disk (disk full?)");
+    if (fclose(w->file) != 0) {
+        w->file = NULL;
+        return checkpoint_write_fail(w, err, err_len, "cannot close");
+    }
+    w->file = NULL;
+    if (rename(w->tmp_path, w->final_path) != 0) return checkpoint_write_fail(w, err, err_len, "cannot rename");
+    int dir_fd = open(w->dir, O_RDONLY);  // make the rename itself durable
+    if (dir_fd >= 0) {
+        fsync(dir_fd);
+        close(dir_fd);
+    }
+    return 0;
+}
+
+static inline void checkpoint_writer_abort(CheckpointWriter* w) {
+    if (w->file) fclose(w->file);
+    w->file = NULL;
+    remove(w->tmp_path);
+}
+
+// ---- reading ---------------------------------------------------------------------------------------
+
+typedef struct {
+    FILE* file;
+    char path[CHECKPOINT_PATH_MAX];
+    CheckpointHeader header;
+    CheckpointHash hash;
+} CheckpointReader;
+
+// Opens PATH and checks its header and size; the payload follows with _read, in order.
+static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, char* err, size_t err_len) {
+    memset(r, 0, sizeof(*r));
+    snprintf(r->path, sizeof(r->path), "%s", path);
+    checkpoint_hash_init(&r->hash);
+    r->file = fopen(path, "rb");
+    if (!r->file) {
+        snprintf(err, err_len, "%s: cannot open the checkpoint: %s", path, strerror(errno));
+        return -1;
+    }
+    unsigned char block[CHECKPOINT_HEADER_BYTES];
+    size_t got = fread(block, 1, sizeof(block), r->file);
+    memcpy(&r->header, block, sizeof(r->header));
+    const CheckpointHeader* h = &r->header;
+    const char* why = NULL;
+    char detail[256] = "";
+    if (got != sizeof(block) || memcmp(h->magic, CHECKPOINT_MAGIC, 8) != 0) {
+        why = "not a train_gpt checkpoint (bad magic or shorter than the header)";
+    } else if (h->version != CHECKPOINT_VERSION || h->header_bytes != CHECKPOINT_HEADER_BYTES) {
+        snprintf(detail, sizeof(detail), "checkpoint format version %d, this build reads version %d",
+                 (int)h->version, CHECKPOINT_VERSION);
+        why = detail;
+    } else if (h->num_params <= 0 || h->step < 0) {
+        why = "corrupt header (num_params or step out of range)";
+    } else {
+        long size = -1;
+        if (fseek(r->file, 0, SEEK_END) == 0) size = ftell(r->file);
+        const int64_t want = CHECKPOINT_HEADER_BYTES + checkpoint_payload_bytes(h->num_params);
+        if (size != (long)want) {
+            snprintf(detail, sizeof(detail), "file is %ld bytes but its header says %lld: truncated or corrupt", size,
+                     (long long)want);
+            why = detail;
+        } else if (fseek(r->file, CHECKPOINT_HEADER_BYTES, SEEK_SET) != 0) {
+            why = "cannot seek";
+        }
+    }
+    if (why) {
+        snprintf(err, err_len, "%s: %s", path, why);
+        fclose(r->file);
+        r->file = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static inline int checkpoint_reader_read(CheckpointReader* r, void* data, size_t n, char* err, size_t err_len) {
+    if (fread(data, 1, n, r->file) != n) {
+        snprintf(err, err_len, "%s: cannot read the payload: %s", r->path,
+                 ferror(r->file) ? strerror(errno) : "unexpected end of file");
+        return -1;
+    }
+    checkpoint_hash_update(&r->hash, data, n);
+    return 0;
+}
+
+// Closes and checks the checksum over everything read (call after reading the whole payload).
+static inline int checkpoint_reader_finish(CheckpointReader* r, char* err, size_t err_len) {
+    fclose(r->file);
+    r->file = NULL;
+    if ((int64_t)r->hash.total_bytes != checkpoint_payload_bytes(r->header.num_params)) {
+        snprintf(err, err_len, "%s: only part of the payload was read (a bug)", r->path);
+        return -1;
+    }
+    if (checkpoint_hash_final(&r->hash) != r->header.payload_checksum) {
+        snprintf(err, err_len, "%s: checksum mismatch: the file is corrupt; resume from an earlier checkpoint",
+                 r->path);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void checkpoint_reader_close(CheckpointReader* r) {
+    if (r->file) fclose(r->file);
+    r->file = NULL;
+}
+
+#endif  // CHECKPOINT_H

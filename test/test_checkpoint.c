@@ -1,0 +1,396 @@
+// test_checkpoint.c: tests of data/checkpoint.h (training checkpoints) and data/model_file.h
+// (llm.c weight files) on files written here, with random contents fresh each run.
+//
+// Round trips must give back every byte and header field; a flipped payload byte must fail the
+// checksum; truncated, padded or foreign files must be refused at open with the reason; a save
+// leaves no temporary file and an aborted one leaves nothing; the newest checkpoint is found by
+// step, and pruning keeps exactly the newest N.
+#define _POSIX_C_SOURCE 200809L  // mkdtemp, opendir, unlink under -std=c11
+
+#include <dirent.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data/checkpoint.h"
+#include "data/model_file.h"
+#include "test/test_harness.h"
+
+#define ERR_LEN (CHECKPOINT_PATH_MAX + 512)
+
+static char g_dir[256];
+static TestRng g_rng;
+
+static int count_files(const char* dir, const char* prefix) {
+    DIR* d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    closedir(d);
+    return n;
+}
+
+static void remove_all(const char* dir) {
+    DIR* d = opendir(dir);
+    if (!d) return;
+    struct dirent* e;
+    char path[CHECKPOINT_PATH_MAX + 300];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+static void fill_random(unsigned char* p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)test_rng_next(&g_rng);
+}
+
+static CheckpointHeader random_header(int64_t step, int64_t num_params) {
+    CheckpointHeader h;
+    memset(&h, 0, sizeof(h));
+    h.num_layers = 2 + (int)(test_rng_next(&g_rng) % 5);
+    h.channels = 64;
+    h.num_heads = 1;
+    h.vocab_size = 50257;
+    h.padded_vocab_size = 50304;
+    h.max_seq_len = 1 + (int)(test_rng_next(&g_rng) % 1000);
+    h.batch_size = 4;
+    h.seq_len = h.max_seq_len;
+    h.world_size = 1;
+    h.total_batch_tokens = (int64_t)h.batch_size * h.seq_len * 3;
+    h.seed = test_rng_next(&g_rng);
+    h.train_tokens = (int64_t)(test_rng_next(&g_rng) >> 20);
+    h.train_shards = 3;
+    h.step = step;
+    h.data_epoch = 2;
+    h.data_shard_index = 1;
+    h.data_chunk_index = (int64_t)(test_rng_next(&g_rng) % 77);
+    h.max_steps = 1000;
+    h.lr = 3e-4;
+    h.min_lr_fraction = 0.1;
+    h.weight_decay = 0.1;
+    h.grad_clip = 1.0;
+    h.num_params = num_params;
+    return h;
+}
+
+// Writes a checkpoint of `payload` in pieces of random size; returns 0 on success.
+static int save(const char* dir, CheckpointHeader h, const unsigned char* payload, char* err) {
+    CheckpointWriter w;
+    if (checkpoint_writer_open(&w, dir, h.step, err, ERR_LEN) != 0) return -1;
+    size_t total = (size_t)checkpoint_payload_bytes(h.num_params), done = 0;
+    while (done < total) {
+        size_t n = 1 + (size_t)(test_rng_next(&g_rng) % 4099);
+        if (n > total - done) n = total - done;
+        if (checkpoint_writer_append(&w, payload + done, n, err, ERR_LEN) != 0) return -1;
+        done += n;
+    }
+    return checkpoint_writer_commit(&w, h, err, ERR_LEN);
+}
+
+// Reads a checkpoint back whole; returns 0 when open, read and checksum all succeed.
+static int load(const char* path, CheckpointHeader* h, unsigned char* payload, size_t cap, char* err) {
+    CheckpointReader r;
+    if (checkpoint_reader_open(&r, path, err, ERR_LEN) != 0) return -1;
+    *h = r.header;
+    size_t total = (size_t)checkpoint_payload_bytes(r.header.num_params);
+    if (total > cap) {
+        checkpoint_reader_close(&r);
+        snprintf(err, ERR_LEN, "payload larger than expected");
+        return -1;
+    }
+    size_t done = 0;
+    while (done < total) {
+        size_t n = 1 + (size_t)(test_rng_next(&g_rng) % 5003);
+        if (n > total - done) n = total - done;
+        if (checkpoint_reader_read(&r, payload + done, n, err, ERR_LEN) != 0) {
+            checkpoint_reader_close(&r);
+            return -1;
+        }
+        done += n;
+    }
+    return checkpoint_reader_finish(&r, err, ERR_LEN);
+}
+
+static void test_hash_pieces_and_sensitivity(void) {
+    const char* name = "checkpoint_hash_piece_sizes_and_single_bit_flips";
+    unsigned char data[10007];
+    fill_random(data, sizeof(data));
+    CheckpointHash whole;
+    checkpoint_hash_init(&whole);
+    checkpoint_hash_update(&whole, data, sizeof(data));
+    const uint64_t want = checkpoint_hash_final(&whole);
+    for (int trial = 0; trial < 20; trial++) {
+        CheckpointHash h;
+        checkpoint_hash_init(&h);
+        for (size_t done = 0; done < sizeof(data);) {
+            size_t n = (size_t)(test_rng_next(&g_rng) % 23);
+            if (n > sizeof(data) - done) n = sizeof(data) - done;
+            checkpoint_hash_update(&h, data + done, n);
+            done += n;
+        }
+        if (checkpoint_hash_final(&h) != want) {
+            test_fail(name, "hash depends on how the bytes are split (trial %d)", trial);
+            return;
+        }
+    }
+    for (int trial = 0; trial < 200; trial++) {
+        size_t byte = (size_t)(test_rng_next(&g_rng) % sizeof(data));
+        int bit = (int)(test_rng_next(&g_rng) % 8);
+        data[byte] ^= (unsigned char)(1u << bit);
+        CheckpointHash h;
+        checkpoint_hash_init(&h);
+        checkpoint_hash_update(&h, data, sizeof(data));
+        data[byte] ^= (unsigned char)(1u << bit);
+        if (checkpoint_hash_final(&h) == want) {
+            test_fail(name, "flipping bit %d of byte %zu leaves the hash unchanged", bit, byte);
+            return;
+        }
+    }
+    CheckpointHash longer;  // one more zero byte must change the hash too
+    checkpoint_hash_init(&longer);
+    checkpoint_hash_update(&longer, data, sizeof(data));
+    checkpoint_hash_update(&longer, "\0", 1);
+    test_report(name, checkpoint_hash_final(&longer) != want, "a trailing zero byte leaves the hash unchanged");
+}
+
+static void test_round_trip(void) {
+    const char* name = "checkpoint_round_trip_keeps_every_byte_and_field";
+    char err[ERR_LEN];
+    const int64_t num_params = 1000 + (int64_t)(test_rng_next(&g_rng) % 3000);
+    const size_t bytes = (size_t)checkpoint_payload_bytes(num_params);
+    unsigned char* payload = (unsigned char*)malloc(bytes);
+    unsigned char* back = (unsigned char*)malloc(bytes);
+    fill_random(payload, bytes);
+    memset(back, 0xAB, bytes);
+    CheckpointHeader h = random_header(42, num_params), got;
+    char path[CHECKPOINT_PATH_MAX];
+    checkpoint_path(path, sizeof(path), g_dir, 42);
+    if (save(g_dir, h, payload, err) != 0) test_fail(name, "save: %s", err);
+    else if (load(path, &got, back, bytes, err) != 0) test_fail(name, "load: %s", err);
+    else if (memcmp(payload, back, bytes) != 0) test_fail(name, "payload differs after the round trip");
+    else if (got.step != 42 || got.num_layers != h.num_layers || got.seed != h.seed || got.lr != h.lr ||
+             got.data_chunk_index != h.data_chunk_index || got.train_tokens != h.train_tokens ||
+             got.num_params != num_params || got.version != CHECKPOINT_VERSION)
+        test_fail(name, "a header field differs after the round trip");
+    else if (count_files(g_dir, ".step_") != 0) test_fail(name, "a temporary file is left behind");
+    else test_pass(name);
+    remove_all(g_dir);
+    free(payload);
+    free(back);
+}
+
+// Writes a good checkpoint, damages it with `damage`, and expects `phase` ("open" or "finish") to fail
+// with an error containing `word`.
+static void expect_refused(const char* name, void (*damage)(const char* path), const char* phase, const char* word) {
+    char err[ERR_LEN] = "";
+    const int64_t num_params = 777;
+    const size_t bytes = (size_t)checkpoint_payload_bytes(num_params);
+    unsigned char* payload = (unsigned char*)malloc(bytes);
+    fill_random(payload, bytes);
+    char path[CHECKPOINT_PATH_MAX];
+    checkpoint_path(path, sizeof(path), g_dir, 7);
+    if (save(g_dir, random_header(7, num_params), payload, err) != 0) {
+        test_fail(name, "save: %s", err);
+    } else {
+        damage(path);
+        CheckpointReader r;
+        int opened = checkpoint_reader_open(&r, path, err, ERR_LEN) == 0;
+        if (opened) {
+            int read_ok = checkpoint_reader_read(&r, payload, bytes, err, ERR_LEN) == 0;
+            int finished = read_ok && checkpoint_reader_finish(&r, err, ERR_LEN) == 0;
+            checkpoint_reader_close(&r);
+            if (finished) test_fail(name, "the damaged checkpoint was accepted");
+            else if (strcmp(phase, "finish") != 0) test_fail(name, "refused only after reading: %s", err);
+            else test_report(name, strstr(err, word) != NULL && strstr(err, path) != NULL, "error lacks %s: %s", word, err);
+        } else {
+            if (strcmp(phase, "open") != 0) test_fail(name, "refused at open, expected later: %s", err);
+            else test_report(name, strstr(err, word) != NULL && strstr(err, path) != NULL, "error lacks %s: %s", word, err);
+        }
+    }
+    remove_all(g_dir);
+    free(payload);
+}
+
+static void flip_payload_byte(const char* path) {
+    FILE* f = fopen(path, "r+b");
+    long at = CHECKPOINT_HEADER_BYTES + (long)(test_rng_next(&g_rng) % checkpoint_payload_bytes(777));
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+static void truncate_file(const char* path) { truncate(path, CHECKPOINT_HEADER_BYTES + 100); }
+static void append_byte(const char* path) {
+    FILE* f = fopen(path, "ab");
+    fputc(0, f);
+    fclose(f);
+}
+static void break_magic(const char* path) {
+    FILE* f = fopen(path, "r+b");
+    fputc('X', f);
+    fclose(f);
+}
+static void bump_version(const char* path) {
+    FILE* f = fopen(path, "r+b");
+    int32_t v = CHECKPOINT_VERSION + 1;
+    fseek(f, 8, SEEK_SET);
+    fwrite(&v, 4, 1, f);
+    fclose(f);
+}
+
+static void test_latest_and_prune(void) {
+    const char* name = "checkpoint_find_latest_and_prune_keep_the_newest";
+    char err[ERR_LEN], path[CHECKPOINT_PATH_MAX];
+    int64_t step = -1;
+    if (checkpoint_find_latest(g_dir, path, sizeof(path), &step, err, sizeof(err)) != 0) {
+        test_fail(name, "an empty directory reports a checkpoint");
+        return;
+    }
+    const int64_t steps[] = {5, 100, 20, 9, 1000};
+    const int64_t num_params = 10;
+    unsigned char payload[140];
+    fill_random(payload, sizeof(payload));
+    for (int i = 0; i < 5; i++)
+        if (save(g_dir, random_header(steps[i], num_params), payload, err) != 0) {
+            test_fail(name, "save: %s", err);
+            return;
+        }
+    char other[CHECKPOINT_PATH_MAX + 64];  // names that are not checkpoints must be ignored
+    snprintf(other, sizeof(other), "%s/.step_00099999.ckpt.tmp", g_dir);
+    FILE* f = fopen(other, "wb");
+    if (f) fclose(f);
+    snprintf(other, sizeof(other), "%s/step_99999.ckpt.bak", g_dir);
+    f = fopen(other, "wb");
+    if (f) fclose(f);
+    char want[CHECKPOINT_PATH_MAX];
+    checkpoint_path(want, sizeof(want), g_dir, 1000);
+    int found = checkpoint_find_latest(g_dir, path, sizeof(path), &step, err, sizeof(err));
+    if (found != 1 || step != 1000 || strcmp(path, want) != 0) {
+        test_fail(name, "found %d, step %lld, path %s (want step 1000)", found, (long long)step, path);
+        return;
+    }
+    checkpoint_prune(g_dir, 2);
+    CheckpointHeader h;
+    unsigned char back[140];
+    char p100[CHECKPOINT_PATH_MAX], p20[CHECKPOINT_PATH_MAX];
+    checkpoint_path(p100, sizeof(p100), g_dir, 100);
+    checkpoint_path(p20, sizeof(p20), g_dir, 20);
+    int ok = count_files(g_dir, "step_") == 3  // the two newest and the .bak decoy
+             && load(want, &h, back, sizeof(back), err) == 0 && load(p100, &h, back, sizeof(back), err) == 0 &&
+             access(p20, F_OK) != 0;
+    test_report(name, ok, "after pruning to 2: %d step_ files; newest two loadable and step 20 gone expected",
+                count_files(g_dir, "step_"));
+    remove_all(g_dir);
+}
+
+static void test_names(void) {
+    const char* name = "checkpoint_step_of_name_accepts_only_step_digits_ckpt";
+    int ok = checkpoint_step_of_name("step_00000012.ckpt") == 12 && checkpoint_step_of_name("step_7.ckpt") == 7 &&
+             checkpoint_step_of_name(".step_00000012.ckpt.tmp") == -1 &&
+             checkpoint_step_of_name("step_00000012.ckpt.tmp") == -1 && checkpoint_step_of_name("step_.ckpt") == -1 &&
+             checkpoint_step_of_name("step_12a.ckpt") == -1 && checkpoint_step_of_name("model.bin") == -1;
+    test_report(name, ok, "a name was misread");
+}
+
+static void test_abort_leaves_nothing(void) {
+    const char* name = "checkpoint_abort_leaves_no_file";
+    char err[ERR_LEN];
+    CheckpointWriter w;
+    if (checkpoint_writer_open(&w, g_dir, 3, err, sizeof(err)) != 0) {
+        test_fail(name, "open: %s", err);
+        return;
+    }
+    checkpoint_writer_append(&w, "abc", 3, err, sizeof(err));
+    checkpoint_writer_abort(&w);
+    test_report(name, count_files(g_dir, "") == 2, "files left: %d (only . and .. expected)", count_files(g_dir, ""));
+    char missing[CHECKPOINT_PATH_MAX + 32];
+    snprintf(missing, sizeof(missing), "%s/no/such/dir", g_dir);
+    test_report("checkpoint_unwritable_dir_is_an_error_naming_it",
+                checkpoint_writer_open(&w, missing, 3, err, sizeof(err)) != 0 && strstr(err, missing) != NULL,
+                "err: %s", err);
+}
+
+// A tiny model file written by hand (the format's definition), read back through model_file.h.
+static void test_model_file(void) {
+    const char* name = "model_file_round_trip_fp32_and_bf16";
+    GPTConfig c = {2, 16, 2, 50, 64, 8};
+    size_t sizes[NUM_PARAM_TENSORS], total = 0;
+    gpt_param_sizes(sizes, &c);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) total += sizes[i];
+    char path[CHECKPOINT_PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/model.bin", g_dir);
+    int ok = 1;
+    char why[ERR_LEN] = "";
+    for (int version = MODEL_FILE_FP32; ok && version <= MODEL_FILE_BF16; version += 2) {
+        const size_t bpv = (size_t)model_file_bytes_per_value(version);
+        unsigned char* values = (unsigned char*)malloc(total * bpv);
+        fill_random(values, total * bpv);
+        FILE* f = fopen(path, "wb");
+        ok = model_file_write_header(f, &c, version) == 0 && fwrite(values, bpv, total, f) == total;
+        fclose(f);
+        ModelFile m;
+        if (ok && model_file_open(&m, path, why, sizeof(why)) != 0) ok = 0;
+        if (ok) {
+            ok = m.version == version && m.config.num_layers == 2 && m.config.channels == 16 &&
+                 m.config.num_heads == 2 && m.config.vocab_size == 50 && m.config.padded_vocab_size == 64 &&
+                 m.config.max_seq_len == 8;
+            if (!ok) snprintf(why, sizeof(why), "header fields differ");
+            size_t offset = 0;
+            unsigned char* back = (unsigned char*)malloc(total * bpv);
+            for (int i = 0; ok && i < NUM_PARAM_TENSORS; i++) {
+                // wpe (tensor 1): read only the first 5 of 8 rows, as train_gpt does for a shorter --seq-len
+                size_t count = i == 1 ? 5 * 16 : sizes[i];
+                if (model_file_read_tensor(&m, i, back, count, why, sizeof(why)) != 0) ok = 0;
+                else if (memcmp(back, values + offset * bpv, count * bpv) != 0) {
+                    ok = 0;
+                    snprintf(why, sizeof(why), "tensor %d differs (version %d)", i, version);
+                }
+                offset += sizes[i];
+            }
+            free(back);
+            model_file_close(&m);
+        }
+        free(values);
+    }
+    test_report(name, ok, "%s", why);
+    truncate(path, 1024 + 100);
+    ModelFile m;
+    int refused = model_file_open(&m, path, why, sizeof(why)) != 0;
+    test_report("model_file_truncated_is_refused_with_the_reason", refused && strstr(why, "truncated") && strstr(why, path),
+                "err: %s", why);
+    FILE* f = fopen(path, "wb");
+    fwrite("not a model at all", 1, 18, f);
+    fclose(f);
+    refused = model_file_open(&m, path, why, sizeof(why)) != 0;
+    test_report("model_file_foreign_file_is_refused", refused && strstr(why, "magic"), "err: %s", why);
+    remove_all(g_dir);
+}
+
+int main(void) {
+    test_begin();
+    g_rng.state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    printf("seed %llu\n", (unsigned long long)g_rng.state);
+    snprintf(g_dir, sizeof(g_dir), "/tmp/test_checkpoint_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        test_fail("setup", "mkdtemp: %s", strerror(errno));
+        return test_end();
+    }
+    test_hash_pieces_and_sensitivity();
+    test_round_trip();
+    expect_refused("checkpoint_flipped_payload_byte_fails_the_checksum", flip_payload_byte, "finish", "checksum");
+    expect_refused("checkpoint_truncated_is_refused_at_open", truncate_file, "open", "truncated");
+    expect_refused("checkpoint_extra_byte_is_refused_at_open", append_byte, "open", "truncated or corrupt");
+    expect_refused("checkpoint_bad_magic_is_refused_at_open", break_magic, "open", "not a train_gpt checkpoint");
+    expect_refused("checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version");
+    test_latest_and_prune();
+    test_names();
+    test_abort_leaves_nothing();
+    test_model_file();
+    rmdir(g_dir);
+    return test_end();
+}
