@@ -177,7 +177,7 @@ def test_resume_from_another_config_is_refused():
 def test_resume_plan_continues_at_the_saved_step():
     path = os.path.join(WORK, "good.ckpt")
     write_checkpoint(path, step=4, chunk=1, lr=1e-3)
-    r = run(*GOOD, *TINY, "--resume", path, "--max-steps", "6")
+    r = run(*GOOD, *TINY, "--resume", path, "--max-steps", "6", "--plan-only")  # the payload is a sparse dummy
     assert r.returncode == 0, r.stderr
     assert f"resume       {path}: 4 steps done, continues at step 5 (data epoch 0, shard 0, chunk 1)" in r.stdout, r.stdout
     assert "--lr is 0.0003, the checkpoint's run had 0.001" in r.stdout, r.stdout
@@ -346,11 +346,11 @@ def test_gpu_out_of_memory_says_what_to_lower():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
     path = os.path.join(WORK, "big_train.bin")
-    write_shard(path, RNG.integers(0, 50257, size=20000 * 64 + 1))
-    # gpt2-124m, 20000 x 64 tokens per micro step: its logits alone are 20000*64*50304*2 bytes = 120 GiB.
-    r = run("--train-data", path, "--val-data", "", "--batch-size", "20000", "--seq-len", "64", "--layers", "2",
+    write_shard(path, RNG.integers(0, 50257, size=5000 * 256 + 1))
+    # gpt2-124m, 5000 x 256 tokens per micro step: its logits alone are 5000*256*50304*2 bytes = 120 GiB.
+    r = run("--train-data", path, "--val-data", "", "--batch-size", "5000", "--seq-len", "256", "--layers", "2",
             "--max-steps", "1")
-    expect_error(r, 1, "out of GPU memory", "activations of a 20000 x 64 micro batch", "--batch-size")
+    expect_error(r, 1, "out of GPU memory", "activations of a 5000 x 256 micro batch", "--batch-size")
 
 
 if __name__ == "__main__":
