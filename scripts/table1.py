@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""table1.py: reproduce Table 1 of the FlashAttention-2 paper with train_gpt.
+
+Table 1 is end-to-end training throughput (TFLOP/s per GPU) of GPT3-1.3B and GPT3-2.7B at 2k and
+8k context without FlashAttention, with FlashAttention and with FlashAttention-2. Here the three
+columns are `--attn naive`, `--attn flash1` and `--attn flash2` of the same trainer, so everything
+but attention is the same code. The paper's models: GPT3-1.3B = L24 h2048 16 heads (d128),
+GPT3-2.7B = L32 h2560 32 heads (d80) (`gpt3-1.3b`, `gpt3-2.7b`).
+
+Setup as the paper's, per GPU: micro batch 8 (1.3B at 2k), 4 (1.3B at 8k), 4 (2.7B at 2k and 8k),
+and gradient accumulation to --batch-tokens per GPU and step (default 131072: the paper's ~1M
+global batch over its 8 GPUs). A cell whose micro batch does not fit in GPU memory is rerun with
+half the micro batch (same tokens per step, more accumulation) until it fits; the table marks each
+such cell with the micro batch it used. If naive attention does not fit even at micro batch 1 (it
+stores B·heads·T² probabilities per layer), the cell is run with `naive-recompute` (the same
+standard attention, recomputing S and P in the backward instead of storing P) when train_gpt has
+it, and marked so.
+
+Throughput: each run takes --steps optimizer steps; the median step time after the first --skip
+steps counts. TFLOP/s per GPU use the paper's formula, 6·s·P + 12·L·h·s² per sequence, as
+train_gpt reports it; MFU is against the GPU's dense bf16 peak.
+
+Writes <out-dir>/table1_<gpu>.json (records: model, seqlen, attn, micro_batch, gpus, tokens_per_s,
+tflops_per_gpu, mfu, peak_mem_gb, note; plus device, date, commit, command) and .md, merging with
+an existing file (a record is replaced by a new one of the same model, seqlen and attn), so the
+twelve cells can be measured in several calls. Prints the table in the paper's layout last.
+
+Usage (repository root, after `make train_gpt` and `make train` for the data):
+    python3 scripts/table1.py                                   # all 12 cells
+    python3 scripts/table1.py --configs 1.3b-2k,1.3b-8k --attn flash2,flash1
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_runs  # noqa: E402
+
+# (name, model, seqlen, the paper's micro batch, the paper's A100 TFLOP/s: naive, flash1, flash2)
+CONFIGS = [
+    ("1.3b-2k", "gpt3-1.3b", 2048, 8, (142, 189, 196)),
+    ("1.3b-8k", "gpt3-1.3b", 8192, 4, (72, 170, 220)),
+    ("2.7b-2k", "gpt3-2.7b", 2048, 4, (149, 189, 205)),
+    ("2.7b-8k", "gpt3-2.7b", 8192, 4, (80, 175, 225)),
+]
+ATTNS = ("naive", "flash1", "flash2")
+PAPER_GPU = "8×A100 80GB"
+PAPER_SPEEDUP_MIN = {2048: 1.38, 8192: 2.8}  # the issue's bar for flash2 / naive, from the paper
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default=",".join(c[0] for c in CONFIGS),
+                   help="comma-separated subset of " + ", ".join(c[0] for c in CONFIGS))
+    p.add_argument("--attn", default=",".join(ATTNS), help="comma-separated subset of naive, flash1, flash2")
+    p.add_argument("--batch-tokens", type=int, default=131072, help="tokens per GPU per optimizer step")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    p.add_argument("--skip", type=int, default=1, help="warm-up steps not timed")
+    p.add_argument("--train-data", default="data/tinyshakespeare/tinyshakespeare_train_*.bin")
+    p.add_argument("--out-dir", default=os.path.join(train_runs.REPO_ROOT, "scripts", "results"))
+    p.add_argument("--log-dir", default=None, help="where the runs' logs go (default: a temporary folder)")
+    p.add_argument("--timeout", type=int, default=540, help="seconds per train_gpt run")
+    args = p.parse_args()
+    names = {c[0] for c in CONFIGS}
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.attn = [a for a in args.attn.split(",") if a]
+    bad = [c for c in args.configs if c not in names] + [a for a in args.attn if a not in ATTNS]
+    if bad:
+        p.error(f"unknown config or backend: {', '.join(bad)}")
+    if args.steps <= args.skip:
+        p.error("--steps must exceed --skip")
+    return args
+
+
+def train_gpt_has_backend(name):
+    """Whether this train_gpt accepts --attn name (asked through --help)."""
+    run = train_runs.subprocess.run([train_runs.TRAIN_GPT, "--help"], capture_output=True, text=True)
+    return name in run.stdout
+
+
+def measure_cell(args, model, seqlen, micro, attn, log_dir):
+    """Runs one cell, halving the micro batch on out-of-memory; returns its record."""
+    attempts = []
+    backends = [attn] + (["naive-recompute"] if attn == "naive" and train_gpt_has_backend("naive-recompute") else [])
+    for backend in backends:
+        mb = micro
+        while mb >= 1:
+            log = os.path.join(log_dir, f"{model}_{seqlen}_{backend}_mb{mb}.jsonl")
+            run = train_runs.run_train_gpt(
+                ["--model", model, "--attn", backend, "--seq-len", seqlen, "--batch-size", mb,
+                 "--total-batch-tokens", args.batch_tokens, "--max-steps", args.steps, "--train-data", args.train_data,
+                 "--val-data", ""], log, timeout_s=args.timeout)
+            with open(log + ".out", "w") as f:
+                f.write(run.stdout + "\n--- stderr ---\n" + run.stderr)
+            summary = train_runs.steady_state(run.records, args.skip) if run.returncode == 0 else None
+            if summary:
+                notes = []
+                if mb != micro:
+                    notes.append(f"micro batch {mb}: {micro} did not fit")
+                if backend != attn:
+                    notes.append("naive-recompute: P recomputed in the backward (storing it does not fit)")
+                return {"model": model, "seqlen": seqlen, "attn": attn, "backend": backend, "micro_batch": mb,
+                        "paper_micro_batch": micro, "gpus": 1, "tokens_per_s": summary["tokens_per_s"],
+                        "tflops_per_gpu": summary["tflops_per_gpu"], "mfu": summary["mfu"], "ms": summary["ms"],
+                        "steps_timed": summary["steps_timed"], "peak_mem_gb": run.peak_mem_mib / 1024.0,
+                        "batch_tokens": args.batch_tokens, "note": "; ".join(notes)}
+            last = (run.stderr.strip().splitlines() or ["(no message)"])[-1]
+            attempts.append(f"{backend} micro {mb}: exit {run.returncode}: {last}")
+            print(f"  -> {attempts[-1]}", flush=True)
+            if not run.out_of_memory:
+                break  # another failure: halving will not help
+            if mb % 2 or mb == 1:
+                break
+            mb //= 2
+    return {"model": model, "seqlen": seqlen, "attn": attn, "micro_batch": None, "paper_micro_batch": micro,
+            "gpus": 1, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None, "peak_mem_gb": None,
+            "batch_tokens": args.batch_tokens, "note": "failed: " + " | ".join(attempts)}
+
+
+def load_existing(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def cell_text(rec):
+    if rec is None:
+        return "–"
+    if rec.get("tflops_per_gpu") is None:
+        return "failed"
+    text = f"{rec['tflops_per_gpu']:.0f}"
+    if rec.get("micro_batch") != rec.get("paper_micro_batch"):
+        text += f" (mb {rec['micro_batch']})"
+    if rec.get("backend", rec["attn"]) != rec["attn"]:
+        text += " (recompute)"
+    return text
+
+
+def ratio(a, b):
+    if not a or not b or a.get("tflops_per_gpu") is None or b.get("tflops_per_gpu") is None:
+        return None
+    return a["tflops_per_gpu"] / b["tflops_per_gpu"]
+
+
+def markdown(result):
+    by_key = {(r["model"], r["seqlen"], r["attn"]): r for r in result["records"]}
+    lines = [f"# Table 1 of the FlashAttention-2 paper, reproduced on {result['device']} (1 GPU)", "",
+             "End-to-end training throughput, TFLOP/s per GPU (6·s·P + 12·L·h·s² per sequence), ours and, in",
+             f"brackets, the paper's ({PAPER_GPU}). Speedups: ours (paper's).", "",
+             "| Model | Without FlashAttention | FlashAttention | FlashAttention-2 | FA2 / without | FA2 / FA1 |",
+             "|---|---|---|---|---|---|"]
+    for name, model, seqlen, micro, paper in CONFIGS:
+        recs = [by_key.get((model, seqlen, a)) for a in ATTNS]
+        if not any(recs):
+            continue
+        cells = [f"{cell_text(r)} ({p})" for r, p in zip(recs, paper)]
+        s_naive, s_fa1 = ratio(recs[2], recs[0]), ratio(recs[2], recs[1])
+        fmt = lambda s: "–" if s is None else f"{s:.2f}×"  # noqa: E731
+        label = f"GPT3-{model.split('-')[1].upper()} {seqlen // 1024}k"
+        lines.append(f"| {label} | {' | '.join(cells)} | {fmt(s_naive)} ({paper[2] / paper[0]:.2f}×) | "
+                     f"{fmt(s_fa1)} ({paper[2] / paper[1]:.2f}×) |")
+    lines += ["", "MFU and memory of each cell:", "", "| model | seqlen | attn | micro batch | tokens/s | TFLOP/s | MFU | "
+              "peak GB | note |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["records"]:
+        if r.get("tflops_per_gpu") is None:
+            lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | – | – | – | – | – | {r['note']} |")
+            continue
+        lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
+                     f"{r['tflops_per_gpu']:.1f} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} | {r['note']} |")
+    lines += ["", f"Device: {result['device']}; date {result['date']}; commit {result['commit']}; "
+              f"{result['batch_tokens']} tokens per GPU per step.", "", f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+def main():
+    args = parse_args()
+    meta = train_runs.run_metadata()
+    slug = train_runs.gpu_slug(meta["device"])
+    json_path = os.path.join(args.out_dir, f"table1_{slug}.json")
+    md_path = os.path.join(args.out_dir, f"table1_{slug}.md")
+    result = load_existing(json_path) or {"records": []}
+    result.update(meta)
+    result["batch_tokens"] = args.batch_tokens
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="table1_")
+    os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    for name, model, seqlen, micro, _ in CONFIGS:
+        if name not in args.configs:
+            continue
+        for attn in args.attn:
+            print(f"== {model} seq {seqlen} attn {attn} (paper micro batch {micro})", flush=True)
+            rec = measure_cell(args, model, seqlen, micro, attn, log_dir)
+            rec["commit"] = meta["commit"]
+            result["records"] = [r for r in result["records"]
+                                 if (r["model"], r["seqlen"], r["attn"]) != (model, seqlen, attn)] + [rec]
+            order = {(c[1], c[2], a): i * 3 + j for i, c in enumerate(CONFIGS) for j, a in enumerate(ATTNS)}
+            result["records"].sort(key=lambda r: order.get((r["model"], r["seqlen"], r["attn"]), 99))
+            with open(json_path, "w") as f:  # after every cell, so a crash keeps what was measured
+                json.dump(result, f, indent=1)
+            with open(md_path, "w") as f:
+                f.write(markdown(result))
+            if rec["tflops_per_gpu"] is not None:
+                print(f"  {rec['tflops_per_gpu']:.1f} TFLOP/s, {rec['tokens_per_s']:.0f} tok/s, MFU "
+                      f"{100 * rec['mfu']:.1f}%, micro batch {rec['micro_batch']}, peak {rec['peak_mem_gb']:.1f} GB",
+                      flush=True)
+    print()
+    print(markdown(result))
+    print(f"wrote {json_path} and {md_path}; logs in {log_dir}")
+
+
+if __name__ == "__main__":
+    main()
