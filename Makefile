@@ -37,7 +37,8 @@ TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
-ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
+ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
+             $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune
 
 .PHONY: all train test dataset venv clean

@@ -55,8 +55,21 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
             }
             return 0;
         case ATTN_FLASH1:
-            snprintf(why, why_size, "the flash1 backend is not built yet; use --attn flash2 or --attn naive");
-            return -1;
+            if ((long)s->B * s->NH > 2147483647L) {  // one thread block per (b, h): the grid's x limit
+                snprintf(why, why_size,
+                         "the flash1 backend runs at most 2^31-1 (batch, head) pairs in one call, not B·NH = %ld; "
+                         "lower the batch size",
+                         (long)s->B * s->NH);
+                return -1;
+            }
+            if (!flash2_supports_head_dim(s->HD)) {  // the same kernels' tile shapes as flash2
+                snprintf(why, why_size,
+                         "the flash1 backend supports head dims 64, 80, 96 and 128, not %d; change --heads "
+                         "so that hidden/heads is one of them, or use --attn naive",
+                         s->HD);
+                return -1;
+            }
+            return 0;
     }
     snprintf(why, why_size, "unknown attention backend %d", (int)backend);
     return -1;
@@ -69,6 +82,7 @@ size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* sha
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape) {
     switch (backend) {
         case ATTN_NAIVE: return naive_attention_workspace_bytes(shape);
+        case ATTN_FLASH1: return flash1_attention_workspace_bytes(shape);
         case ATTN_FLASH2: return flash2_attention_workspace_bytes(shape);
         default: return 0;
     }
@@ -85,6 +99,7 @@ void attention_forward(AttentionBackend backend, const AttentionContext* ctx, co
                        cudaStream_t stream) {
     switch (backend) {
         case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
+        case ATTN_FLASH1: flash1_attention_forward(args, stream); return;
         case ATTN_FLASH2: flash2_attention_forward(args, stream); return;
         default: unsupported(backend, &args->shape);
     }
@@ -94,6 +109,7 @@ void attention_backward(AttentionBackend backend, const AttentionContext* ctx, c
                         cudaStream_t stream) {
     switch (backend) {
         case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
+        case ATTN_FLASH1: flash1_attention_backward(args, stream); return;
         case ATTN_FLASH2: flash2_attention_backward(args, stream); return;
         default: unsupported(backend, &args->shape);
     }

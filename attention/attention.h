@@ -1,4 +1,4 @@
-// attention.h: the one interface every attention backend sits behind (naive, flash2; flash1 later).
+// attention.h: the one interface every attention backend sits behind (naive, flash1, flash2).
 //
 // Computes causal or full softmax attention with softmax scale 1/√HD, per batch b and head h:
 //   S = Q Kᵀ / √HD  (T, T),  P = softmax(S) row-wise (keys j > query i masked when causal),

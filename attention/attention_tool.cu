@@ -48,7 +48,7 @@ static void print_usage(FILE* out) {
             "(scripts/check_attention.py). Softmax scale 1/sqrt(HD); see attention/attention.h.\n"
             "\n"
             "options\n"
-            "      --backend NAME     naive | flash2 (flash1 once it is built)\n"
+            "      --backend NAME     naive | flash1 | flash2\n"
             "      --batch B          batch size\n"
             "      --seq-len T        sequence length\n"
             "      --heads NH         number of heads\n"
@@ -248,7 +248,7 @@ static void* device_alloc(const char* what, size_t bytes, const ToolOptions* opt
                 "B=%d T=%d NH=%d HD=%d; lower --batch or --seq-len%s\n",
                 what, gib((double)bytes), gib((double)free_bytes), gib((double)total_bytes), opt->backend_name,
                 opt->B, opt->T, opt->NH, opt->HD,
-                opt->backend == ATTN_NAIVE ? ", or use --backend flash2 (naive keeps (B, NH, T, T) scores)" : "");
+                opt->backend == ATTN_NAIVE ? ", or use --backend flash1 or flash2 (naive keeps (B, NH, T, T) scores)" : "");
         exit(1);
     }
     CUDA_CHECK(err);

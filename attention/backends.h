@@ -11,6 +11,12 @@ size_t naive_attention_workspace_bytes(const AttentionShape* shape);
 void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
 void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
 
+// flash1 (flash1_forward.cu, flash1_backward.cu): FlashAttention-1 on mma.sync tensor cores, one
+// thread block per (batch, head); the head dims of flash2.
+size_t flash1_attention_workspace_bytes(const AttentionShape* shape);
+void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream);
+void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream);
+
 // flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2 on mma.sync tensor cores.
 int flash2_supports_head_dim(int head_dim);
 size_t flash2_attention_workspace_bytes(const AttentionShape* shape);

@@ -34,6 +34,7 @@ Usage (from the repository root, after `make build/libattention.so`):
     python3 scripts/bench_attention.py                                  # the whole grid
     python3 scripts/bench_attention.py --hdims 128 --causal 1 --seqlens 2k,8k
     python3 scripts/bench_attention.py --impls flash2,naive,torch-flash --tag naive
+    python3 scripts/bench_attention.py --impls flash1,flash2 --seqlens 2k,8k --tag flash1   # FA1 vs FA2
 """
 import argparse
 import contextlib
@@ -322,7 +323,8 @@ def seqlen_label(seqlen):
 
 
 def table_rows(records, impls, hdim, causal, seqlens):
-    """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal), then our/torch ratio rows."""
+    """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal), then ratio rows (flash2/flash1,
+    ours/torch)."""
     by_key = {(r["impl"], r["seqlen"]): r for r in records if r["hdim"] == hdim and r["causal"] == bool(causal)}
     keys = {"fwd": "fwd_tflops", "bwd": "bwd_tflops", "fwd+bwd": "fwdbwd_tflops"}
     rows = []
@@ -338,15 +340,17 @@ def table_rows(records, impls, hdim, causal, seqlens):
                 else:
                     cells.append(f"{r[keys[p]]:.0f}")
             rows.append([f"{impl} {p}"] + cells)
-    for ours in (i for i in impls if i in OUR_IMPLS):
-        for theirs in (i for i in impls if i in TORCH_IMPLS):
-            for p in PASSES:
-                cells = []
-                for t in seqlens:
-                    a, b = by_key.get((ours, t)), by_key.get((theirs, t))
-                    ok = a and b and a["status"] == "ok" and b["status"] == "ok"
-                    cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
-                rows.append([f"{ours}/{theirs} {p}"] + cells)
+    # flash2 against flash1 (the FA2 paper's comparison), then ours against each PyTorch backend
+    pairs = [("flash2", "flash1")] if "flash1" in impls and "flash2" in impls else []
+    pairs += [(ours, theirs) for ours in impls if ours in OUR_IMPLS for theirs in impls if theirs in TORCH_IMPLS]
+    for ours, theirs in pairs:
+        for p in PASSES:
+            cells = []
+            for t in seqlens:
+                a, b = by_key.get((ours, t)), by_key.get((theirs, t))
+                ok = a and b and a["status"] == "ok" and b["status"] == "ok"
+                cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
+            rows.append([f"{ours}/{theirs} {p}"] + cells)
     return rows
 
 
@@ -539,7 +543,7 @@ def main():
         print("note: " + note)
     print(f"wrote {os.path.relpath(json_path)} and {os.path.relpath(md_path)}")
     print("TFLOP/s; fwd+bwd = sum of the fwd and bwd medians; WRONG = output differs from torch-flash; "
-          "ratios = ours / torch")
+          "ratios = flash2 / flash1 and ours / torch")
     for title, rows, cols in tables:
         print()
         print(text_table(title, rows, cols))

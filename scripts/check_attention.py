@@ -16,7 +16,7 @@ exits 1 when any error is above --tolerance, any element is not finite, or the t
 Needs a GPU machine with PyTorch, and the tool built first (`make build/attention_tool`).
 
 Usage (from the repository root):
-    python3 scripts/check_attention.py                                  # default shapes, naive + flash2
+    python3 scripts/check_attention.py                                  # default shapes, every backend
     python3 scripts/check_attention.py --backends flash2 --layout both
     python3 scripts/check_attention.py --shapes "1,1000,16,80,1;2,4096,32,64,0" --seed 7
     python3 scripts/check_attention.py --input-scale 4 --log build/check_attention.log
@@ -248,7 +248,8 @@ def main():
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Usage" + __doc__.split("Usage", 1)[1])
     parser.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES,
                         help=f'shapes "B,T,NH,HD,causal;..." (default: {DEFAULT_SHAPES})')
-    parser.add_argument("--backends", default="naive,flash2", help="comma-separated backends (default naive,flash2)")
+    parser.add_argument("--backends", default="naive,flash1,flash2",
+                        help="comma-separated backends (default naive,flash1,flash2)")
     parser.add_argument("--layout", choices=["packed", "plain", "both"], default="packed",
                         help="packed: q, k, v inside one (B, T, 3, NH, HD) buffer as in the trainer (default); "
                              "plain: separate tensors; both")

@@ -1,6 +1,8 @@
-// test_gpu_attention.cu: every attention backend (naive, flash2) against the fp64 CPU reference
-// (test/cpu_reference.h), through the public interface attention.h only, so all backends are
-// tested the same way.
+// test_gpu_attention.cu: every attention backend (naive, flash1, flash2) against the fp64 CPU
+// reference (test/cpu_reference.h), through the public interface attention.h only, so all backends
+// are tested the same way.
+//
+//   build/test_gpu_attention [BACKEND...]   GPU cases of the named backends only (default: all)
 //
 // Cases: head dims 64, 80, 96, 128; causal and full; T in {1, 17, 64, 127, 1000} (B = 2, NH = 3 up
 // to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast); q, k, v uniform in
@@ -28,6 +30,8 @@
 //   every output element must be written: in the packed layout the q, k and v slots of dqkv tile
 //   the buffer, so every element of it must be written; around every output region a guard of
 //   poison must stay untouched; the backward must leave q, k, v, dout, out and lse as they were.
+// flash1 keeps O, m and ℓ in the workspace between key blocks of 256 or 512 keys, and its backward
+// adds dQ there per key block of 128: T = 1000 is the case with several key blocks (T ≤ 127 has one).
 // CPU-only cases (the dispatcher's checks, names and sizes) run everywhere; GPU cases are reported
 // as SKIP where no GPU is found.
 #include <cuda_bf16.h>
@@ -43,7 +47,8 @@
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
 static const int SEQ_LENS[] = {1, 17, 64, 127, 1000};
 static const double INPUT_SCALES[] = {1.0, 8.0};
-static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH2};
+static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2};
+static const AttentionBackend FLASH_BACKENDS[] = {ATTN_FLASH1, ATTN_FLASH2};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 #define TOLERANCE 1e-2
@@ -449,21 +454,22 @@ static AttentionShape shape_of(int B, int T, int NH, int HD, int causal) {
 
 static void cpu_cases(void) {
     char why[256];
-    {
-        const char* name = "attention_check_flash2_rejects_head_dim_72";
+    for (size_t f = 0; f < COUNT(FLASH_BACKENDS); f++) {
+        const AttentionBackend backend = FLASH_BACKENDS[f];
+        char name[96];
+        snprintf(name, sizeof(name), "attention_check_%s_rejects_head_dim_72", attention_backend_name(backend));
         AttentionShape s = shape_of(2, 64, 4, 72, 1);
         why[0] = 0;
-        int rc = attention_check(ATTN_FLASH2, &s, why, sizeof(why));
+        int rc = attention_check(backend, &s, why, sizeof(why));
         int names_dims = strstr(why, "64") && strstr(why, "80") && strstr(why, "96") && strstr(why, "128");
         test_report(name, rc != 0 && names_dims, "returned %d with message \"%s\" (want -1 and a message naming 64, 80, 96 and 128)",
                     rc, why);
-    }
-    {
-        const char* name = "attention_check_flash2_accepts_head_dims_64_80_96_128";
+
+        snprintf(name, sizeof(name), "attention_check_%s_accepts_head_dims_64_80_96_128", attention_backend_name(backend));
         char bad[256] = "";
         for (size_t i = 0; i < COUNT(HEAD_DIMS); i++) {
-            AttentionShape s = shape_of(2, 1000, 3, HEAD_DIMS[i], 1);
-            if (attention_check(ATTN_FLASH2, &s, why, sizeof(why)) != 0)
+            AttentionShape ok = shape_of(2, 1000, 3, HEAD_DIMS[i], 1);
+            if (attention_check(backend, &ok, why, sizeof(why)) != 0)
                 add_problem(bad, sizeof(bad), "head dim %d refused: %s", HEAD_DIMS[i], why);
         }
         test_report(name, bad[0] == 0, "%s", bad);
@@ -481,7 +487,7 @@ static void cpu_cases(void) {
     {
         const char* name = "attention_backend_names_round_trip";
         char bad[256] = "";
-        const char* names[] = {"naive", "flash2"};
+        const char* names[] = {"naive", "flash1", "flash2"};
         for (size_t i = 0; i < COUNT(names); i++) {
             AttentionBackend backend;
             if (attention_backend_from_name(names[i], &backend) != 0) {
@@ -505,6 +511,18 @@ static void cpu_cases(void) {
         test_report(name, saved == elems * 2 && work == elems * 4, "saved %zu bytes (want %llu), workspace %zu (want %llu)",
                     saved, elems * 2, work, elems * 4);
     }
+    {
+        // flash1 keeps O (B, NH, T, HD), m and ℓ (B, NH, T) in fp32 between key blocks (the backward's
+        // dQ accumulator (B, NH, T, HD) fits in the same bytes) and nothing from forward to backward:
+        // linear in T, with no T² term.
+        const char* name = "attention_flash1_memory_sizes_at_T16384";
+        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
+        unsigned long long rows = 8ull * 16ull * 16384ull;
+        size_t saved = attention_saved_bytes(ATTN_FLASH1, &s), work = attention_workspace_bytes(ATTN_FLASH1, &s);
+        unsigned long long want = rows * 128ull * 4ull + rows * 2ull * 4ull;
+        test_report(name, saved == 0 && work == want, "saved %zu bytes (want 0), workspace %zu (want %llu)", saved,
+                    work, want);
+    }
 }
 
 // ---- main --------------------------------------------------------------------------------------------
@@ -515,8 +533,27 @@ static void batch_heads(int T, int* B, int* NH) {
     *NH = T <= 127 ? 3 : 2;
 }
 
-int main(void) {
+// The backends named on the command line (all when none); exits 2 on an unknown name.
+static int g_selected[COUNT(BACKENDS)];
+
+static void select_backends(int argc, char** argv) {
+    for (size_t be = 0; be < COUNT(BACKENDS); be++) g_selected[be] = argc < 2;
+    for (int i = 1; i < argc; i++) {
+        AttentionBackend backend = ATTN_NAIVE;
+        const int known = attention_backend_from_name(argv[i], &backend) == 0;
+        size_t be = 0;
+        while (known && be < COUNT(BACKENDS) && BACKENDS[be] != backend) be++;
+        if (!known || be == COUNT(BACKENDS)) {
+            fprintf(stderr, "usage: %s [naive|flash1|flash2 ...]: unknown backend \"%s\"\n", argv[0], argv[i]);
+            exit(2);
+        }
+        g_selected[be] = 1;
+    }
+}
+
+int main(int argc, char** argv) {
     test_begin();
+    select_backends(argc, argv);
     uint64_t seed = pick_seed();
     printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
            (unsigned long long)seed);
@@ -536,6 +573,7 @@ int main(void) {
                         for (int layout = 0; layout <= (plain_layout_case(SEQ_LENS[t], INPUT_SCALES[sc]) ? 1 : 0);
                              layout++)
                             for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                                if (!g_selected[be]) continue;
                                 case_name(name, sizeof(name), BACKENDS[be], HEAD_DIMS[h], causal, SEQ_LENS[t],
                                           INPUT_SCALES[sc], (Layout)layout);
                                 test_skip(name, skip_why);
@@ -567,6 +605,7 @@ int main(void) {
                                               seed + 0x9E3779B97F4A7C15ull * ++set_index);
                     for (int layout = 0; layout <= (plain_layout_case(T, scale) ? 1 : 0); layout++)
                         for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                            if (!g_selected[be]) continue;
                             case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], HEAD_DIMS[h], causal, T,
                                       scale, (Layout)layout);
                             char name[160];
