@@ -78,7 +78,8 @@ static void print_usage(FILE* out) {
             "      --hidden N              override the hidden size\n"
             "      --heads N               override the number of heads (head dim = hidden / heads\n"
             "                              must be 64, 80, 96 or 128)\n"
-            "  -a, --attn BACKEND          naive | flash1 | flash2 (default flash2)\n"
+            "  -a, --attn BACKEND          naive | flash1 | flash2 (default flash2), or naive-recompute:\n"
+            "                              naive that recomputes S and P in the backward (long T)\n"
             "data\n"
             "  -i, --train-data PATTERN    training shards, a path or a glob\n"
             "                              (default data/tinyshakespeare/tinyshakespeare_train_*.bin)\n"
@@ -179,7 +180,7 @@ static Options parse_options(int argc, char** argv) {
             case OPT_HEADS: opt.heads = (int)parse_int("--heads", optarg, 1, 1024); break;
             case 'a':
                 if (attention_backend_from_name(optarg, &opt.attn) != 0) {
-                    fprintf(stderr, "error: --attn expects naive, flash1 or flash2, got \"%s\"\n", optarg);
+                    fprintf(stderr, "error: --attn expects naive, flash1, flash2 or naive-recompute, got \"%s\"\n", optarg);
                     exit(2);
                 }
                 break;

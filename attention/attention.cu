@@ -5,15 +5,15 @@
 
 #include "backends.h"
 
-static const char* BACKEND_NAMES[] = {"naive", "flash1", "flash2"};
+static const char* BACKEND_NAMES[] = {"naive", "flash1", "flash2", "naive-recompute"};
 
 const char* attention_backend_name(AttentionBackend backend) {
-    if ((int)backend < 0 || (int)backend > (int)ATTN_FLASH2) return NULL;
+    if ((int)backend < 0 || (int)backend >= NUM_ATTENTION_BACKENDS) return NULL;
     return BACKEND_NAMES[backend];
 }
 
 int attention_backend_from_name(const char* name, AttentionBackend* backend) {
-    for (int i = 0; i <= (int)ATTN_FLASH2; i++) {
+    for (int i = 0; i < NUM_ATTENTION_BACKENDS; i++) {
         if (strcmp(name, BACKEND_NAMES[i]) == 0) {
             *backend = (AttentionBackend)i;
             return 0;
@@ -30,6 +30,7 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
     }
     switch (backend) {
         case ATTN_NAIVE:
+        case ATTN_NAIVE_RECOMPUTE:
             if (s->HD % 8 != 0 || s->HD > 256) {
                 snprintf(why, why_size,
                          "the naive backend supports head dims that are multiples of 8 up to 256, not %d; "
@@ -82,6 +83,7 @@ size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* sha
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape) {
     switch (backend) {
         case ATTN_NAIVE: return naive_attention_workspace_bytes(shape);
+        case ATTN_NAIVE_RECOMPUTE: return naive_recompute_attention_workspace_bytes(shape);
         case ATTN_FLASH1: return flash1_attention_workspace_bytes(shape);
         case ATTN_FLASH2: return flash2_attention_workspace_bytes(shape);
         default: return 0;
@@ -99,6 +101,7 @@ void attention_forward(AttentionBackend backend, const AttentionContext* ctx, co
                        cudaStream_t stream) {
     switch (backend) {
         case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
+        case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_forward(ctx, args, stream); return;
         case ATTN_FLASH1: flash1_attention_forward(args, stream); return;
         case ATTN_FLASH2: flash2_attention_forward(args, stream); return;
         default: unsupported(backend, &args->shape);
@@ -109,6 +112,7 @@ void attention_backward(AttentionBackend backend, const AttentionContext* ctx, c
                         cudaStream_t stream) {
     switch (backend) {
         case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
+        case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_backward(ctx, args, stream); return;
         case ATTN_FLASH1: flash1_attention_backward(args, stream); return;
         case ATTN_FLASH2: flash2_attention_backward(args, stream); return;
         default: unsupported(backend, &args->shape);

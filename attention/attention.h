@@ -20,7 +20,10 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 
-typedef enum { ATTN_NAIVE = 0, ATTN_FLASH1 = 1, ATTN_FLASH2 = 2 } AttentionBackend;
+// naive-recompute is naive attention that recomputes S and P in the backward instead of storing P
+// (for sequences where P of every layer does not fit; attention_naive.cu).
+typedef enum { ATTN_NAIVE = 0, ATTN_FLASH1 = 1, ATTN_FLASH2 = 2, ATTN_NAIVE_RECOMPUTE = 3 } AttentionBackend;
+#define NUM_ATTENTION_BACKENDS 4
 
 typedef struct {
     int B, T, NH, HD;  // batch, sequence length, heads, head dim

@@ -43,7 +43,7 @@ static int fail(const char* fmt, ...) {
 static int resolve(const char* name, int B, int T, int NH, int HD, int causal, AttentionBackend* backend,
                    AttentionShape* shape) {
     if (!name || attention_backend_from_name(name, backend) != 0)
-        return fail("unknown attention backend \"%s\"; expected naive, flash1 or flash2", name ? name : "(null)");
+        return fail("unknown attention backend \"%s\"; expected naive, flash1, flash2 or naive-recompute", name ? name : "(null)");
     shape->B = B, shape->T = T, shape->NH = NH, shape->HD = HD, shape->causal = causal ? 1 : 0;
     char why[512];
     if (attention_check(*backend, shape, why, sizeof(why)) != 0) return fail("%s", why);

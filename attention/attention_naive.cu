@@ -24,6 +24,12 @@
 // Memory: saved B·NH·T·T·2 bytes, workspace B·NH·T·T·4 bytes (at T = 16384: 512 MiB and 1 GiB per
 // (b, h) pair), which is why this is the baseline and not the backend to train with.
 //
+// naive-recompute: the same standard attention for when storing P of every layer does not fit
+// (long sequences): the forward keeps P in the workspace only, and the backward recomputes
+// S = Q Kᵀ (one more GEMM) and P = exp(S · scale − LSE) from the saved LSE before the steps above.
+// Memory: saved nothing, workspace B·NH·T·T·6 bytes (S or dP fp32, then P or dS bf16), for one
+// layer at a time.
+//
 // cuBLAS is column-major. A row-major (rows, cols) matrix with row stride ld is, to cuBLAS, the
 // column-major (cols, rows) matrix with leading dimension ld, i.e. its transpose. Writing Xc for
 // that view of a row-major X (Qc = Qᵀ, (HD, T), ld = qkv_stride; Sc = Sᵀ, (T, T), ld = T), each
@@ -117,7 +123,8 @@ static __device__ __forceinline__ void unpack_bf16x4(uint2 packed, float* x) {
 // P (rows, T) bf16 = exp(S·scale − LSE) for keys j < num_keys(i), exactly 0 for masked keys, and
 // lse (rows) fp32. One block per row (grid-stride over rows); two passes over the row: an online
 // max/sum, then the write. VEC = 4: float4 loads and 8-byte stores (T % 4 == 0, aligned bases).
-template <int VEC>
+// LSE_GIVEN (the recomputing backward): lse is read, not computed, and only the write pass runs.
+template <int VEC, bool LSE_GIVEN>
 __global__ void softmax_forward_kernel(__nv_bfloat16* P, float* lse, const float* S, int T, size_t rows, float scale,
                                        int causal) {
     for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -127,7 +134,9 @@ __global__ void softmax_forward_kernel(__nv_bfloat16* P, float* lse, const float
         __nv_bfloat16* p = P + row * (size_t)T;
 
         float m = -INFINITY, l = 0.0f;
-        if (VEC == 4) {
+        if (LSE_GIVEN) {
+            // no statistics pass
+        } else if (VEC == 4) {
             const int num_chunks = (num_keys + 3) / 4;  // the last chunk may hold masked keys (still in the row)
             for (int c = threadIdx.x; c < num_chunks; c += blockDim.x) {
                 float4 x4 = reinterpret_cast<const float4*>(s)[c];
@@ -150,9 +159,14 @@ __global__ void softmax_forward_kernel(__nv_bfloat16* P, float* lse, const float
                 }
             }
         }
-        block_online_merge(&m, &l);
-        const float row_lse = m + logf(l);
-        if (threadIdx.x == 0) lse[row] = row_lse;
+        float row_lse;
+        if (LSE_GIVEN) {
+            row_lse = lse[row];
+        } else {
+            block_online_merge(&m, &l);
+            row_lse = m + logf(l);
+            if (threadIdx.x == 0) lse[row] = row_lse;
+        }
 
         if (VEC == 4) {
             for (int c = threadIdx.x; c < T / 4; c += blockDim.x) {
@@ -220,10 +234,11 @@ static void naive_fail(const char* what, const char* why) {
 }
 
 // The checks cuBLAS and the kernels rely on, with what to change when one fails.
-static void naive_check_args(const AttentionContext* ctx, const AttentionArgs* args, const char* what) {
+static void naive_check_args(const AttentionContext* ctx, const AttentionArgs* args, const char* what,
+                             int needs_saved) {
     if (ctx == NULL || ctx->cublas == NULL)
         naive_fail(what, "AttentionContext.cublas is NULL; create a handle with cublasCreate and pass it");
-    if (args->saved == NULL || args->workspace == NULL)
+    if ((needs_saved && args->saved == NULL) || args->workspace == NULL)
         naive_fail(what, "saved or workspace is NULL; allocate attention_saved_bytes() and "
                          "attention_workspace_bytes() for this shape and pass them");
     if (args->qkv_stride > INT_MAX || args->out_stride > INT_MAX || args->dqkv_stride > INT_MAX)
@@ -250,39 +265,58 @@ static void gemm_heads(cublasHandle_t handle, cublasOperation_t op_a, cublasOper
                                             heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-size_t naive_attention_saved_bytes(const AttentionShape* s) {
-    return (size_t)s->B * (size_t)s->NH * (size_t)s->T * (size_t)s->T * sizeof(__nv_bfloat16);  // P
+static size_t naive_scores(const AttentionShape* s) { return (size_t)s->B * s->NH * (size_t)s->T * s->T; }
+
+size_t naive_attention_saved_bytes(const AttentionShape* s) { return naive_scores(s) * sizeof(__nv_bfloat16); }  // P
+
+size_t naive_attention_workspace_bytes(const AttentionShape* s) { return naive_scores(s) * sizeof(float); }  // S, dP
+
+size_t naive_recompute_attention_workspace_bytes(const AttentionShape* s) {
+    return naive_scores(s) * (sizeof(float) + sizeof(__nv_bfloat16));  // S or dP fp32, then P or dS bf16
 }
 
-size_t naive_attention_workspace_bytes(const AttentionShape* s) {
-    return (size_t)s->B * (size_t)s->NH * (size_t)s->T * (size_t)s->T * sizeof(float);  // S, then dP
-}
-
-void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
-    naive_check_args(ctx, args, "forward");
+// S (B, NH, T, T) fp32 = Q Kᵀ (unscaled), every (b, h).
+static void naive_scores_gemm(const AttentionContext* ctx, const AttentionArgs* args, float* S) {
     const AttentionShape* s = &args->shape;
     const int T = s->T, NH = s->NH, HD = s->HD;
-    const size_t TT = (size_t)T * T, rows = (size_t)s->B * NH * T;
-    const float scale = 1.0f / sqrtf((float)HD);
-    float* S = (float*)args->workspace;
-    __nv_bfloat16* P = (__nv_bfloat16*)args->saved;
-    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
-
+    const size_t TT = (size_t)T * T;
     for (int b = 0; b < s->B; b++) {  // S = Q Kᵀ: Sc = Kcᵀ · Qc
         const size_t qkv_b = (size_t)b * T * args->qkv_stride;
         gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->k + qkv_b, args->qkv_stride, HD,
                    args->q + qkv_b, args->qkv_stride, HD, S + (size_t)b * NH * TT, CUDA_R_32F, T, (long long)TT, NH);
     }
+}
 
+// P (B, NH, T, T) bf16 = softmax of S · scale; writes args->lse, or reads it when lse_given.
+static void naive_softmax(const AttentionArgs* args, __nv_bfloat16* P, const float* S, int lse_given,
+                          cudaStream_t stream) {
+    const AttentionShape* s = &args->shape;
+    const int T = s->T;
+    const size_t rows = (size_t)s->B * s->NH * T;
+    const float scale = 1.0f / sqrtf((float)s->HD);
     const int vec = T % 4 == 0 && (uintptr_t)S % 16 == 0 && (uintptr_t)P % 8 == 0;
-    if (vec)
-        softmax_forward_kernel<4><<<row_blocks(rows), row_threads(T), 0, stream>>>(P, args->lse, S, T, rows, scale,
-                                                                                  s->causal);
+    const unsigned blocks = row_blocks(rows);
+    const int threads = row_threads(T);
+    if (vec && lse_given)
+        softmax_forward_kernel<4, true><<<blocks, threads, 0, stream>>>(P, args->lse, S, T, rows, scale, s->causal);
+    else if (vec)
+        softmax_forward_kernel<4, false><<<blocks, threads, 0, stream>>>(P, args->lse, S, T, rows, scale, s->causal);
+    else if (lse_given)
+        softmax_forward_kernel<1, true><<<blocks, threads, 0, stream>>>(P, args->lse, S, T, rows, scale, s->causal);
     else
-        softmax_forward_kernel<1><<<row_blocks(rows), row_threads(T), 0, stream>>>(P, args->lse, S, T, rows, scale,
-                                                                                  s->causal);
+        softmax_forward_kernel<1, false><<<blocks, threads, 0, stream>>>(P, args->lse, S, T, rows, scale, s->causal);
     CUDA_CHECK(cudaGetLastError());
+}
 
+// The forward with P written to `P` (saved, or the recomputing variant's workspace).
+static void naive_forward_into(const AttentionContext* ctx, const AttentionArgs* args, float* S, __nv_bfloat16* P,
+                               cudaStream_t stream) {
+    const AttentionShape* s = &args->shape;
+    const int T = s->T, NH = s->NH, HD = s->HD;
+    const size_t TT = (size_t)T * T;
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    naive_scores_gemm(ctx, args, S);
+    naive_softmax(args, P, S, 0, stream);
     for (int b = 0; b < s->B; b++) {  // O = P V: Oc = Vc · Pc
         gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->v + (size_t)b * T * args->qkv_stride,
                    args->qkv_stride, HD, P + (size_t)b * NH * TT, T, (long long)TT,
@@ -290,15 +324,44 @@ void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* a
     }
 }
 
+// The backward from P in `P` (consumed: it becomes dS), with dP in `dP`.
+static void naive_backward_from(const AttentionContext* ctx, const AttentionArgs* args, __nv_bfloat16* P, float* dP,
+                                cudaStream_t stream);
+
+void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
+    naive_check_args(ctx, args, "forward", 1);
+    naive_forward_into(ctx, args, (float*)args->workspace, (__nv_bfloat16*)args->saved, stream);
+}
+
 void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
-    naive_check_args(ctx, args, "backward");
+    naive_check_args(ctx, args, "backward", 1);
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    naive_backward_from(ctx, args, (__nv_bfloat16*)args->saved, (float*)args->workspace, stream);
+}
+
+// Recomputing variant: workspace = [S or dP fp32 (B, NH, T, T)][P or dS bf16 (B, NH, T, T)].
+void naive_recompute_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
+    naive_check_args(ctx, args, "forward", 0);
+    float* S = (float*)args->workspace;
+    naive_forward_into(ctx, args, S, (__nv_bfloat16*)(S + naive_scores(&args->shape)), stream);
+}
+
+void naive_recompute_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
+    naive_check_args(ctx, args, "backward", 0);
+    float* S = (float*)args->workspace;
+    __nv_bfloat16* P = (__nv_bfloat16*)(S + naive_scores(&args->shape));
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    naive_scores_gemm(ctx, args, S);       // S again
+    naive_softmax(args, P, S, 1, stream);  // P = exp(S · scale − LSE), from the forward's LSE
+    naive_backward_from(ctx, args, P, S, stream);
+}
+
+static void naive_backward_from(const AttentionContext* ctx, const AttentionArgs* args, __nv_bfloat16* P, float* dP,
+                                cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     const int T = s->T, NH = s->NH, HD = s->HD;
     const size_t TT = (size_t)T * T, rows = (size_t)s->B * NH * T;
     const float scale = 1.0f / sqrtf((float)HD);
-    float* dP = (float*)args->workspace;
-    __nv_bfloat16* P = (__nv_bfloat16*)args->saved;  // P on entry, dS after the softmax backward
-    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
 
     for (int b = 0; b < s->B; b++) {
         const size_t qkv_b = (size_t)b * T * args->qkv_stride, out_b = (size_t)b * T * args->out_stride;

@@ -48,7 +48,7 @@ static void print_usage(FILE* out) {
             "(scripts/check_attention.py). Softmax scale 1/sqrt(HD); see attention/attention.h.\n"
             "\n"
             "options\n"
-            "      --backend NAME     naive | flash1 | flash2\n"
+            "      --backend NAME     naive | flash1 | flash2 | naive-recompute\n"
             "      --batch B          batch size\n"
             "      --seq-len T        sequence length\n"
             "      --heads NH         number of heads\n"
@@ -117,7 +117,7 @@ static ToolOptions parse_options(int argc, char** argv) {
             case OPT_BACKEND:
                 opt.backend_name = optarg;
                 if (attention_backend_from_name(optarg, &opt.backend) != 0)
-                    usage_error("--backend expects naive, flash1 or flash2, got \"%s\"", optarg);
+                    usage_error("--backend expects naive, flash1, flash2 or naive-recompute, got \"%s\"", optarg);
                 break;
             case OPT_BATCH: opt.B = parse_int("--batch", optarg, 1, 1L << 20); break;
             case OPT_SEQ: opt.T = parse_int("--seq-len", optarg, 1, 1L << 24); break;

@@ -10,6 +10,10 @@ size_t naive_attention_saved_bytes(const AttentionShape* shape);
 size_t naive_attention_workspace_bytes(const AttentionShape* shape);
 void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
 void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
+// naive-recompute: nothing saved; the backward recomputes S and P (workspace B·NH·T²·6 bytes).
+size_t naive_recompute_attention_workspace_bytes(const AttentionShape* shape);
+void naive_recompute_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
+void naive_recompute_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream);
 
 // flash1 (flash1_forward.cu, flash1_backward.cu): FlashAttention-1 on mma.sync tensor cores, one
 // thread block per (batch, head); the head dims of flash2.

@@ -47,7 +47,7 @@
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
 static const int SEQ_LENS[] = {1, 17, 64, 127, 1000};
 static const double INPUT_SCALES[] = {1.0, 8.0};
-static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2};
+static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2, ATTN_NAIVE_RECOMPUTE};
 static const AttentionBackend FLASH_BACKENDS[] = {ATTN_FLASH1, ATTN_FLASH2};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -487,7 +487,7 @@ static void cpu_cases(void) {
     {
         const char* name = "attention_backend_names_round_trip";
         char bad[256] = "";
-        const char* names[] = {"naive", "flash1", "flash2"};
+        const char* names[] = {"naive", "flash1", "flash2", "naive-recompute"};
         for (size_t i = 0; i < COUNT(names); i++) {
             AttentionBackend backend;
             if (attention_backend_from_name(names[i], &backend) != 0) {
@@ -510,6 +510,16 @@ static void cpu_cases(void) {
         size_t saved = attention_saved_bytes(ATTN_NAIVE, &s), work = attention_workspace_bytes(ATTN_NAIVE, &s);
         test_report(name, saved == elems * 2 && work == elems * 4, "saved %zu bytes (want %llu), workspace %zu (want %llu)",
                     saved, elems * 2, work, elems * 4);
+    }
+    {
+        // naive-recompute saves nothing; its workspace holds S or dP (fp32) and P or dS (bf16) at once.
+        const char* name = "attention_naive_recompute_memory_sizes_at_T16384";
+        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
+        unsigned long long elems = 8ull * 16ull * 16384ull * 16384ull;
+        size_t saved = attention_saved_bytes(ATTN_NAIVE_RECOMPUTE, &s);
+        size_t work = attention_workspace_bytes(ATTN_NAIVE_RECOMPUTE, &s);
+        test_report(name, saved == 0 && work == elems * 6, "saved %zu bytes (want 0), workspace %zu (want %llu)",
+                    saved, work, elems * 6);
     }
     {
         // flash1 keeps O (B, NH, T, HD), m and ℓ (B, NH, T) in fp32 between key blocks (the backward's
@@ -544,7 +554,7 @@ static void select_backends(int argc, char** argv) {
         size_t be = 0;
         while (known && be < COUNT(BACKENDS) && BACKENDS[be] != backend) be++;
         if (!known || be == COUNT(BACKENDS)) {
-            fprintf(stderr, "usage: %s [naive|flash1|flash2 ...]: unknown backend \"%s\"\n", argv[0], argv[i]);
+            fprintf(stderr, "usage: %s [naive|flash1|flash2|naive-recompute ...]: unknown backend \"%s\"\n", argv[0], argv[i]);
             exit(2);
         }
         g_selected[be] = 1;

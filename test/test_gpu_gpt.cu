@@ -214,8 +214,8 @@ int main(void) {
         CUDA_CHECK(cudaStreamCreate(&stream));
         problem_make(&pb, seed);
     }
-    const AttentionBackend backends[] = {ATTN_NAIVE, ATTN_FLASH2};
-    for (int i = 0; i < 2; i++) gpt_case(&pb, backends[i], skip_why, stream);
+    const AttentionBackend backends[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2, ATTN_NAIVE_RECOMPUTE};
+    for (int i = 0; i < (int)(sizeof(backends) / sizeof(backends[0])); i++) gpt_case(&pb, backends[i], skip_why, stream);
     if (!skip_why) {
         problem_free(&pb);
         CUDA_CHECK(cudaStreamDestroy(stream));

@@ -88,7 +88,7 @@ def test_unknown_flag():
 
 
 def test_bad_values():
-    expect_error(run(*GOOD, "--attn", "flash3"), 2, "naive, flash1 or flash2")
+    expect_error(run(*GOOD, "--attn", "flash3"), 2, "naive, flash1, flash2 or naive-recompute")
     expect_error(run(*GOOD, "--batch-size", "0"), 2, "--batch-size")
     expect_error(run(*GOOD, "--seq-len", "12x"), 2, "--seq-len")
     expect_error(run(*GOOD, "--model", "gpt5"), 2, "unknown model", "gpt2-124m")
