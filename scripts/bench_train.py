@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""bench_train.py: end-to-end training speed and memory of train_gpt against PyTorch, in one run (issue 4).
+
+For each config, in this order and in processes of their own:
+  train_gpt  ./train_gpt --model M --attn flash2 --batch-size b --seq-len T --total-batch-tokens N
+                         --max-steps S --train-data D --val-data "" --log-file L
+  torch      python3 scripts/torch_gpt.py bench ... : ANCHORS.md's PyTorch reference, the same architecture
+             (scripts/torch_gpt.py), fp32 parameters under bf16 autocast, fused AdamW, torch.compile of the
+             whole model, SDPA with the FlashAttention-2 backend forced (sdpa_kernel(FLASH_ATTENTION)),
+             the same micro batch, sequence length, gradient accumulation, schedule and clipping.
+Configs (the FlashAttention-2 paper's Table 1 on one GPU; any MODEL:SEQ:MICRO works too):
+  1.3b-2k  gpt3-1.3b       seq 2048, micro 8        2.7b-2k  gpt3-2.7b-d128  seq 2048, micro 4
+  1.3b-8k  gpt3-1.3b       seq 8192, micro 2        2.7b-8k  gpt3-2.7b-d128  seq 8192, micro 1
+  (2.7b-d80-2k: gpt3-2.7b, 32 heads of 80, seq 2048, micro 4, on request)
+Each optimizer step takes --total-batch-tokens (default 131072: the paper's ~1M-token global batch over
+8 GPUs, i.e. 8 micro steps of 1.3B at 2k, micro 8).
+
+Method, the same for both:
+  time        a whole optimizer step (all micro steps, clipping, AdamW): train_gpt's JSONL "ms" (CUDA
+              events around the step), PyTorch's wall time from one torch.cuda.synchronize() to the next;
+              the median over the --timed steps after --warmup steps (the first includes torch.compile)
+  throughput  tokens/s = N / step time; TFLOP/s per GPU = (6·s·P + 12·L·h·s²) · N/s / step time (DESIGN.md;
+              P all parameters, padded wte and wpe included); MFU against --peak-tflops (default by GPU
+              name: H100/H200 SXM 989.4)
+  memory      the peak of the child process's GPU memory, polled every 0.2 s with `nvidia-smi
+              --query-compute-apps=pid,used_memory`; where nvidia-smi does not list the child's pid (a
+              container's own pid namespace), the whole GPU's used memory instead ("mem_source" says which)
+  data        --train-data (default: Tiny Shakespeare, `make train`); a random-token shard when no file
+              matches (the speed does not depend on the tokens)
+A PyTorch or train_gpt failure (out of memory, a crash, a time-out) becomes a record with its status and
+the last lines of its output; the other configs still run.
+
+Writes <results-dir>/train_<gpu>.json (records: impl, model, seqlen, micro_batch, attn, tokens_per_s,
+tflops_per_gpu, mfu, peak_mem_gb, ... with the device, date, commit and command) and .md (the table with
+the train_gpt/torch ratios of TFLOP/s and memory), rewritten after every run. Records of an existing file
+of the same device are kept unless this run measures the same (impl, model, seqlen, micro_batch, attn):
+several invocations with different --configs build one table. Logs of the children go to --out.
+Prints the table last; exits 1 when a run failed.
+
+Usage (from the repository root on a GPU machine, after `make train_gpt`):
+    python3 scripts/bench_train.py                               # the four configs (~10-12 min on an H100)
+    python3 scripts/bench_train.py --configs 1.3b-2k,1.3b-8k     # then --configs 2.7b-2k,2.7b-8k: one table
+    python3 scripts/bench_train.py --configs gpt2-124m:1024:8 --total-batch-tokens 32768 --impls torch
+On the lent device machine (10 minutes a call, results only from $OUT), e.g.:
+    cp scripts/results/train_h100.json $OUT/ 2>/dev/null; GIT_COMMIT=<sha> python3 scripts/bench_train.py \\
+        --configs 1.3b-2k,1.3b-8k --results-dir $OUT --out build/bench_train; tar czf $OUT/logs.tgz build/bench_train
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch itself runs in the child)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {  # name: (model, seq len, micro batch)
+    "1.3b-2k": ("gpt3-1.3b", 2048, 8), "1.3b-8k": ("gpt3-1.3b", 8192, 2),
+    "2.7b-2k": ("gpt3-2.7b-d128", 2048, 4), "2.7b-8k": ("gpt3-2.7b-d128", 8192, 1),
+    "2.7b-d80-2k": ("gpt3-2.7b", 2048, 4),
+}
+DEFAULT_CONFIGS = "1.3b-2k,1.3b-8k,2.7b-2k,2.7b-8k"
+IMPLS = ("train_gpt", "torch")
+RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn")
+DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="End-to-end training speed and memory: train_gpt vs PyTorch.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Usage" + __doc__.split("Usage", 1)[1])
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma-separated: {', '.join(CONFIGS)} or MODEL:SEQ:MICRO (default {DEFAULT_CONFIGS})")
+    p.add_argument("--impls", default="train_gpt,torch", help="train_gpt, torch or both (default both)")
+    p.add_argument("--total-batch-tokens", type=int, default=131072, help="tokens per optimizer step (default 131072)")
+    p.add_argument("--warmup", type=int, default=2, help="optimizer steps not timed (default 2)")
+    p.add_argument("--timed", type=int, default=4, help="optimizer steps timed, median (default 4)")
+    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--sdpa", default="flash", choices=tg.SDPA_BACKENDS, help="PyTorch's SDPA backend (default flash)")
+    p.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
+                   help="PyTorch: torch.compile the whole model (default), each block, or nothing")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
+    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
+    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
+    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is stopped (default 900)")
+    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_train"),
+                   help="logs of every run (default build/bench_train)")
+    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
+                   help="where train_<gpu>.json and .md go (default scripts/results)")
+    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
+    p.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)  # cpu: to test this script
+    args = p.parse_args()
+    args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    if not args.impls or any(i not in IMPLS for i in args.impls):
+        p.error(f"--impls takes {', '.join(IMPLS)}")
+    if args.warmup < 0 or args.timed < 1:
+        p.error("--warmup must be >= 0 and --timed >= 1")
+    try:
+        args.configs = [parse_config(c) for c in args.configs.split(",") if c.strip()]
+    except ValueError as err:
+        p.error(str(err))
+    for name, model, seqlen, micro in args.configs:
+        if args.total_batch_tokens % (seqlen * micro):
+            p.error(f"{name}: --total-batch-tokens {args.total_batch_tokens} is not a multiple of "
+                    f"seq {seqlen} x micro {micro} = {seqlen * micro}")
+    return args
+
+
+def parse_config(text):
+    """(name, model, seqlen, micro batch) of a name in CONFIGS or of MODEL:SEQ:MICRO."""
+    text = text.strip()
+    if text in CONFIGS:
+        return (text,) + CONFIGS[text]
+    parts = text.split(":")
+    if len(parts) == 3 and parts[0] in tg.NAMED_SHAPES and parts[1].isdigit() and parts[2].isdigit():
+        return (text, parts[0], int(parts[1]), int(parts[2]))
+    raise ValueError(f"unknown config {text!r}: use one of {', '.join(CONFIGS)} or MODEL:SEQ:MICRO with MODEL "
+                     f"one of {', '.join(tg.NAMED_SHAPES)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU facts through nvidia-smi (this process never touches CUDA, so it holds no GPU memory itself)
+
+def nvidia_smi(query):
+    """Rows (lists of fields) of an nvidia-smi csv query; None when nvidia-smi is missing or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [[field.strip() for field in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+def gpu_index():
+    """The GPU the children use: the first of CUDA_VISIBLE_DEVICES when it is a plain index, else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return first if first.isdigit() else "0"
+
+
+def gpu_name():
+    rows = nvidia_smi(["--query-gpu=name", "-i", gpu_index()])
+    return rows[0][0] if rows else "unknown GPU"
+
+
+def peak_tflops_for(name):
+    """Dense bf16 peak by GPU name, as layers/gpt_config.h's gpu_peak_bf16_tflops; 989.4 when unknown."""
+    if "H100" in name or "H200" in name:
+        return 756.0 if "PCIe" in name else 835.0 if "NVL" in name else 989.4
+    return 312.0 if "A100" in name else 989.4
+
+
+class MemoryPoller:
+    """Peak GPU memory of one process, polled every `interval` seconds on a thread: the process's own
+    (nvidia-smi --query-compute-apps) and the whole GPU's (--query-gpu=memory.used), in MiB."""
+
+    def __init__(self, pid, interval=0.2):
+        self.pid, self.interval = str(pid), interval
+        self.process_mib = None  # None: nvidia-smi never listed the pid
+        self.gpu_mib = None      # None: nvidia-smi is not there
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            apps = nvidia_smi(["--query-compute-apps=pid,used_memory"])
+            for row in apps or []:
+                if len(row) == 2 and row[0] == self.pid and row[1].isdigit():
+                    self.process_mib = max(self.process_mib or 0, int(row[1]))
+            gpu = nvidia_smi(["--query-gpu=memory.used", "-i", gpu_index()])
+            if gpu and gpu[0][0].isdigit():
+                self.gpu_mib = max(self.gpu_mib or 0, int(gpu[0][0]))
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_child(cmd, log_path, timeout, env=None):
+    """Runs cmd with its output in log_path, polling its GPU memory. Returns (exit code or "timeout",
+    wall seconds, poller)."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+        poller = MemoryPoller(proc.pid)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = "timeout"
+        finally:
+            poller.stop()
+    return rc, time.time() - start, poller
+
+
+def log_tail(path, lines=4):
+    """The last non-empty lines of a child's log (not its "$ command" line), joined with " / "."""
+    try:
+        with open(path, errors="replace") as f:
+            text = [line.rstrip() for line in f if line.strip() and not line.startswith("$ ")]
+    except OSError:
+        return ""
+    return " / ".join(text[-lines:])[-600:]
+
+
+# ---------------------------------------------------------------------------------------------
+# One run of each implementation
+
+def base_record(impl, args, name, model, seqlen, micro, cmd, log_path):
+    return {"impl": impl, "config": name, "model": model, "seqlen": seqlen, "micro_batch": micro,
+            "attn": args.attn if impl == "train_gpt" else f"sdpa-{args.sdpa}",
+            "grad_accum": args.total_batch_tokens // (seqlen * micro), "total_batch_tokens": args.total_batch_tokens,
+            "status": "ok", "note": "", "step_ms": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None,
+            "peak_mem_gb": None, "mem_source": None, "gpu_mem_gb": None, "step_ms_all": [], "wall_s": None,
+            "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
+
+
+def finish_record(record, step_ms, args, cfg, peak, poller, wall_s):
+    """Fills in throughput (median of the timed steps) and memory."""
+    record["wall_s"] = round(wall_s, 1)
+    record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
+    if poller.process_mib is not None:
+        record["peak_mem_gb"], record["mem_source"] = poller.process_mib / 1024, "process"
+    elif poller.gpu_mib is not None:
+        record["peak_mem_gb"], record["mem_source"] = poller.gpu_mib / 1024, "whole GPU"
+    if poller.gpu_mib is not None:
+        record["gpu_mem_gb"] = poller.gpu_mib / 1024
+    if record["status"] != "ok":
+        return record
+    timed = step_ms[args.warmup:]
+    if len(timed) < args.timed:
+        record["status"], record["note"] = "error", f"only {len(step_ms)} of {args.warmup + args.timed} steps ran"
+        return record
+    ms = statistics.median(timed)
+    seconds = ms / 1e3
+    record["step_ms"] = ms
+    record["tokens_per_s"] = args.total_batch_tokens / seconds
+    record["tflops_per_gpu"] = tg.flops_per_sequence(cfg, record["seqlen"]) * (
+        args.total_batch_tokens / record["seqlen"]) / seconds / 1e12
+    record["mfu"] = record["tflops_per_gpu"] / peak
+    return record
+
+
+def run_train_gpt(args, name, model, seqlen, micro, data, peak):
+    steps = args.warmup + args.timed
+    tag = f"{name.replace(':', '_')}_train_gpt"
+    log_path, jsonl = os.path.join(args.out, tag + ".log"), os.path.join(args.out, tag + ".jsonl")
+    cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", str(micro), "--seq-len",
+           str(seqlen), "--total-batch-tokens", str(args.total_batch_tokens), "--max-steps", str(steps),
+           "--train-data", data, "--val-data", "", "--log-file", jsonl]
+    if args.peak_tflops:
+        cmd += ["--peak-tflops", repr(args.peak_tflops)]
+    record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path)
+    if os.path.exists(jsonl):
+        os.unlink(jsonl)
+    rc, wall, poller = run_child(cmd, log_path, args.timeout)
+    step_ms = []
+    if os.path.exists(jsonl):
+        with open(jsonl) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if "ms" in rec and "val_loss" not in rec:
+                    step_ms.append(float(rec["ms"]))
+    if rc != 0:
+        text = log_tail(log_path)
+        oom = re.search(r"out of (gpu )?memory|GiB free|cudaErrorMemoryAllocation", text, re.IGNORECASE)
+        record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
+        record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
+    cfg = tg.gpt_config(model, seq_len=seqlen)
+    return finish_record(record, step_ms, args, cfg, peak, poller, wall)
+
+
+def run_torch(args, name, model, seqlen, micro, data, peak):
+    steps = args.warmup + args.timed
+    tag = f"{name.replace(':', '_')}_torch"
+    log_path, result_path = os.path.join(args.out, tag + ".log"), os.path.join(args.out, tag + ".json")
+    cmd = [args.python, os.path.join("scripts", "torch_gpt.py"), "bench", "--model", model, "--batch-size",
+           str(micro), "--seq-len", str(seqlen), "--total-batch-tokens", str(args.total_batch_tokens),
+           "--steps", str(steps), "--train-data", data, "--sdpa", args.sdpa, "--compile", args.compile,
+           "--result-json", result_path]
+    if args.torch_device != "cuda":
+        cmd += ["--device", args.torch_device]
+    record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path)
+    if os.path.exists(result_path):
+        os.unlink(result_path)
+    rc, wall, poller = run_child(cmd, log_path, args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    result = {}
+    try:
+        with open(result_path) as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        pass
+    step_ms = result.get("step_ms", [])
+    if rc == "timeout":
+        record["status"], record["note"] = "timeout", f"stopped after {args.timeout:g} s: {log_tail(log_path)}"
+    elif rc != 0 or result.get("status") != "ok":
+        record["status"] = result["status"] if result.get("status") in ("oom", "error") else "error"
+        record["note"] = f"exit {rc}: " + (result.get("message") or log_tail(log_path))
+    for key in ("torch", "peak_reserved_gib", "peak_allocated_gib"):
+        if key in result:
+            record[key] = result[key]
+    cfg = tg.gpt_config(model, seq_len=seqlen)
+    return finish_record(record, step_ms, args, cfg, peak, poller, wall)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results: merge, JSON, markdown, the printed table
+
+def gpu_slug(name):
+    """A short name for the GPU, as bench_attention.py's: "NVIDIA H100 80GB HBM3" -> "h100"."""
+    tokens = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
+    for token in tokens:
+        if re.fullmatch(r"[a-z]+\d+[a-z]*", token):
+            return token
+    return "-".join(t for t in tokens if t) or "gpu"
+
+
+def git_commit():
+    """$GIT_COMMIT when set (a copy of the tree with stale git metadata, as on the lent GPU machines);
+    else git rev-parse HEAD, "-dirty" when tracked files have changes; "unknown" without git."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("-dirty" if status else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def load_previous(json_path, device, fresh):
+    """Records of an existing results file of the same device (none with --fresh or another device)."""
+    if fresh or not os.path.exists(json_path):
+        return []
+    try:
+        with open(json_path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"warning: {json_path} unreadable ({err}); starting a new file", flush=True)
+        return []
+    if old.get("device") != device:
+        print(f"warning: {json_path} is of {old.get('device')!r}, not {device!r}; starting a new file", flush=True)
+        return []
+    return old.get("records", [])
+
+
+def merge(records, new):
+    """records with `new` in place of a record of the same key (or appended)."""
+    key = tuple(new[k] for k in RECORD_KEY)
+    return [r for r in records if tuple(r.get(k) for k in RECORD_KEY) != key] + [new]
+
+
+def table_rows(records):
+    """One row per (model, seqlen, micro_batch): train_gpt and torch side by side, with ratios ours/torch.
+    A failed run shows its status (OOM, ERROR, TIMEOUT) instead of numbers; ratios need both runs ok."""
+    order = {shape: i for i, shape in enumerate(CONFIGS.values())}
+    groups = {}
+    for r in records:
+        groups.setdefault((r["model"], r["seqlen"], r["micro_batch"]), {})[r["impl"]] = r
+    rows = []
+    for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k)):
+        ours, theirs = groups[key].get("train_gpt"), groups[key].get("torch")
+        both_ok = ours is not None and theirs is not None and ours["status"] == theirs["status"] == "ok"
+
+        def cells(field, form):
+            return ["-" if r is None else r["status"].upper() if r["status"] != "ok" else form(r[field])
+                    for r in (ours, theirs)]
+
+        def ratio(field):
+            return f"{ours[field] / theirs[field]:.2f}x" if both_ok and ours[field] and theirs[field] else "-"
+
+        model, seqlen, micro = key
+        accum = (ours or theirs)["grad_accum"]
+        mem = cells("peak_mem_gb", lambda v: "-" if v is None else f"{v:.1f}")
+        rows.append([model, f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen), f"{micro} x {accum}",
+                     *cells("tflops_per_gpu", lambda v: f"{v:.0f}"), ratio("tflops_per_gpu"),
+                     *cells("mfu", lambda v: f"{100 * v:.1f}%"), *cells("tokens_per_s", lambda v: f"{v:.0f}"),
+                     *mem, ratio("peak_mem_gb")])
+    return rows
+
+
+HEADER = ["model", "seq", "micro x accum", "ours TFLOP/s", "torch TFLOP/s", "ours/torch", "ours MFU", "torch MFU",
+          "ours tok/s", "torch tok/s", "ours GiB", "torch GiB", "mem ours/torch"]
+
+
+def text_table(rows):
+    """The rows in fixed-width columns for the terminal (model left-aligned, numbers right-aligned)."""
+    widths = [max([len(HEADER[i])] + [len(r[i]) for r in rows]) for i in range(len(HEADER))]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(HEADER)] + [line(r) for r in rows])
+
+
+def notes(records):
+    return [f"{r['impl']} {r['model']} seq {r['seqlen']} micro {r['micro_batch']}: {r['status']}: {r['note']}"
+            for r in records if r["status"] != "ok" or r["note"]]
+
+
+def write_results(meta, records, json_path, md_path):
+    """The JSON (every record) and the markdown table, each through a .tmp file and a rename."""
+    os.makedirs(os.path.dirname(json_path), exist_ok=True)
+    with open(json_path + ".tmp", "w") as f:
+        json.dump({**meta, "records": records}, f, indent=1)
+        f.write("\n")
+    os.replace(json_path + ".tmp", json_path)
+    runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
+    md = [f"# End-to-end training benchmark on {meta['device']}", "",
+          "train_gpt (`--attn flash2`) against the PyTorch reference of ANCHORS.md (`scripts/torch_gpt.py`: "
+          "bf16 autocast, fused AdamW, torch.compile, SDPA FlashAttention-2 backend), measured in the same run "
+          "on the same GPU.", "",
+          f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
+          "| " + " | ".join(HEADER) + " |", "|---|---|---|" + "---:|" * (len(HEADER) - 3)]
+    md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
+    md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
+    if notes(records):
+        md += ["", "Notes:", ""] + [f"- {n}" for n in notes(records)]
+    with open(md_path + ".tmp", "w") as f:
+        f.write("\n".join(md) + "\n")
+    os.replace(md_path + ".tmp", md_path)
+
+
+def summary_line(r):
+    where = f"{r['config']:14} {r['impl']:9}"
+    if r["status"] != "ok":
+        return f"{where} {r['status'].upper()}: {r['note']}"
+    mem = f"{r['peak_mem_gb']:.1f} GiB ({r['mem_source']})" if r["peak_mem_gb"] is not None else "memory not measured"
+    return (f"{where} {r['step_ms']:9.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_gpu']:6.1f} TFLOP/s  "
+            f"MFU {100 * r['mfu']:4.1f}%  peak {mem}  (wall {r['wall_s']:.0f} s)")
+
+
+def main():
+    args = parse_args()
+    if "train_gpt" in args.impls and not os.path.exists(args.train_gpt):
+        sys.exit(f"bench_train.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
+    os.makedirs(args.out, exist_ok=True)
+    device = gpu_name()
+    peak = args.peak_tflops or peak_tflops_for(device)
+    data = args.train_data
+    try:
+        tg.shard_paths(data)
+    except FileNotFoundError:
+        data = os.path.join(args.out, "random_tokens.bin")
+        tokens = max(2 * args.total_batch_tokens + 1, 1 << 20)
+        tg.write_random_shard(data, tokens, seed=0)
+        print(f"no file matches {args.train_data}: timing on {tokens} random tokens ({data})", flush=True)
+    json_path = os.path.join(args.results_dir, f"train_{gpu_slug(device)}.json")
+    md_path = os.path.join(args.results_dir, f"train_{gpu_slug(device)}.md")
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = shlex.join(["python3"] + sys.argv)
+    commit = git_commit()
+    meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
+            "method": f"median time of a whole optimizer step over {args.timed} steps after {args.warmup} "
+                      "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize() calls)",
+            "flops": "6*s*P + 12*L*h*s^2 per sequence of s tokens, P all parameters (padded wte and wpe included); "
+                     f"MFU against {peak:g} TFLOP/s",
+            "memory": "peak GPU memory of the process (nvidia-smi --query-compute-apps, polled every 0.2 s; "
+                      "'whole GPU' where the pid is not listed), GiB"}
+    records = load_previous(json_path, device, args.fresh)
+    print(f"{device}; MFU peak {peak:g} TFLOP/s; commit {commit}; {args.total_batch_tokens} tokens per step, "
+          f"{args.warmup} + {args.timed} steps; logs in {args.out}", flush=True)
+
+    failed = 0
+    for name, model, seqlen, micro in args.configs:
+        for impl in args.impls:
+            runner = run_train_gpt if impl == "train_gpt" else run_torch
+            record = runner(args, name, model, seqlen, micro, data, peak)
+            record.update(date=now, commit=commit, bench_command=command, data=os.path.relpath(data, REPO_ROOT))
+            failed += record["status"] != "ok"
+            records = merge(records, record)
+            write_results(meta, records, json_path, md_path)
+            print(summary_line(record), flush=True)
+
+    print()
+    for n in notes(records):
+        print("note: " + n)
+    print(f"wrote {os.path.relpath(json_path)} and {os.path.relpath(md_path)}")
+    print(f"{device}: TFLOP/s per GPU (6*s*P + 12*L*h*s^2), MFU of {peak:g}, peak GPU memory in GiB; "
+          "ours = train_gpt, torch = PyTorch + torch.compile + SDPA flash")
+    print(text_table(table_rows(records)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
