@@ -76,6 +76,10 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
     return -1;
 }
 
+int attention_uses_cublas(AttentionBackend backend) {
+    return backend == ATTN_NAIVE || backend == ATTN_NAIVE_RECOMPUTE;
+}
+
 size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* shape) {
     return backend == ATTN_NAIVE ? naive_attention_saved_bytes(shape) : 0;
 }

@@ -64,6 +64,8 @@ int attention_backend_from_name(const char* name, AttentionBackend* backend);
 int attention_check(AttentionBackend backend, const AttentionShape* shape, char* why, size_t why_size);
 // Bytes of `saved` and `workspace` a backend needs for `shape` (0 when none).
 size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* shape);
+// 1 when the backend runs cuBLAS (AttentionContext.cublas must be a handle), else 0.
+int attention_uses_cublas(AttentionBackend backend);
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape);
 // Enqueue the forward or backward pass on `stream`. The shape must have passed attention_check.
 // Errors from CUDA or cuBLAS exit with a message (layers/cuda_common.h).

@@ -62,7 +62,7 @@ static int context_for(AttentionBackend backend, cudaStream_t stream, AttentionC
     if (device < 0 || device >= MAX_DEVICES)
         return fail("device %d is beyond the %d this library handles", device, MAX_DEVICES);
     pthread_mutex_lock(&g_cublas_lock);
-    if (backend == ATTN_NAIVE && g_cublas[device] == NULL) {
+    if (attention_uses_cublas(backend) && g_cublas[device] == NULL) {
         cublasStatus_t status = cublasCreate(&g_cublas[device]);
         if (status != CUBLAS_STATUS_SUCCESS) {
             g_cublas[device] = NULL;
@@ -71,7 +71,7 @@ static int context_for(AttentionBackend backend, cudaStream_t stream, AttentionC
                         cublasGetStatusString(status));
         }
     }
-    ctx->cublas = backend == ATTN_NAIVE ? g_cublas[device] : NULL;
+    ctx->cublas = attention_uses_cublas(backend) ? g_cublas[device] : NULL;
     pthread_mutex_unlock(&g_cublas_lock);
     if (ctx->cublas) {
         cublasStatus_t status = cublasSetStream(ctx->cublas, stream);

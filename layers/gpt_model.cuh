@@ -273,7 +273,7 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
              "activations grow with --batch-size x --seq-len%s; lower --batch-size (--total-batch-tokens keeps the "
              "tokens per step through accumulation) or --seq-len%s",
              backend == ATTN_NAIVE ? ", and naive attention stores B x heads x T^2 probabilities per layer" : "",
-             backend == ATTN_NAIVE ? ", or use --attn flash2" : "");
+             backend == ATTN_NAIVE ? ", or use --attn naive-recompute or flash2" : "");
     cuda_malloc_or_explain(&m->acts_memory, m->act_bytes, acts_what, acts_hint);
     char* base = (char*)m->acts_memory;
 #define GPT_PTR(type, idx) (type)(base + m->act_table[idx].offset)
@@ -308,7 +308,7 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
     // compute contexts
     matmul_context_create(&m->matmul, stream);
     m->att_ctx.cublas = NULL;
-    if (backend == ATTN_NAIVE) {
+    if (attention_uses_cublas(backend)) {
         CUBLAS_CHECK(cublasCreate(&m->att_ctx.cublas));
         CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, stream));
     }
