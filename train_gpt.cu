@@ -28,6 +28,7 @@
 #include "layers/adamw.cuh"
 #include "layers/cuda_common.h"
 #include "layers/global_norm.cuh"
+#include "layers/init_weights.cuh"
 #include "layers/gpt_config.h"
 #include "layers/gpt_model.cuh"
 
@@ -270,57 +271,20 @@ static void open_data_or_exit(DataLoader* loader, const char* what, const char* 
 // ---------------------------------------------------------------------------------------------
 // Initialization
 
-static uint64_t splitmix64_next(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// A standard normal sample (Box-Muller on two uniforms in (0, 1]).
-static float normal_sample(uint64_t* state) {
-    double u1 = ((splitmix64_next(state) >> 11) + 1) * (1.0 / 9007199254740992.0);
-    double u2 = (splitmix64_next(state) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-// fp32 -> bf16 bits, round to nearest even (inputs are finite).
-static uint16_t float_to_bf16_bits(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-// GPT-2 initialization from `seed`: weights N(0, 0.02), the residual projections (attprojw,
-// fcprojw) N(0, 0.02/√(2L)), LayerNorm weights 1, biases 0. Writes the fp32 master weights
-// (num_params) and the model's bf16 copy.
+// GPT-2 initialization from `seed` (layers/init_weights.cuh, on the GPU): weights N(0, 0.02), the
+// residual projections (attprojw, fcprojw) N(0, 0.02/√(2L)), LayerNorm weights 1, biases 0. Writes
+// the fp32 master weights (num_params) and the model's bf16 copy.
 static void init_parameters(GPTModel* model, float* master, uint64_t seed) {
-    size_t largest = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        if (model->param_sizes[i] > largest) largest = model->param_sizes[i];
-    float* values = (float*)malloc(largest * sizeof(float));
-    uint16_t* bits = (uint16_t*)malloc(largest * sizeof(uint16_t));
-    if (!values || !bits) {
-        fprintf(stderr, "error: out of host memory initializing %zu parameters\n", largest);
-        exit(1);
-    }
-    uint64_t rng = seed * 0x2545F4914F6CDD1Dull + 1;
     const float residual_std = 0.02f / sqrtf(2.0f * model->L);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        const size_t n = model->param_sizes[i];
         const int is_ln_weight = i == GPT_LN1W || i == GPT_LN2W || i == GPT_LNFW;
         const int is_bias = i == GPT_LN1B || i == GPT_QKVB || i == GPT_ATTPROJB || i == GPT_LN2B || i == GPT_FCB ||
                             i == GPT_FCPROJB || i == GPT_LNFB;
-        const float std = (i == GPT_ATTPROJW || i == GPT_FCPROJW) ? residual_std : 0.02f;
-        for (size_t j = 0; j < n; j++) {
-            values[j] = is_ln_weight ? 1.0f : is_bias ? 0.0f : std * normal_sample(&rng);
-            bits[j] = float_to_bf16_bits(values[j]);
-        }
-        CUDA_CHECK(cudaMemcpy(master + model->param_offsets[i], values, n * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(model->param_tensors[i], bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        const float std = is_ln_weight || is_bias ? 0.0f : (i == GPT_ATTPROJW || i == GPT_FCPROJW) ? residual_std : 0.02f;
+        init_weights(master + model->param_offsets[i], model->param_tensors[i], model->param_sizes[i], 0, std,
+                     is_ln_weight ? 1.0f : 0.0f, seed, i, model->stream);
     }
-    free(values);
-    free(bits);
+    CUDA_CHECK(cudaStreamSynchronize(model->stream));
 }
 
 // Weight decay applies to the 2-D weights: embeddings and the four matrices of each block.
@@ -510,6 +474,13 @@ static float bf16_bits_to_float(uint16_t bits) {
     float f;
     memcpy(&f, &x, 4);
     return f;
+}
+
+// fp32 -> bf16 bits, round to nearest even (inputs are finite).
+static uint16_t float_to_bf16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
 // Loads --init-from weights into the fp32 master copy and the model's bf16 weights.

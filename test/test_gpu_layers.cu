@@ -25,6 +25,8 @@
 //   and on the device, an unaligned slice; master weights, their change, m, v and the bf16 copy.
 // - global norm: n in {1, 37, 1000, 1000003}, unaligned, squared, repeat bit-identical, clip scale,
 //   and n = 2^32 + 37 (size_t indexing; skipped where the GPU lacks the ~8.6 GB).
+// - init_weights: statistics of 10^6 normals, bf16 copy, shards equal to slices of the whole tensor,
+//   repeatable, seeds and tensors independent, constant fill.
 // - determinism: encoder and LayerNorm backward run three times with scratch poisoned differently.
 // - argument checks (CPU, everywhere): launchers reject C or Vp not a multiple of 8 with a message.
 // GPU cases are reported as SKIP where no GPU is found (and the program exits 0).
@@ -38,6 +40,7 @@
 #include "../layers/encoder.cuh"
 #include "../layers/gelu.cuh"
 #include "../layers/global_norm.cuh"
+#include "../layers/init_weights.cuh"
 #include "../layers/gpt_config.h"
 #include "../layers/layernorm.cuh"
 #include "cpu_reference.h"
@@ -926,6 +929,84 @@ static void expect_rejection(const char* name, void (*fn)(void), const char* men
 
 // ---- main ---------------------------------------------------------------------------------------------
 
+// ---- weight initialization ---------------------------------------------------------------------------
+
+// init_weights: n = 1000003 normals with std 0.02 (written everywhere, bf16 copy = bf16(master) bit for
+// bit, mean and standard deviation within 4 standard errors, about 68.3% within one std, different
+// seeds and tensors give different values, the same seed the same bits), a shard [first, first + m)
+// equal bit for bit to that slice of the whole tensor, and a constant fill.
+static void init_weights_case(void) {
+    const char* name = "init_weights_normal_shards_constant";
+    if (!case_begin(name)) return;
+    char problems[1024] = "";
+    const size_t n = 1000003, first = 123457, m = 400001;
+    const float std = 0.02f;
+    DevBuf master = dev_alloc(n * sizeof(float)), params = dev_alloc(n * sizeof(uint16_t));
+    DevBuf shard = dev_alloc(m * sizeof(float)), other = dev_alloc(n * sizeof(float));
+    dev_poison(master, 0xFF); dev_poison(params, 0xFF); dev_poison(shard, 0xFF); dev_poison(other, 0xFF);
+    const uint64_t seed = g_seed;
+    init_weights((float*)dptr(master), (__nv_bfloat16*)dptr(params), n, 0, std, 0.0f, seed, 4, g_stream);
+    init_weights((float*)dptr(shard), NULL, m, first, std, 0.0f, seed, 4, g_stream);
+    sync_or_die(name);
+    float* x = (float*)host_alloc(n * sizeof(float));
+    float* y = (float*)host_alloc(n * sizeof(float));
+    uint16_t* bits = host_bf16(n);
+    dev_download(x, master, n * sizeof(float));
+    dev_download(bits, params, n * sizeof(uint16_t));
+    size_t nonfinite = 0, copy_mismatch = 0, within = 0;
+    double sum = 0.0, sum_sq = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(x[j])) { nonfinite++; continue; }
+        if (bits[j] != test_float_to_bf16(x[j])) copy_mismatch++;
+        sum += x[j];
+        sum_sq += (double)x[j] * x[j];
+        within += fabs(x[j]) <= std;
+    }
+    check_written(problems, sizeof(problems), "master", nonfinite, n);
+    if (copy_mismatch) add_problem(problems, sizeof(problems), "%zu bf16 weights differ from bf16(master)", copy_mismatch);
+    const double mean = sum / n, sd = sqrt(sum_sq / n - mean * mean), frac = (double)within / n;
+    printf("  init: mean %.3e (bound %.1e), std %.5f (want %.5f), within one std %.4f (want 0.6827)\n", mean,
+           4 * std / sqrt((double)n), sd, std, frac);
+    if (fabs(mean) > 4 * std / sqrt((double)n)) add_problem(problems, sizeof(problems), "mean %.3e not near 0", mean);
+    if (fabs(sd / std - 1) > 4 / sqrt(2.0 * n)) add_problem(problems, sizeof(problems), "std %.5f not %.5f", sd, std);
+    if (fabs(frac - 0.6827) > 0.003) add_problem(problems, sizeof(problems), "%.4f within one std, not 0.6827", frac);
+    dev_download(y, shard, m * sizeof(float));
+    if (memcmp(y, x + first, m * sizeof(float)) != 0)
+        add_problem(problems, sizeof(problems), "the shard [%zu, %zu) differs from that slice of the whole tensor",
+                    first, first + m);
+    // the same call again: the same bits; another seed or tensor index: other values
+    init_weights((float*)dptr(other), NULL, n, 0, std, 0.0f, seed, 4, g_stream);
+    sync_or_die(name);
+    dev_download(y, other, n * sizeof(float));
+    if (memcmp(x, y, n * sizeof(float)) != 0) add_problem(problems, sizeof(problems), "not repeatable");
+    const uint64_t seeds[2] = {seed + 1, seed};
+    const int tensors[2] = {4, 5};
+    for (int k = 0; k < 2; k++) {
+        init_weights((float*)dptr(other), NULL, n, 0, std, 0.0f, seeds[k], tensors[k], g_stream);
+        sync_or_die(name);
+        dev_download(y, other, n * sizeof(float));
+        size_t same = 0;
+        for (size_t j = 0; j < n; j++) same += x[j] == y[j];
+        if (same > n / 100)
+            add_problem(problems, sizeof(problems), "%s %zu of %zu values equal", k ? "another tensor:" : "another seed:",
+                        same, n);
+    }
+    // constant fill (LayerNorm weights): every element exactly 1
+    init_weights((float*)dptr(master), (__nv_bfloat16*)dptr(params), n, 0, 0.0f, 1.0f, seed, 2, g_stream);
+    sync_or_die(name);
+    dev_download(x, master, n * sizeof(float));
+    dev_download(bits, params, n * sizeof(uint16_t));
+    size_t not_one = 0;
+    for (size_t j = 0; j < n; j++) not_one += x[j] != 1.0f || bits[j] != 0x3F80u;
+    if (not_one) add_problem(problems, sizeof(problems), "constant fill: %zu elements not 1", not_one);
+    check_guards(problems, sizeof(problems), master, "master");
+    check_guards(problems, sizeof(problems), params, "params");
+    check_guards(problems, sizeof(problems), shard, "shard");
+    free(x); free(y); free(bits);
+    dev_free(&master); dev_free(&params); dev_free(&shard); dev_free(&other);
+    case_end(name, problems);
+}
+
 int main(void) {
     test_begin();
     g_seed = pick_seed();
@@ -992,6 +1073,7 @@ int main(void) {
     global_norm_case(1000003, 0, 1);
     global_norm_clip_scale_case();
     global_norm_huge_case();
+    init_weights_case();
 
     if (!g_skip_why) CUDA_CHECK(cudaStreamDestroy(g_stream));
     return test_end();
