@@ -5,6 +5,7 @@
 //   torchrun style  RANK, WORLD_SIZE, LOCAL_RANK (optional), MASTER_ADDR, MASTER_PORT
 //   mpirun (Open MPI) OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
 //   srun (SLURM)    SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID
+//   mpirun (MPICH)  PMI_RANK, PMI_SIZE, MPI_LOCALRANKID
 //   none of them    one process: rank 0 of world 1 (no rendezvous, no NCCL)
 // MASTER_ADDR / MASTER_PORT name the rendezvous for every launcher (default 127.0.0.1:29500, right
 // for one node; on several nodes set MASTER_ADDR to rank 0's host).
@@ -78,6 +79,7 @@ static inline int launcher_detect(LaunchInfo* info, char* err, size_t err_len) {
         {"RANK", "WORLD_SIZE", NULL, "LOCAL_RANK", "torchrun env"},
         {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", NULL, "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
         {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "srun"},
+        {"PMI_RANK", "PMI_SIZE", NULL, "MPI_LOCALRANKID", "mpirun (MPICH)"},
     };
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
         int rank = 0, world = 0, local = -1;

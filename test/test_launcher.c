@@ -16,8 +16,8 @@
 
 static const char* const ENV_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
                                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
-                                       "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR",
-                                       "MASTER_PORT"};
+                                       "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "PMI_RANK", "PMI_SIZE",
+                                       "MPI_LOCALRANKID", "MASTER_ADDR", "MASTER_PORT"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof(ENV_VARS) / sizeof(ENV_VARS[0]); i++) unsetenv(ENV_VARS[i]);
