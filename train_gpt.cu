@@ -793,6 +793,7 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
     cuda_malloc_or_explain((void**)&state.master, n * sizeof(float), "the fp32 master weights", state_hint);
     cuda_malloc_or_explain((void**)&state.adam_m, n * sizeof(float), "the AdamW first moments", state_hint);
     cuda_malloc_or_explain((void**)&state.adam_v, n * sizeof(float), "the AdamW second moments", state_hint);
+    CUDA_CHECK(cudaMemset(state.master, 0, n * sizeof(float)));  // ZeRO-1: the last shard's padding stays 0
     CUDA_CHECK(cudaMemset(state.adam_m, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMemset(state.adam_v, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&norm, sizeof(float)));

@@ -113,6 +113,11 @@ def test_multi_gpu_flags_and_launch_environment():
     r = subprocess.run([TRAIN_GPT, *GOOD, "--total-batch-tokens", str(4 * 64 * 3)], capture_output=True, text=True,
                        timeout=120, env=env)
     expect_error(r, 2, "not a multiple of batch-size * seq-len * GPUs")
+    path = os.path.join(WORK, "one_gpu.ckpt")  # saved on one GPU: two GPUs (or --zero 1) cannot resume it
+    write_checkpoint(path)
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY, "--resume", path, "--max-steps", "6", "--zero", "1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 2, "cannot resume", "saved by 1 GPU(s) with --zero 0", "this run has 2 GPU(s) with --zero 1")
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")  # ranks other than 0 print only errors
     r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
