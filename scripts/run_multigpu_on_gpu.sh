@@ -53,7 +53,13 @@ if [ ! -f "$DATA/tinyshakespeare_val_000000.bin" ]; then
     exit 1
 fi
 
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 MPIRUN=$(command -v mpirun || true)
+if [ -n "$MPIRUN" ] && ! "$MPIRUN" --version 2>&1 | grep -q "Open MPI"; then
+    echo "mpirun is not Open MPI: two-GPU runs use torchrun-style variables" | tee -a "$OUT/environment.txt"
+    MPIRUN=""
+fi
+note "two-GPU launcher: ${MPIRUN:-torchrun-style environment variables (no Open MPI mpirun here)}"
 PORT=$((29500 + RANDOM % 2000))
 # run2 TAG ARGS...: train_gpt on 2 GPUs (mpirun, else torchrun-style variables); output in OUT/TAG.out
 run2() {
