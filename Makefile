@@ -32,7 +32,8 @@ endif
 TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
-CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint
+CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint \
+             $(BUILD)/test_launcher
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt
@@ -57,8 +58,11 @@ test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.install
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
+# NCCL (multi-GPU): the CUDA toolkit's, or NCCL_LIBS="-L/path/to/nccl/lib -lnccl"; at run time
+# libnccl.so.2 must be found (LD_LIBRARY_PATH), e.g. the one in PyTorch's nvidia-nccl wheel.
+NCCL_LIBS ?= -lnccl
 train_gpt: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(NCCL_LIBS)
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
 $(BUILD)/%.o: attention/%.cu | $(BUILD)

@@ -1,6 +1,8 @@
 // train_gpt.cu: GPT training in C/CUDA around our own FlashAttention kernels.
 //
-// Checks the options and the data, prints the training plan, then trains on one GPU: micro
+// Checks the options and the data, prints the training plan, then trains on one GPU, or data
+// parallel on several (one process per GPU, launched by mpirun, srun or torchrun-style environment
+// variables; layers/launcher.h, layers/multi_gpu.cuh; optional ZeRO-1 optimizer sharding): micro
 // steps accumulated to the total batch, global-norm clipping, AdamW on fp32 master weights with
 // warmup + cosine learning rate, validation loss every --val-every steps, and a log line per step
 // (loss, lr, grad norm, ms, tokens/s, TFLOP/s, MFU), also written as JSON lines to --log-file;
@@ -31,6 +33,8 @@
 #include "layers/init_weights.cuh"
 #include "layers/gpt_config.h"
 #include "layers/gpt_model.cuh"
+#include "layers/launcher.h"
+#include "layers/multi_gpu.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -62,6 +66,8 @@ typedef struct {
     const char* init_from;        // llm.c model file with the initial weights; NULL = GPT-2 init
     const char* dump_grads;       // write the first step's gradients here (llm.c format, bf16)
     int plan_only;
+    int zero;                     // 1: ZeRO-1, optimizer state and master weights sharded over the GPUs
+    double rendezvous_timeout;    // seconds a rank waits for the others at the start (multi-GPU)
 } Options;
 
 static void print_usage(FILE* out) {
@@ -69,8 +75,8 @@ static void print_usage(FILE* out) {
             "usage: ./train_gpt [options]\n"
             "\n"
             "Trains a GPT on token shards (llm.c format) and reports tokens/s, TFLOP/s per GPU and MFU.\n"
-            "It checks the options and the data, prints the plan, and trains on one GPU (multi-GPU is\n"
-            "not in this build yet).\n"
+            "It checks the options and the data, prints the plan, and trains on one GPU, or data parallel\n"
+            "on several GPUs and nodes with one process per GPU (see multi-GPU below).\n"
             "\n"
             "model\n"
             "  -m, --model NAME            gpt2-124m (default), gpt2-350m, gpt2-774m, gpt2-1558m,\n"
@@ -92,7 +98,7 @@ static void print_usage(FILE* out) {
             "  -b, --batch-size N          sequences per micro step per GPU (default 4)\n"
             "  -t, --seq-len N             tokens per sequence (default 1024)\n"
             "  -d, --total-batch-tokens N  tokens per optimizer step, a multiple of batch-size * seq-len\n"
-            "                              (default: batch-size * seq-len, no accumulation)\n"
+            "                              (* GPUs); default: batch-size * seq-len (* GPUs), no accumulation\n"
             "  -x, --max-steps N           optimizer steps of the run and its LR schedule (default: one\n"
             "                              pass over the training data); --steps is the same flag\n"
             "optimizer\n"
@@ -118,6 +124,20 @@ static void print_usage(FILE* out) {
             "                              instead of the GPT-2 initialization\n"
             "      --dump-grads PATH       write the gradients of the run's first step (mean over its\n"
             "                              tokens, before clipping) as a bf16 llm.c model file\n"
+            "multi-GPU (one process per GPU; gradients averaged over NCCL while the backward runs)\n"
+            "      --zero N                0 (default): every GPU keeps the whole optimizer state; 1: ZeRO-1,\n"
+            "                              fp32 master weights and AdamW moments sharded over the GPUs\n"
+            "      --rendezvous-timeout S  seconds the ranks wait for each other at the start (default 120)\n"
+            "  launchers (the rank and world size come from the environment, first match wins):\n"
+            "    torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT\n"
+            "    mpirun          OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (Open MPI)\n"
+            "    srun            SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID\n"
+            "  Rank 0 hands NCCL's id to the others over TCP at MASTER_ADDR:MASTER_PORT (default\n"
+            "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host). Each process\n"
+            "  uses GPU LOCAL_RANK. -b is per GPU; --total-batch-tokens is global (B*T*GPUs*accumulation).\n"
+            "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
+            "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
+            "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"
             "throughput\n"
             "      --peak-tflops X         dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM\n"
             "                              989.4, A100 312)\n"
@@ -150,10 +170,10 @@ static Options parse_options(int argc, char** argv) {
                    "data/tinyshakespeare/tinyshakespeare_train_*.bin",
                    "data/tinyshakespeare/tinyshakespeare_val_*.bin",
                    4, 1024, 0, 0, ATTN_FLASH2, 1337, 0, 0.0,
-                   3e-4, 0.1, 0, 0.1, 1.0, 0, 20, NULL, NULL, 0, 2, NULL, NULL, NULL, 0};
+                   3e-4, 0.1, 0, 0.1, 1.0, 0, 20, NULL, NULL, 0, 2, NULL, NULL, NULL, 0, 0, 120.0};
     enum { OPT_LAYERS = 1000, OPT_HIDDEN, OPT_HEADS, OPT_SEED, OPT_SHUFFLE, OPT_PEAK, OPT_LR, OPT_MIN_LR, OPT_WARMUP,
            OPT_WD, OPT_CLIP, OPT_VAL_EVERY, OPT_VAL_BATCHES, OPT_LOG_FILE, OPT_PLAN_ONLY, OPT_CKPT_DIR, OPT_CKPT_EVERY,
-           OPT_KEEP_CKPT, OPT_RESUME, OPT_INIT_FROM, OPT_DUMP_GRADS };
+           OPT_KEEP_CKPT, OPT_RESUME, OPT_INIT_FROM, OPT_DUMP_GRADS, OPT_ZERO, OPT_RDV_TIMEOUT };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},       {"layers", required_argument, 0, OPT_LAYERS},
         {"hidden", required_argument, 0, OPT_HIDDEN}, {"heads", required_argument, 0, OPT_HEADS},
@@ -171,6 +191,7 @@ static Options parse_options(int argc, char** argv) {
         {"checkpoint-every", required_argument, 0, OPT_CKPT_EVERY},
         {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT}, {"resume", required_argument, 0, OPT_RESUME},
         {"init-from", required_argument, 0, OPT_INIT_FROM}, {"dump-grads", required_argument, 0, OPT_DUMP_GRADS},
+        {"zero", required_argument, 0, OPT_ZERO},   {"rendezvous-timeout", required_argument, 0, OPT_RDV_TIMEOUT},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "m:a:i:j:b:t:d:x:h", long_options, NULL)) != -1) {
@@ -209,6 +230,15 @@ static Options parse_options(int argc, char** argv) {
             case OPT_RESUME: opt.resume = optarg; break;
             case OPT_INIT_FROM: opt.init_from = optarg; break;
             case OPT_DUMP_GRADS: opt.dump_grads = optarg; break;
+            case OPT_ZERO:
+                if (strcmp(optarg, "0") != 0 && strcmp(optarg, "1") != 0) {
+                    fprintf(stderr, "error: --zero expects 0 (no sharding) or 1 (ZeRO-1: optimizer state and master "
+                                    "weights sharded over the GPUs), got \"%s\"\n", optarg);
+                    exit(2);
+                }
+                opt.zero = optarg[0] - '0';
+                break;
+            case OPT_RDV_TIMEOUT: opt.rendezvous_timeout = parse_double("--rendezvous-timeout", optarg, 1.0); break;
             case 'h': print_usage(stdout); exit(0);
             default: fprintf(stderr, "run ./train_gpt --help for the options\n"); exit(2);
         }
@@ -258,8 +288,10 @@ static GPTConfig build_config(const Options* opt) {
 // Data
 
 // Opens a loader over `pattern` or exits with the loader's message (which names the file).
-static void open_data_or_exit(DataLoader* loader, const char* what, const char* pattern, const Options* opt) {
-    if (dataloader_open(loader, pattern, opt->batch_size, opt->seq_len, 0, 1, GPT2_VOCAB_SIZE, opt->shuffle,
+// Each of `world` ranks reads its own B·T slice of every chunk of B·T·world tokens.
+static void open_data_or_exit(DataLoader* loader, const char* what, const char* pattern, const Options* opt, int rank,
+                              int world) {
+    if (dataloader_open(loader, pattern, opt->batch_size, opt->seq_len, rank, world, GPT2_VOCAB_SIZE, opt->shuffle,
                         opt->seed) != 0) {
         fprintf(stderr, "error: %s data: %s\n", what, loader->error);
         if (strstr(pattern, "data/tinyshakespeare/") == pattern)
@@ -271,18 +303,40 @@ static void open_data_or_exit(DataLoader* loader, const char* what, const char* 
 // ---------------------------------------------------------------------------------------------
 // Initialization
 
+// What a run keeps on the GPU besides the model: fp32 master weights and the two AdamW moments, for
+// the elements [offset, offset + elems) of the flat parameter vector: all of them, or with ZeRO-1
+// this rank's shard.
+typedef struct {
+    float *master, *adam_m, *adam_v;  // (elems) each, in the parameter order
+    size_t offset, elems;
+} OptimizerState;
+
+// Copies the part of tensor values (n, at flat offset `at`) that lies in the state's range to master.
+static void upload_master(const OptimizerState* st, size_t at, const float* values, size_t n) {
+    const size_t a = at > st->offset ? at : st->offset;
+    const size_t b = at + n < st->offset + st->elems ? at + n : st->offset + st->elems;
+    if (a < b)
+        CUDA_CHECK(cudaMemcpy(st->master + (a - st->offset), values + (a - at), (b - a) * sizeof(float),
+                              cudaMemcpyHostToDevice));
+}
+
 // GPT-2 initialization from `seed` (layers/init_weights.cuh, on the GPU): weights N(0, 0.02), the
 // residual projections (attprojw, fcprojw) N(0, 0.02/√(2L)), LayerNorm weights 1, biases 0. Writes
-// the fp32 master weights (num_params) and the model's bf16 copy.
-static void init_parameters(GPTModel* model, float* master, uint64_t seed) {
+// the fp32 master weights (the state's range) and the model's bf16 copy (all); the draws are
+// counter-based, so every rank gets the same values and a shard those of the whole tensor.
+static void init_parameters(GPTModel* model, const OptimizerState* st, uint64_t seed) {
     const float residual_std = 0.02f / sqrtf(2.0f * model->L);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const int is_ln_weight = i == GPT_LN1W || i == GPT_LN2W || i == GPT_LNFW;
         const int is_bias = i == GPT_LN1B || i == GPT_QKVB || i == GPT_ATTPROJB || i == GPT_LN2B || i == GPT_FCB ||
                             i == GPT_FCPROJB || i == GPT_LNFB;
         const float std = is_ln_weight || is_bias ? 0.0f : (i == GPT_ATTPROJW || i == GPT_FCPROJW) ? residual_std : 0.02f;
-        init_weights(master + model->param_offsets[i], model->param_tensors[i], model->param_sizes[i], 0, std,
-                     is_ln_weight ? 1.0f : 0.0f, seed, i, model->stream);
+        const float constant = is_ln_weight ? 1.0f : 0.0f;
+        const size_t at = model->param_offsets[i], n = model->param_sizes[i];
+        init_weights(NULL, model->param_tensors[i], n, 0, std, constant, seed, i, model->stream);
+        const size_t a = at > st->offset ? at : st->offset;  // the tensor's part in the state's range
+        const size_t b = at + n < st->offset + st->elems ? at + n : st->offset + st->elems;
+        if (a < b) init_weights(st->master + (a - st->offset), NULL, b - a, a - at, std, constant, seed, i, model->stream);
     }
     CUDA_CHECK(cudaStreamSynchronize(model->stream));
 }
@@ -296,17 +350,12 @@ static int decays(int tensor) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints and weight files
 
-// What a run keeps on the GPU besides the model: fp32 master weights and the two AdamW moments.
-typedef struct {
-    float *master, *adam_m, *adam_v;  // (num_params) each, in the parameter order
-} OptimizerState;
-
 // Host staging buffer for moving state between the GPU and files in pieces.
 #define STAGING_BYTES ((size_t)64 << 20)
 
 // The header fields that describe this run (the step and data position are filled in when saving).
 static CheckpointHeader run_header(const Options* opt, const GPTConfig* config, long long max_steps,
-                                   long long total_batch_tokens, const DataLoader* train_loader) {
+                                   long long total_batch_tokens, const DataLoader* train_loader, int world) {
     CheckpointHeader h;
     memset(&h, 0, sizeof(h));
     h.num_layers = config->num_layers;
@@ -317,7 +366,7 @@ static CheckpointHeader run_header(const Options* opt, const GPTConfig* config, 
     h.max_seq_len = config->max_seq_len;
     h.batch_size = opt->batch_size;
     h.seq_len = opt->seq_len;
-    h.world_size = 1;
+    h.world_size = world;
     h.shuffle = opt->shuffle;
     h.total_batch_tokens = total_batch_tokens;
     h.seed = opt->seed;
@@ -395,23 +444,38 @@ static int write_device_bytes(CheckpointWriter* w, const void* src, size_t bytes
 // Saves the state after `header->step` steps as DIR/step_XXXXXXXX.ckpt (temporary name, then
 // rename) and prunes old ones. A failure to write is reported and the run goes on: the previous
 // checkpoints are untouched. Returns 0 when saved (its path in saved_path).
+// Several GPUs (mg): without ZeRO rank 0 writes the file (every rank holds the same state); with
+// ZeRO-1 every rank writes its own DIR/step_XXXXXXXX.rankRRofWW.ckpt (full bf16 weights, its shard
+// of master/m/v). All ranks then agree (an all-reduce, also a barrier) that every file is in place
+// before rank 0 prunes.
 static int save_checkpoint(const char* dir, int keep, CheckpointHeader header, const GPTModel* model,
-                           const OptimizerState* opt_state, void* staging, char* saved_path, size_t saved_len) {
+                           const OptimizerState* opt_state, void* staging, MultiGpu* mg, int rank, char* saved_path,
+                           size_t saved_len) {
     CUDA_CHECK(cudaDeviceSynchronize());
     char err[CHECKPOINT_PATH_MAX + 256];
     CheckpointWriter w;
-    const size_t n = model->num_params;
-    if (checkpoint_writer_open(&w, dir, header.step, err, sizeof(err)) != 0 ||
-        write_device_bytes(&w, model->params, n * sizeof(__nv_bfloat16), staging, err, sizeof(err)) != 0 ||
-        write_device_bytes(&w, opt_state->master, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
-        write_device_bytes(&w, opt_state->adam_m, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
-        write_device_bytes(&w, opt_state->adam_v, n * sizeof(float), staging, err, sizeof(err)) != 0 ||
-        checkpoint_writer_commit(&w, header, err, sizeof(err)) != 0) {
-        fprintf(stderr, "warning: checkpoint at step %lld not saved: %s\n", (long long)header.step, err);
+    const size_t n = model->num_params, e = opt_state->elems;
+    const int sharded = header.zero_stage > 0, writes = sharded || rank == 0;
+    int failed = 0;
+    if (writes && (checkpoint_writer_open_rank(&w, dir, header.step, header.rank, sharded ? header.world_size : 0,
+                                               err, sizeof(err)) != 0 ||
+                   write_device_bytes(&w, model->params, n * sizeof(__nv_bfloat16), staging, err, sizeof(err)) != 0 ||
+                   write_device_bytes(&w, opt_state->master, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
+                   write_device_bytes(&w, opt_state->adam_m, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
+                   write_device_bytes(&w, opt_state->adam_v, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
+                   checkpoint_writer_commit(&w, header, err, sizeof(err)) != 0)) {
+        fprintf(stderr, "warning: rank %d: checkpoint at step %lld not saved: %s\n", rank, (long long)header.step, err);
+        failed = 1;
+    }
+    if (mg && multi_gpu_sum(mg, failed, model->stream) > 0) {
+        if (!failed && rank == 0)
+            fprintf(stderr, "warning: checkpoint at step %lld not saved by every rank (see their warnings); the "
+                            "previous checkpoints are kept\n", (long long)header.step);
         return -1;
     }
-    checkpoint_prune(dir, keep);
-    snprintf(saved_path, saved_len, "%s", w.final_path);
+    if (failed) return -1;
+    if (rank == 0) checkpoint_prune(dir, keep);
+    checkpoint_path_rank(saved_path, saved_len, dir, header.step, header.rank, sharded ? header.world_size : 0);
     return 0;
 }
 
@@ -435,11 +499,11 @@ static void load_checkpoint(const char* path, GPTModel* model, const OptimizerSt
         fprintf(stderr, "error: %s\n", err);
         exit(1);
     }
-    const size_t n = model->num_params;
+    const size_t n = model->num_params, e = opt_state->elems;  // main() checked the file's shard against e
     read_device_bytes(&r, model->params, n * sizeof(__nv_bfloat16), staging);
-    read_device_bytes(&r, opt_state->master, n * sizeof(float), staging);
-    read_device_bytes(&r, opt_state->adam_m, n * sizeof(float), staging);
-    read_device_bytes(&r, opt_state->adam_v, n * sizeof(float), staging);
+    read_device_bytes(&r, opt_state->master, e * sizeof(float), staging);
+    read_device_bytes(&r, opt_state->adam_m, e * sizeof(float), staging);
+    read_device_bytes(&r, opt_state->adam_v, e * sizeof(float), staging);
     if (checkpoint_reader_finish(&r, err, sizeof(err)) != 0) {
         fprintf(stderr, "error: %s\n", err);
         exit(1);
@@ -483,8 +547,8 @@ static uint16_t float_to_bf16_bits(float f) {
     return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
-// Loads --init-from weights into the fp32 master copy and the model's bf16 weights.
-static void load_model_file(const char* path, GPTModel* model, float* master) {
+// Loads --init-from weights into the fp32 master copy (the state's range) and the model's bf16 weights.
+static void load_model_file(const char* path, GPTModel* model, const OptimizerState* st) {
     ModelFile file;
     open_model_file_or_exit(&file, path, &model->config);
     size_t largest = 0;
@@ -513,7 +577,7 @@ static void load_model_file(const char* path, GPTModel* model, float* master) {
                 exit(1);
             }
         }
-        CUDA_CHECK(cudaMemcpy(master + model->param_offsets[i], values, n * sizeof(float), cudaMemcpyHostToDevice));
+        upload_master(st, model->param_offsets[i], values, n);
         CUDA_CHECK(cudaMemcpy(model->param_tensors[i], bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
     }
     model_file_close(&file);
@@ -627,11 +691,15 @@ static void next_batch_or_exit(DataLoader* loader, const char* what) {
     }
 }
 
-// Mean loss over `batches` validation micro batches (0 or more than there are: all of them).
+// Mean loss over `batches` validation micro batches (0 or more than there are: all of them). With
+// several GPUs (mg) the batches are split over the ranks (each reads its part of every chunk) and
+// the mean is over all of them.
 static double validation_loss(GPTModel* model, DataLoader* val, long long batches, int* inputs_dev,
-                              int* targets_dev) {
-    const long long available = dataloader_batches_per_epoch(val);
-    const long long n = (batches == 0 || batches > available) ? available : batches;
+                              int* targets_dev, MultiGpu* mg) {
+    const long long available = dataloader_batches_per_epoch(val);  // chunks: one micro batch per rank each
+    const int world = mg ? mg->world : 1;
+    const long long per_rank = (batches + world - 1) / world;
+    const long long n = (batches == 0 || per_rank > available) ? available : per_rank;
     dataloader_reset(val);
     double sum = 0.0;
     for (long long i = 0; i < n; i++) {
@@ -640,6 +708,7 @@ static double validation_loss(GPTModel* model, DataLoader* val, long long batche
         gpt_model_forward(model, inputs_dev, targets_dev);
         sum += gpt_model_mean_loss(model);
     }
+    if (mg) return multi_gpu_sum(mg, sum / (double)n, model->stream) / world;
     return sum / (double)n;
 }
 
@@ -651,6 +720,10 @@ typedef struct {
     const char* resume_path;     // a checkpoint whose header main() checked, or NULL
     long long start_step;        // the first step this run takes: 1, or the checkpoint's step + 1
     DataLoaderState start_data;  // the data position of start_step
+    int rank, world;             // this process and the number of GPUs
+    size_t pad_multiple;         // the model's parameter allocations are padded to a multiple of this
+    size_t state_offset, state_elems;  // the optimizer state's part of the flat parameters (ZeRO-1: the shard)
+    MultiGpu* mg;                // NULL on one GPU
 } TrainPlan;
 
 // Saves the state after `step` steps, with the data position of the next step; returns 0 when saved.
@@ -664,8 +737,8 @@ static int save_state(const Options* opt, const TrainPlan* plan, long long step,
     header.data_chunk_index = data.chunk_index;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (save_checkpoint(plan->checkpoint_dir, opt->keep_checkpoints, header, model, state, staging, saved_path,
-                        saved_len) != 0)
+    if (save_checkpoint(plan->checkpoint_dir, opt->keep_checkpoints, header, model, state, staging, plan->mg,
+                        plan->rank, saved_path, saved_len) != 0)
         return -1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("checkpoint   %s (%.1f s)\n", saved_path, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
@@ -677,10 +750,16 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     GPTModel model;
-    if (gpt_model_create(&model, *config, opt->batch_size, opt->seq_len, opt->attn, stream) != 0) exit(1);
+    if (gpt_model_create_padded(&model, *config, opt->batch_size, opt->seq_len, opt->attn, stream,
+                                plan->pad_multiple) != 0)
+        exit(1);
     gpt_model_print_memory(&model, stdout);
-    const size_t n = model.num_params;
+    MultiGpu* mg = plan->mg;
+    if (mg) multi_gpu_attach(mg, &model);
     OptimizerState state;
+    state.offset = plan->state_offset;
+    state.elems = plan->state_elems;
+    const size_t n = state.elems;
     float *norm, *clip_scale, *norm_scratch;
     int *inputs_dev, *targets_dev;
     void* staging = NULL;
@@ -690,6 +769,7 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
     cuda_malloc_or_explain((void**)&state.master, n * sizeof(float), "the fp32 master weights", state_hint);
     cuda_malloc_or_explain((void**)&state.adam_m, n * sizeof(float), "the AdamW first moments", state_hint);
     cuda_malloc_or_explain((void**)&state.adam_v, n * sizeof(float), "the AdamW second moments", state_hint);
+    CUDA_CHECK(cudaMemset(state.master, 0, n * sizeof(float)));  // ZeRO-1: the last shard's padding stays 0
     CUDA_CHECK(cudaMemset(state.adam_m, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMemset(state.adam_v, 0, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&norm, sizeof(float)));
@@ -702,10 +782,10 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
         load_checkpoint(plan->resume_path, &model, &state, staging);
         printf("resumed      from %s: %lld steps done\n", plan->resume_path, plan->start_step - 1);
     } else if (opt->init_from) {
-        load_model_file(opt->init_from, &model, state.master);
+        load_model_file(opt->init_from, &model, &state);
         printf("weights      from %s\n", opt->init_from);
     } else {
-        init_parameters(&model, state.master, opt->seed);
+        init_parameters(&model, &state, opt->seed);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     // The plan read one batch to check the data; start from the first step's position.
@@ -715,7 +795,7 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
     }
 
     FILE* log = NULL;
-    if (opt->log_file) {
+    if (opt->log_file && plan->rank == 0) {
         log = fopen(opt->log_file, plan->resume_path ? "a" : "w");  // a resumed run continues its log
         if (!log) {
             fprintf(stderr, "error: cannot write the log file %s: %s\n", opt->log_file, strerror(errno));
@@ -741,14 +821,25 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
             next_batch_or_exit(train_loader, "training");
             upload_batch(train_loader, inputs_dev, targets_dev, tokens);
             gpt_model_forward(&model, inputs_dev, targets_dev);
+            // several GPUs: the last micro step's backward reduces each layer's gradients as it goes
+            if (mg) multi_gpu_arm_hook(mg, &model, micro == plan->accumulation_steps - 1);
             gpt_model_backward(&model, 1.0f / (float)((double)tokens * plan->accumulation_steps));
             loss += gpt_model_mean_loss(&model) / (double)plan->accumulation_steps;
         }
-        global_norm(norm, norm_scratch, model.grads, n, stream);
         float grad_norm = 0.0f;
-        CUDA_CHECK(cudaMemcpyAsync(&grad_norm, norm, sizeof(float), cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));  // check before the update, so the state stays good
-        if (opt->dump_grads && step == plan->start_step) dump_gradients(opt->dump_grads, &model);
+        const float* norm_dev = norm;
+        if (mg) {  // the global norm and the mean loss over all ranks
+            multi_gpu_wait_grads(mg, stream);
+            float mean_loss = 0.0f;
+            multi_gpu_norm_and_loss(mg, norm_scratch, loss, &grad_norm, &mean_loss, stream);
+            loss = mean_loss;
+            norm_dev = mg->scalars;
+        } else {
+            global_norm(norm, norm_scratch, model.grads, model.num_params, stream);
+            CUDA_CHECK(cudaMemcpyAsync(&grad_norm, norm, sizeof(float), cudaMemcpyDeviceToHost, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));  // check before the update, so the state stays good
+        }
+        if (opt->dump_grads && step == plan->start_step && plan->rank == 0) dump_gradients(opt->dump_grads, &model);
         if (!isfinite(loss) || !isfinite(grad_norm)) {
             fprintf(stderr, "error: the %s is %g at step %lld; the weights were not updated\n",
                     isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, step);
@@ -765,23 +856,29 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
         }
         const float* scale = NULL;
         if (opt->grad_clip > 0) {
-            global_norm_clip_scale(clip_scale, norm, (float)opt->grad_clip, stream);
+            global_norm_clip_scale(clip_scale, norm_dev, (float)opt->grad_clip, stream);
             scale = clip_scale;
         }
         const double lr = learning_rate(opt, step, plan->steps);
+        // AdamW on each tensor's part of the state's range (all of it; with ZeRO-1 the rank's shard)
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-            const size_t off = model.param_offsets[i];
-            adamw_update(state.master + off, model.param_tensors[i], model.grad_tensors[i], state.adam_m + off,
-                         state.adam_v + off, model.param_sizes[i], (float)lr, 0.9f, 0.95f, 1e-8f,
-                         decays(i) ? (float)opt->weight_decay : 0.0f, (int)step, 1.0f, scale, stream);
+            const size_t t0 = model.param_offsets[i], t1 = t0 + model.param_sizes[i];
+            const size_t a = t0 > state.offset ? t0 : state.offset;
+            const size_t b = t1 < state.offset + state.elems ? t1 : state.offset + state.elems;
+            if (a >= b) continue;
+            const size_t at = a - state.offset;
+            adamw_update(state.master + at, model.params + a, model.grads + a, state.adam_m + at, state.adam_v + at,
+                         b - a, (float)lr, 0.9f, 0.95f, 1e-8f, decays(i) ? (float)opt->weight_decay : 0.0f, (int)step,
+                         1.0f, scale, stream);
         }
+        if (mg && mg->zero) multi_gpu_all_gather_params(mg, model.params, stream);  // every rank's new shard
         CUDA_CHECK(cudaEventRecord(stop, stream));
         float ms = 0.0f;
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         const double seconds = ms / 1e3;
         const double tokens_per_s = (double)plan->total_batch_tokens / seconds;
-        const double tflops = plan->flops_per_step / seconds / 1e12;
+        const double tflops = plan->flops_per_step / plan->world / seconds / 1e12;  // per GPU
         const double mfu = plan->peak_tflops > 0 ? 100.0 * tflops / plan->peak_tflops : 0.0;
         printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%%\n",
                step, plan->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu);
@@ -791,7 +888,7 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
                     "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f}\n",
                     step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0);
         if (have_val && ((opt->val_every > 0 && step % opt->val_every == 0) || step == plan->steps)) {
-            const double val = validation_loss(&model, val_loader, opt->val_batches, inputs_dev, targets_dev);
+            const double val = validation_loss(&model, val_loader, opt->val_batches, inputs_dev, targets_dev, mg);
             printf("step %5lld/%lld | val loss %.4f\n", step, plan->steps, val);
             if (log) fprintf(log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, val);
         }
@@ -826,21 +923,46 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 int main(int argc, char** argv) {
     Options opt = parse_options(argc, argv);
+    // Which process of how many (mpirun, srun, torchrun-style variables; none: the only one).
+    LaunchInfo launch;
+    char launch_err[512];
+    if (launcher_detect(&launch, launch_err, sizeof(launch_err)) != 0) {
+        fprintf(stderr, "error: launcher environment: %s\n", launch_err);
+        exit(2);
+    }
+    const int rank = launch.rank, world = launch.world;
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) {  // rank 0 prints and logs; the others print errors
+        fprintf(stderr, "error: rank %d cannot silence its output: %s\n", rank, strerror(errno));
+        exit(1);
+    }
+    if (world == 1 && opt.zero) {
+        printf("note         --zero 1 on one GPU has nothing to shard: running without it\n");
+        opt.zero = 0;
+    }
+    if (opt.zero && opt.dump_grads) {
+        fprintf(stderr, "error: --dump-grads needs the whole gradient on one GPU; run it without --zero 1\n");
+        exit(2);
+    }
     GPTConfig config = build_config(&opt);
     const int B = opt.batch_size, T = opt.seq_len;
     const long long tokens_per_micro_step = (long long)B * T;
-    long long total_batch_tokens = opt.total_batch_tokens ? opt.total_batch_tokens : tokens_per_micro_step;
-    if (total_batch_tokens % tokens_per_micro_step != 0) {
-        fprintf(stderr, "error: --total-batch-tokens %lld is not a multiple of batch-size * seq-len = %lld\n",
-                total_batch_tokens, tokens_per_micro_step);
+    const long long tokens_per_global_micro_step = tokens_per_micro_step * world;
+    long long total_batch_tokens = opt.total_batch_tokens ? opt.total_batch_tokens : tokens_per_global_micro_step;
+    if (total_batch_tokens % tokens_per_global_micro_step != 0) {
+        if (world == 1)
+            fprintf(stderr, "error: --total-batch-tokens %lld is not a multiple of batch-size * seq-len = %lld\n",
+                    total_batch_tokens, tokens_per_micro_step);
+        else
+            fprintf(stderr, "error: --total-batch-tokens %lld is not a multiple of batch-size * seq-len * GPUs = "
+                            "%d * %d * %d = %lld\n", total_batch_tokens, B, T, world, tokens_per_global_micro_step);
         exit(2);
     }
-    const long long accumulation_steps = total_batch_tokens / tokens_per_micro_step;
+    const long long accumulation_steps = total_batch_tokens / tokens_per_global_micro_step;
 
     DataLoader train_loader, val_loader;
-    open_data_or_exit(&train_loader, "training", opt.train_data, &opt);
+    open_data_or_exit(&train_loader, "training", opt.train_data, &opt, rank, world);
     const int have_val = opt.val_data[0] != '\0';
-    if (have_val) open_data_or_exit(&val_loader, "validation", opt.val_data, &opt);
+    if (have_val) open_data_or_exit(&val_loader, "validation", opt.val_data, &opt, rank, world);
     // Read the first batch now so a bad token range in the first shard is reported before any GPU work.
     if (dataloader_next_batch(&train_loader) != 0) {
         fprintf(stderr, "error: training data: %s\n", train_loader.error);
@@ -851,12 +973,40 @@ int main(int argc, char** argv) {
         opt.max_steps ? opt.max_steps : (micro_batches_per_epoch + accumulation_steps - 1) / accumulation_steps;
     TrainPlan plan;
     memset(&plan, 0, sizeof(plan));
-    plan.header = run_header(&opt, &config, steps, total_batch_tokens, &train_loader);
+    plan.header = run_header(&opt, &config, steps, total_batch_tokens, &train_loader, world);
     plan.start_step = 1;
+    plan.rank = rank, plan.world = world;
+    // The flat parameter vector, padded to split evenly over the GPUs; the optimizer state covers all
+    // of it, or with ZeRO-1 this rank's shard of S elements.
+    const size_t num_params = gpt_num_params(&config);
+    plan.pad_multiple = multi_gpu_pad_multiple(world);
+    const size_t padded_params = (num_params + plan.pad_multiple - 1) / plan.pad_multiple * plan.pad_multiple;
+    const size_t shard = padded_params / (size_t)world;
+    plan.state_offset = opt.zero ? (size_t)rank * shard : 0;
+    plan.state_elems = opt.zero ? shard : num_params;
+    if (opt.zero) {
+        plan.header.zero_stage = 1;
+        plan.header.rank = rank;
+        plan.header.shard_offset = (int64_t)plan.state_offset;
+        plan.header.shard_size = (int64_t)shard;
+    }
     static char resume_path[CHECKPOINT_PATH_MAX], resume_dir[CHECKPOINT_PATH_MAX];
     if (opt.resume) {
-        plan.resume_path = find_resume_checkpoint(opt.resume, resume_path, resume_dir);
+        static char found_path[CHECKPOINT_PATH_MAX];
+        find_resume_checkpoint(opt.resume, found_path, resume_dir);
+        checkpoint_rank_file(resume_path, sizeof(resume_path), found_path, rank);  // this rank's file of a ZeRO-1 step
+        plan.resume_path = resume_path;
         CheckpointHeader saved = read_checkpoint_header(plan.resume_path);
+        if (saved.world_size != world || saved.zero_stage != opt.zero ||
+            (opt.zero && (saved.rank != rank || saved.shard_size != (int64_t)shard))) {
+            fprintf(stderr, "error: cannot resume from %s: it was saved by %d GPU(s) with --zero %d (rank %d), this run "
+                            "has %d GPU(s) with --zero %d (rank %d); a checkpoint resumes on the same number of GPUs "
+                            "with the same --zero: resume with %s%d ./train_gpt ... --zero %d\n",
+                    plan.resume_path, (int)saved.world_size, (int)saved.zero_stage, (int)saved.rank, world, opt.zero,
+                    rank, saved.world_size > 1 ? "mpirun -np " : "", (int)saved.world_size, (int)saved.zero_stage);
+            if (saved.world_size <= 1) fprintf(stderr, "hint: (one GPU: run ./train_gpt without a launcher)\n");
+            exit(2);
+        }
         check_resume_compatible(&saved, &plan.header, plan.resume_path);
         if (saved.step >= steps) {
             fprintf(stderr, "error: %s is at step %lld and this run ends at step %lld: nothing to do; raise "
@@ -880,9 +1030,10 @@ int main(int argc, char** argv) {
         model_file_close(&file);
     }
 
-    const size_t num_params = gpt_num_params(&config);
-    // Model state: bf16 weights and gradients, fp32 master weights and two AdamW moments.
-    const double state_bytes = (double)num_params * (2 + 2 + 4 + 4 + 4);
+    // Model state per GPU: bf16 weights and gradients, fp32 master weights and two AdamW moments
+    // (ZeRO-1: only the shard's).
+    const double state_bytes = world == 1 ? (double)num_params * (2 + 2 + 4 + 4 + 4)
+                                          : (double)padded_params * (2 + 2) + (double)plan.state_elems * (4 + 4 + 4);
     const double flops_per_step = gpt_flops_per_sequence(&config, T) * (double)(total_batch_tokens / T);
 
     printf("model        %s: %d layers, hidden %d, %d heads of %d, vocab %d padded to %d, seq %d\n", opt.model,
@@ -890,11 +1041,15 @@ int main(int argc, char** argv) {
            config.vocab_size, config.padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", num_params, num_params / 1e9);
     printf("attention    %s\n", attention_backend_name(opt.attn));
-    printf("batch        %d x %d = %lld tokens per micro step, %lld micro steps per optimizer step = %lld tokens\n",
-           B, T, tokens_per_micro_step, accumulation_steps, total_batch_tokens);
-    printf("train data   %s: %d shard(s), %lld tokens, %lld micro batches per epoch%s\n", opt.train_data,
+    if (world == 1)
+        printf("batch        %d x %d = %lld tokens per micro step, %lld micro steps per optimizer step = %lld tokens\n",
+               B, T, tokens_per_micro_step, accumulation_steps, total_batch_tokens);
+    else
+        printf("batch        %d x %d = %lld tokens per micro step per GPU x %d GPUs, %lld micro steps per optimizer "
+               "step = %lld tokens\n", B, T, tokens_per_micro_step, world, accumulation_steps, total_batch_tokens);
+    printf("train data   %s: %d shard(s), %lld tokens, %lld micro batches per epoch%s%s\n", opt.train_data,
            train_loader.num_shards, (long long)train_loader.total_tokens, micro_batches_per_epoch,
-           opt.shuffle ? ", shuffled" : "");
+           world > 1 ? " (of B*T*GPUs tokens, each GPU reads its part)" : "", opt.shuffle ? ", shuffled" : "");
     if (have_val)
         printf("val data     %s: %d shard(s), %lld tokens\n", opt.val_data, val_loader.num_shards,
                (long long)val_loader.total_tokens);
@@ -915,16 +1070,29 @@ int main(int argc, char** argv) {
         if (opt.checkpoint_every > 0) snprintf(every, sizeof(every), "every %lld steps and ", opt.checkpoint_every);
         char keep[64] = "keeping all";
         if (opt.keep_checkpoints > 0) snprintf(keep, sizeof(keep), "keeping the %d newest", opt.keep_checkpoints);
-        printf("checkpoints  %safter the last step into %s, %s (%.2f GiB each)\n", every, plan.checkpoint_dir, keep,
-               gib((double)CHECKPOINT_HEADER_BYTES + (double)checkpoint_payload_bytes((int64_t)num_params)));
+        printf("checkpoints  %safter the last step into %s, %s (%.2f GiB each%s)\n", every, plan.checkpoint_dir, keep,
+               gib((double)CHECKPOINT_HEADER_BYTES + (double)checkpoint_header_payload_bytes(&plan.header)),
+               opt.zero ? ", one file per GPU: step_XXXXXXXX.rankRRofWW.ckpt" : "");
     } else {
         printf("checkpoints  none (--checkpoint-dir DIR to save them)\n");
     }
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", flops_per_step / 1e12);
-    printf("model state  %.2f GiB (bf16 weights + grads, fp32 master + AdamW moments); activations extra\n",
-           gib(state_bytes));
+    printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
+           gib(state_bytes), world > 1 ? " per GPU" : "", opt.zero ? ", the last three sharded over the GPUs" : "");
 
-    GpuInfo gpu = gpu_info(0);
+    // Each process uses GPU LOCAL_RANK (else its rank) of those it sees; set before any other CUDA work.
+    int device = 0, device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess) {
+        cudaGetLastError();
+        device_count = 0;
+    }
+    if (device_count > 0) device = (launch.local_rank >= 0 ? launch.local_rank : rank) % device_count;
+    GpuInfo gpu = gpu_info(device);
+    printf("gpus         %d (launcher: %s), zero %d", world, launch.source, opt.zero);
+    if (world > 1)
+        printf(", rank 0 on GPU %d; rendezvous %s:%d, timeout %g s; TFLOP/s and MFU are per GPU", device,
+               launch.master_addr, launch.master_port, opt.rendezvous_timeout);
+    printf("\n");
     double peak = 0.0;
     if (!gpu.found) {
         printf("gpu          none found: plan only\n");
@@ -940,7 +1108,7 @@ int main(int argc, char** argv) {
         if (state_bytes > (double)gpu.free_bytes) {
             fprintf(stderr,
                     "error: the model state needs %.2f GiB but the GPU has %.2f GiB free; use a smaller model "
-                    "(--model, --layers, --hidden) or more GPUs with optimizer sharding\n",
+                    "(--model, --layers, --hidden) or more GPUs with optimizer sharding (--zero 1)\n",
                     gib(state_bytes), gib((double)gpu.free_bytes));
             exit(1);
         }
@@ -956,7 +1124,18 @@ int main(int argc, char** argv) {
             fprintf(stderr, "error: %s\n", err);
             exit(1);
         }
+        static MultiGpu mg;
+        if (world > 1) {
+            // Every rank must run the same model, batch, data and schedule: the rendezvous compares a hash.
+            CheckpointHeader same = plan.header;
+            same.rank = 0, same.shard_offset = 0;
+            uint64_t tag = launcher_hash(0, &same, sizeof(same));
+            tag = launcher_hash(tag, &steps, sizeof(steps));
+            multi_gpu_init(&mg, &launch, device, opt.zero, tag, opt.rendezvous_timeout);
+            plan.mg = &mg;
+        }
         train(&opt, &config, &plan, &train_loader, have_val ? &val_loader : NULL);
+        if (world > 1) multi_gpu_destroy(&mg);
     }
 
     dataloader_close(&train_loader);

@@ -4,6 +4,11 @@
 //   header   CHECKPOINT_HEADER_BYTES (1024): CheckpointHeader below, zero-padded
 //   payload  four arrays of num_params elements, in gpt_config.h's parameter order:
 //            params bf16 (the model's weights), master fp32, adam_m fp32, adam_v fp32
+// ZeRO-1 runs (zero_stage 1, optimizer state sharded over world_size ranks) save one file per rank
+// and step, DIR/step_XXXXXXXX.rankRRofWW.ckpt: the same header with zero_stage, rank and the
+// shard (shard_offset, shard_size elements of the flat parameter vector padded to world_size ·
+// shard_size), and the payload params bf16 (num_params, all of them), then master, adam_m, adam_v
+// fp32 (shard_size each, this rank's shard). A step counts as saved only when all WW files exist.
 // The header's payload_checksum (checkpoint_hash over the payload bytes) catches a corrupt or
 // partly copied file; the file size must be exactly header + payload.
 //
@@ -54,15 +59,28 @@ typedef struct {
     // the payload
     int64_t num_params;
     uint64_t payload_checksum;
+    // ZeRO-1 (zero in files of unsharded runs and of older builds)
+    int32_t zero_stage, rank;          // 1: master/adam_m/adam_v hold only this rank's shard
+    int64_t shard_offset, shard_size;  // the shard: elements [shard_offset, shard_offset + shard_size)
 } CheckpointHeader;
 
 // The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
 // every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (README).
-typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 184 ? 1 : -1];
-#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQ"
+typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 208 ? 1 : -1];
+#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqq"
 
 
 static inline int64_t checkpoint_payload_bytes(int64_t num_params) { return num_params * (2 + 4 + 4 + 4); }
+
+// Elements of master, adam_m and adam_v in the file: all parameters, or the rank's shard (ZeRO-1).
+static inline int64_t checkpoint_state_elements(const CheckpointHeader* h) {
+    return h->zero_stage > 0 ? h->shard_size : h->num_params;
+}
+
+// The payload of a file with header h: bf16 weights (num_params) + three fp32 state arrays.
+static inline int64_t checkpoint_header_payload_bytes(const CheckpointHeader* h) {
+    return h->num_params * 2 + checkpoint_state_elements(h) * 12;
+}
 
 // ---- checksum: FNV-1a style over 8-byte little-endian words, fed in pieces of any size ----------
 
@@ -119,21 +137,73 @@ static inline void checkpoint_path(char* out, size_t out_len, const char* dir, i
     snprintf(out, out_len, "%s/step_%08lld.ckpt", dir, (long long)step);
 }
 
-// Parses "step_XXXXXXXX.ckpt" (digits only); returns the step or -1.
-static inline int64_t checkpoint_step_of_name(const char* name) {
-    if (strncmp(name, "step_", 5) != 0) return -1;
-    const char* p = name + 5;
-    int64_t step = 0;
+// DIR/step_XXXXXXXX.rankRRofWW.ckpt, rank's file of a sharded (ZeRO-1) step; world <= 0: the plain name.
+static inline void checkpoint_path_rank(char* out, size_t out_len, const char* dir, int64_t step, int rank,
+                                        int world) {
+    if (world <= 0) checkpoint_path(out, out_len, dir, step);
+    else snprintf(out, out_len, "%s/step_%08lld.rank%02dof%02d.ckpt", dir, (long long)step, rank, world);
+}
+
+static inline const char* checkpoint_parse_digits(const char* p, int64_t* value) {
+    int64_t v = 0;
     int digits = 0;
     for (; *p >= '0' && *p <= '9'; p++, digits++) {
-        if (step > (INT64_MAX - 9) / 10) return -1;
-        step = step * 10 + (*p - '0');
+        if (v > (INT64_MAX - 9) / 10) return NULL;
+        v = v * 10 + (*p - '0');
     }
-    if (digits == 0 || strcmp(p, ".ckpt") != 0) return -1;
+    *value = v;
+    return digits ? p : NULL;
+}
+
+// Parses "step_XXXXXXXX.ckpt" (rank = -1, world = 0) or "step_XXXXXXXX.rankRRofWW.ckpt" (digits
+// only, RR < WW); returns the step or -1.
+static inline int64_t checkpoint_parse_name(const char* name, int* rank, int* world) {
+    *rank = -1, *world = 0;
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    int64_t step = 0, r = 0, w = 0;
+    const char* p = checkpoint_parse_digits(name + 5, &step);
+    if (!p) return -1;
+    if (strcmp(p, ".ckpt") == 0) return step;
+    if (strncmp(p, ".rank", 5) != 0 || !(p = checkpoint_parse_digits(p + 5, &r)) || strncmp(p, "of", 2) != 0 ||
+        !(p = checkpoint_parse_digits(p + 2, &w)) || strcmp(p, ".ckpt") != 0 || w < 1 || w > 1 << 20 || r >= w)
+        return -1;
+    *rank = (int)r, *world = (int)w;
     return step;
 }
 
-// The highest step of DIR's step_*.ckpt files, its path in `path`; 0 when DIR has none (or does not
+// The step of a checkpoint file name (plain or one rank's), or -1.
+static inline int64_t checkpoint_step_of_name(const char* name) {
+    int rank, world;
+    return checkpoint_parse_name(name, &rank, &world);
+}
+
+// Whether every rank's file of a sharded step exists in DIR.
+static inline int checkpoint_step_complete(const char* dir, int64_t step, int world) {
+    char path[CHECKPOINT_PATH_MAX];
+    struct stat st;
+    for (int r = 0; r < world; r++) {
+        checkpoint_path_rank(path, sizeof(path), dir, step, r, world);
+        if (stat(path, &st) != 0) return 0;
+    }
+    return 1;
+}
+
+// `path` with its rank part set to `rank` (a sharded file name), into out; other names unchanged.
+static inline void checkpoint_rank_file(char* out, size_t out_len, const char* path, int rank) {
+    const char* slash = strrchr(path, '/');
+    const char* base = slash ? slash + 1 : path;
+    int r, w;
+    int64_t step = checkpoint_parse_name(base, &r, &w);
+    if (step < 0 || w == 0) {
+        snprintf(out, out_len, "%s", path);
+        return;
+    }
+    snprintf(out, out_len, "%.*sstep_%08lld.rank%02dof%02d.ckpt", (int)(base - path), path, (long long)step, rank,
+             w);
+}
+
+// The highest complete step of DIR's checkpoints (a step_*.ckpt file, or all WW files of a sharded
+// step), its path in `path` (rank 0's file for a sharded step); 0 when DIR has none (or does not
 // exist), 1 when found, -1 when DIR cannot be read.
 static inline int checkpoint_find_latest(const char* dir, char* path, size_t path_len, int64_t* step,
                                          char* err, size_t err_len) {
@@ -144,39 +214,57 @@ static inline int checkpoint_find_latest(const char* dir, char* path, size_t pat
         return -1;
     }
     int64_t best = -1;
+    int best_world = 0;
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        int64_t s = checkpoint_step_of_name(e->d_name);
-        if (s > best) best = s;
+        int rank, world;
+        int64_t s = checkpoint_parse_name(e->d_name, &rank, &world);
+        if (s <= best || (s >= 0 && world > 0 && !checkpoint_step_complete(dir, s, world))) continue;
+        best = s, best_world = world;
     }
     closedir(d);
     if (best < 0) return 0;
     *step = best;
-    checkpoint_path(path, path_len, dir, best);
+    checkpoint_path_rank(path, path_len, dir, best, 0, best_world);
     return 1;
 }
 
-// Deletes DIR's step_*.ckpt files other than the `keep` newest (keep <= 0: keeps all).
+// Deletes DIR's checkpoints of steps other than the `keep` newest steps (every rank's file of a
+// sharded step; keep <= 0: keeps all).
 static inline void checkpoint_prune(const char* dir, int keep) {
     if (keep <= 0) return;
-    for (;;) {
-        DIR* d = opendir(dir);
-        if (!d) return;
-        int64_t oldest = -1;
-        int count = 0;
-        struct dirent* e;
+    DIR* d = opendir(dir);
+    if (!d) return;
+    int64_t* steps = NULL;  // the distinct steps, newest first
+    int n = 0, cap = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t s = checkpoint_step_of_name(e->d_name);
+        int known = s < 0;
+        for (int i = 0; i < n && !known; i++) known = steps[i] == s;
+        if (known) continue;
+        if (n == cap) {
+            int64_t* grown = (int64_t*)realloc(steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!grown) break;
+            steps = grown;
+        }
+        int at = n++;
+        for (; at > 0 && steps[at - 1] < s; at--) steps[at] = steps[at - 1];
+        steps[at] = s;
+    }
+    closedir(d);
+    if (n > keep && (d = opendir(dir)) != NULL) {
+        const int64_t newest_pruned = steps[keep];
         while ((e = readdir(d)) != NULL) {
             int64_t s = checkpoint_step_of_name(e->d_name);
-            if (s < 0) continue;
-            count++;
-            if (oldest < 0 || s < oldest) oldest = s;
+            if (s < 0 || s > newest_pruned) continue;
+            char path[CHECKPOINT_PATH_MAX];
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            remove(path);
         }
         closedir(d);
-        if (count <= keep) return;
-        char path[CHECKPOINT_PATH_MAX];
-        checkpoint_path(path, sizeof(path), dir, oldest);
-        if (remove(path) != 0) return;
     }
+    free(steps);
 }
 
 // Creates DIR (one level) if it does not exist.
@@ -208,13 +296,15 @@ static inline int checkpoint_write_fail(CheckpointWriter* w, char* err, size_t e
     return -1;
 }
 
-// Starts DIR/.step_XXXXXXXX.ckpt.tmp with a blank header; the payload follows with _append.
-static inline int checkpoint_writer_open(CheckpointWriter* w, const char* dir, int64_t step, char* err,
-                                         size_t err_len) {
+// Starts DIR/.step_XXXXXXXX.ckpt.tmp (or .step_XXXXXXXX.rankRRofWW.ckpt.tmp, world > 0: one rank's
+// file of a sharded step) with a blank header; the payload follows with _append.
+static inline int checkpoint_writer_open_rank(CheckpointWriter* w, const char* dir, int64_t step, int rank,
+                                              int world, char* err, size_t err_len) {
     memset(w, 0, sizeof(*w));
     snprintf(w->dir, sizeof(w->dir), "%s", dir);
-    checkpoint_path(w->final_path, sizeof(w->final_path), dir, step);
-    snprintf(w->tmp_path, sizeof(w->tmp_path), "%s/.step_%08lld.ckpt.tmp", dir, (long long)step);
+    checkpoint_path_rank(w->final_path, sizeof(w->final_path), dir, step, rank, world);
+    const char* base = strrchr(w->final_path, '/') + 1;
+    snprintf(w->tmp_path, sizeof(w->tmp_path), "%s/.%s.tmp", dir, base);
     checkpoint_hash_init(&w->hash);
     w->file = fopen(w->tmp_path, "wb");
     if (!w->file) return checkpoint_write_fail(w, err, err_len, "cannot create");
@@ -222,6 +312,11 @@ static inline int checkpoint_writer_open(CheckpointWriter* w, const char* dir, i
     if (fwrite(zeros, 1, sizeof(zeros), w->file) != sizeof(zeros))
         return checkpoint_write_fail(w, err, err_len, "cannot write");
     return 0;
+}
+
+static inline int checkpoint_writer_open(CheckpointWriter* w, const char* dir, int64_t step, char* err,
+                                         size_t err_len) {
+    return checkpoint_writer_open_rank(w, dir, step, 0, 0, err, err_len);
 }
 
 static inline int checkpoint_writer_append(CheckpointWriter* w, const void* data, size_t n, char* err,
@@ -238,7 +333,7 @@ static inline int checkpoint_writer_commit(CheckpointWriter* w, CheckpointHeader
     header.version = CHECKPOINT_VERSION;
     header.header_bytes = CHECKPOINT_HEADER_BYTES;
     header.payload_checksum = checkpoint_hash_final(&w->hash);
-    if ((int64_t)w->hash.total_bytes != checkpoint_payload_bytes(header.num_params)) {
+    if ((int64_t)w->hash.total_bytes != checkpoint_header_payload_bytes(&header)) {
         errno = EINVAL;
         return checkpoint_write_fail(w, err, err_len, "payload size does not match num_params (a bug)");
     }
@@ -301,10 +396,15 @@ static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, 
         why = detail;
     } else if (h->num_params <= 0 || h->step < 0) {
         why = "corrupt header (num_params or step out of range)";
+    } else if (h->zero_stage < 0 || h->zero_stage > 1 ||
+               (h->zero_stage == 1 && (h->world_size < 1 || h->rank < 0 || h->rank >= h->world_size ||
+                                       h->shard_size <= 0 || h->shard_offset != (int64_t)h->rank * h->shard_size ||
+                                       h->shard_size * h->world_size < h->num_params))) {
+        why = "corrupt header (zero_stage, rank or shard out of range)";
     } else {
         long size = -1;
         if (fseek(r->file, 0, SEEK_END) == 0) size = ftell(r->file);
-        const int64_t want = CHECKPOINT_HEADER_BYTES + checkpoint_payload_bytes(h->num_params);
+        const int64_t want = CHECKPOINT_HEADER_BYTES + checkpoint_header_payload_bytes(h);
         if (size != (long)want) {
             snprintf(detail, sizeof(detail), "file is %ld bytes but its header says %lld: truncated or corrupt", size,
                      (long long)want);
@@ -336,7 +436,7 @@ static inline int checkpoint_reader_read(CheckpointReader* r, void* data, size_t
 static inline int checkpoint_reader_finish(CheckpointReader* r, char* err, size_t err_len) {
     fclose(r->file);
     r->file = NULL;
-    if ((int64_t)r->hash.total_bytes != checkpoint_payload_bytes(r->header.num_params)) {
+    if ((int64_t)r->hash.total_bytes != checkpoint_header_payload_bytes(&r->header)) {
         snprintf(err, err_len, "%s: only part of the payload was read (a bug)", r->path);
         return -1;
     }

@@ -37,6 +37,11 @@
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
+// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded pads both allocations to a multiple of
+// pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
+// optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
+// gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
+// and lnfb are final; it may enqueue work on other streams after an event on model->stream.
 // Everything runs on model->stream. inputs and targets are device arrays (B, T) int32 that must stay
 // valid from gpt_model_forward until gpt_model_backward returns (the backward reads them again).
 #ifndef GPT_MODEL_CUH
@@ -114,6 +119,7 @@ typedef struct {
     size_t param_sizes[NUM_PARAM_TENSORS];
     size_t param_offsets[NUM_PARAM_TENSORS];  // elements
     size_t num_params;
+    size_t num_params_padded;  // elements of the params and grads allocations (>= num_params, zeros after)
     __nv_bfloat16* params;
     __nv_bfloat16* grads;
     __nv_bfloat16* param_tensors[NUM_PARAM_TENSORS];
@@ -141,6 +147,10 @@ typedef struct {
     // the last forward's token arrays (device, (B, T) int32), read again by the backward
     const int* inputs;
     const int* targets;
+
+    // optional backward hook (NULL: none): layer l's gradients are final (l = -1: the embeddings and lnf)
+    void (*grads_ready)(void* user, int layer);
+    void* grads_ready_user;
 } GPTModel;
 
 // ---- memory plan ------------------------------------------------------------------------------------
@@ -208,8 +218,8 @@ static inline size_t gpt_max_size(size_t a, size_t b) { return a > b ? a : b; }
 // work on `stream`. Parameters and gradients are left zero (the caller uploads or initializes the
 // parameters into model->params). Returns 0, or -1 after printing "error: ..." for an unusable config
 // (head dim, sizes) or backend/shape; CUDA errors exit.
-static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                            cudaStream_t stream) {
+static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                                   cudaStream_t stream, size_t pad_multiple) {
     memset(m, 0, sizeof(*m));
     char why[512];
     if (gpt_config_check(&config, why, sizeof(why)) != 0) {
@@ -248,11 +258,14 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
     }
+    if (pad_multiple < 1) pad_multiple = 1;
+    m->num_params_padded = (m->num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
+    const size_t alloc = m->num_params_padded * sizeof(__nv_bfloat16);
     const char* params_hint = "use a smaller model (--model, --layers, --hidden)";
-    cuda_malloc_or_explain((void**)&m->params, m->num_params * sizeof(__nv_bfloat16), "the bf16 weights", params_hint);
-    cuda_malloc_or_explain((void**)&m->grads, m->num_params * sizeof(__nv_bfloat16), "the bf16 gradients", params_hint);
-    CUDA_CHECK(cudaMemsetAsync(m->params, 0, m->num_params * sizeof(__nv_bfloat16), stream));
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params * sizeof(__nv_bfloat16), stream));
+    cuda_malloc_or_explain((void**)&m->params, alloc, "the bf16 weights", params_hint);
+    cuda_malloc_or_explain((void**)&m->grads, alloc, "the bf16 gradients", params_hint);
+    CUDA_CHECK(cudaMemsetAsync(m->params, 0, alloc, stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, alloc, stream));
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         m->param_tensors[i] = m->params + m->param_offsets[i];
         m->grad_tensors[i] = m->grads + m->param_offsets[i];
@@ -313,6 +326,11 @@ static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, Attenti
         CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, stream));
     }
     return 0;
+}
+
+static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                            cudaStream_t stream) {
+    return gpt_model_create_padded(m, config, B, T, backend, stream, 1);
 }
 
 static void gpt_model_destroy(GPTModel* m) {
@@ -429,7 +447,7 @@ static float gpt_model_mean_loss(GPTModel* m) {
 
 // grads = 0 (before the first micro-step of a step).
 static void gpt_model_zero_grad(GPTModel* m) {
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params * sizeof(__nv_bfloat16), m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params_padded * sizeof(__nv_bfloat16), m->stream));
 }
 
 // ADDS the gradient of grad_scale · Σ losses (grad_scale = 1/(B·T·accum_steps) for the mean over a
@@ -480,9 +498,11 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
                            residual, p[GPT_LN1W] + lC, m->ln1_mean + (size_t)l * N, m->ln1_rstd + (size_t)l * N, N,
                            C, s);
+        if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);  // layer l's gradients are final
     }
     // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)
     encoder_backward(g[GPT_WTE], g[GPT_WPE], m->scratch, m->scratch_bytes, m->dresidual, m->inputs, B, T, C, Vp, s);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_user, -1);  // wte, wpe, lnfw, lnfb are final
 }
 
 #endif  // GPT_MODEL_CUH

@@ -18,6 +18,7 @@ tests=(
     "$BUILD/test_gpt_config"
     "$BUILD/test_dataloader"
     "$BUILD/test_checkpoint"
+    "$BUILD/test_launcher"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"

@@ -297,6 +297,71 @@ static void test_names(void) {
     test_report(name, ok, "a name was misread");
 }
 
+// ZeRO-1: one file per rank (names, round trip of a shard's payload), a step counts only when every
+// rank's file exists, and pruning removes whole steps (all ranks' files).
+static void touch(const char* dir, const char* name) {
+    char path[CHECKPOINT_PATH_MAX + 300];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE* f = fopen(path, "wb");
+    if (f) fclose(f);
+}
+
+static void test_sharded(void) {
+    int r = 0, w = 0;
+    int ok = checkpoint_parse_name("step_00000012.rank01of02.ckpt", &r, &w) == 12 && r == 1 && w == 2 &&
+             checkpoint_parse_name("step_00000012.ckpt", &r, &w) == 12 && r == -1 && w == 0 &&
+             checkpoint_step_of_name("step_00000012.rank02of02.ckpt") == -1 &&
+             checkpoint_step_of_name("step_00000012.rank01of.ckpt") == -1 &&
+             checkpoint_step_of_name(".step_00000012.rank00of02.ckpt.tmp") == -1;
+    char p[CHECKPOINT_PATH_MAX];
+    checkpoint_rank_file(p, sizeof(p), "dir/step_00000012.rank00of02.ckpt", 1);
+    ok = ok && strcmp(p, "dir/step_00000012.rank01of02.ckpt") == 0;
+    checkpoint_rank_file(p, sizeof(p), "step_00000012.ckpt", 1);
+    ok = ok && strcmp(p, "step_00000012.ckpt") == 0;
+    test_report("checkpoint_sharded_names", ok, "a sharded name was misread or misbuilt (%s)", p);
+
+    // round trip of rank 1's file of 2: params (num_params) + 3 x shard
+    const char* name = "checkpoint_sharded_round_trip";
+    char err[ERR_LEN];
+    CheckpointHeader h = random_header(30, 101);
+    h.world_size = 2, h.zero_stage = 1, h.rank = 1, h.shard_size = 64, h.shard_offset = 64;
+    const size_t bytes = (size_t)checkpoint_header_payload_bytes(&h);
+    unsigned char payload[101 * 2 + 64 * 12], back[sizeof(payload)];
+    fill_random(payload, sizeof(payload));
+    CheckpointWriter cw;
+    CheckpointReader cr;
+    ok = bytes == sizeof(payload) && checkpoint_writer_open_rank(&cw, g_dir, 30, 1, 2, err, ERR_LEN) == 0 &&
+         checkpoint_writer_append(&cw, payload, bytes, err, ERR_LEN) == 0 &&
+         checkpoint_writer_commit(&cw, h, err, ERR_LEN) == 0;
+    checkpoint_path_rank(p, sizeof(p), g_dir, 30, 1, 2);
+    ok = ok && checkpoint_reader_open(&cr, p, err, ERR_LEN) == 0 && cr.header.zero_stage == 1 &&
+         cr.header.rank == 1 && cr.header.shard_size == 64 && checkpoint_reader_read(&cr, back, bytes, err, ERR_LEN) == 0 &&
+         checkpoint_reader_finish(&cr, err, ERR_LEN) == 0 && memcmp(back, payload, bytes) == 0;
+    test_report(name, ok, "%s", err);
+
+    // rank 0's file of step 30 is missing: the newest complete step is 20
+    name = "checkpoint_sharded_latest_needs_every_rank_and_prune_removes_whole_steps";
+    touch(g_dir, "step_00000010.rank00of02.ckpt");
+    touch(g_dir, "step_00000010.rank01of02.ckpt");
+    touch(g_dir, "step_00000020.rank00of02.ckpt");
+    touch(g_dir, "step_00000020.rank01of02.ckpt");
+    int64_t step = -1;
+    char want[CHECKPOINT_PATH_MAX];
+    checkpoint_path_rank(want, sizeof(want), g_dir, 20, 0, 2);
+    int found = checkpoint_find_latest(g_dir, p, sizeof(p), &step, err, sizeof(err));
+    ok = found == 1 && step == 20 && strcmp(p, want) == 0;
+    touch(g_dir, "step_00000030.rank00of02.ckpt");
+    found = checkpoint_find_latest(g_dir, p, sizeof(p), &step, err, sizeof(err));
+    ok = ok && found == 1 && step == 30;
+    checkpoint_prune(g_dir, 2);  // keeps steps 30 and 20, removes both files of step 10
+    ok = ok && count_files(g_dir, "step_00000010") == 0 && count_files(g_dir, "step_00000020") == 2 &&
+         count_files(g_dir, "step_00000030") == 2;
+    test_report(name, ok, "found %d step %lld path %s; files of 10/20/30: %d %d %d", found, (long long)step, p,
+                count_files(g_dir, "step_00000010"), count_files(g_dir, "step_00000020"),
+                count_files(g_dir, "step_00000030"));
+    remove_all(g_dir);
+}
+
 static void test_abort_leaves_nothing(void) {
     const char* name = "checkpoint_abort_leaves_no_file";
     char err[ERR_LEN];
@@ -389,6 +454,7 @@ int main(void) {
     expect_refused("checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version");
     test_latest_and_prune();
     test_names();
+    test_sharded();
     test_abort_leaves_nothing();
     test_model_file();
     rmdir(g_dir);

@@ -57,7 +57,9 @@ def test_help_lists_flags():
     for flag in ("--max-steps", "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--resume",
                  "--init-from", "--dump-grads"):
         assert flag in r.stdout, f"--help lacks {flag}"
-    assert "multi-GPU is\nnot in this build" in r.stdout, "--help must say what is missing"
+    for flag in ("--zero", "--rendezvous-timeout", "mpirun", "srun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                 "MASTER_ADDR", "MASTER_PORT"):
+        assert flag in r.stdout, f"--help lacks {flag}"
 
 
 def test_plan_on_good_data():
@@ -94,6 +96,31 @@ def test_bad_values():
     expect_error(run(*GOOD, "--model", "gpt5"), 2, "unknown model", "gpt2-124m")
     expect_error(run(*GOOD, "--total-batch-tokens", "1000"), 2, "not a multiple")
     expect_error(run(*GOOD, "extra"), 2, "unexpected argument")
+
+
+def test_multi_gpu_flags_and_launch_environment():
+    expect_error(run(*GOOD, "--zero", "2"), 2, "--zero expects 0", "ZeRO-1")
+    expect_error(run(*GOOD, "--rendezvous-timeout", "0"), 2, "--rendezvous-timeout")
+    env = dict(os.environ, RANK="2", WORLD_SIZE="2")
+    r = subprocess.run([TRAIN_GPT, *GOOD], capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 2, "RANK=2 is not below WORLD_SIZE=2")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2")  # the plan of rank 0 of 2: a global batch of B*T*2
+    r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only", "--zero", "1", "--total-batch-tokens", str(4 * 64 * 2 * 3)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "x 2 GPUs, 3 micro steps per optimizer step = 1536 tokens" in r.stdout, r.stdout
+    assert "gpus         2 (launcher: torchrun env), zero 1" in r.stdout, r.stdout
+    r = subprocess.run([TRAIN_GPT, *GOOD, "--total-batch-tokens", str(4 * 64 * 3)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    expect_error(r, 2, "not a multiple of batch-size * seq-len * GPUs")
+    path = os.path.join(WORK, "one_gpu.ckpt")  # saved on one GPU: two GPUs (or --zero 1) cannot resume it
+    write_checkpoint(path)
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY, "--resume", path, "--max-steps", "6", "--zero", "1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 2, "cannot resume", "saved by 1 GPU(s) with --zero 0", "this run has 2 GPU(s) with --zero 1")
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2")  # ranks other than 0 print only errors
+    r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
 
 
 def test_unsupported_head_dim():

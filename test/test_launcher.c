@@ -1,0 +1,234 @@
+// test_launcher.c: tests of layers/launcher.h on the CPU: the launcher environments (torchrun,
+// mpirun, srun, none, and bad values), and the TCP rendezvous between processes forked here on
+// 127.0.0.1 and a free port: matching ranks all receive rank 0's 128-byte payload; a world-size
+// mismatch, a duplicate rank, different options, a missing rank and an unreachable rank 0 all fail
+// on every side with the expected message, well within the timeout (no hang).
+#define _POSIX_C_SOURCE 200809L  // setenv, fork, getaddrinfo under -std=c11
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "layers/launcher.h"
+#include "test/test_harness.h"
+
+#define PAYLOAD 128
+#define ERR_LEN 1024
+
+static const char* const ENV_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
+                                       "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "PMI_RANK", "PMI_SIZE",
+                                       "MPI_LOCALRANKID", "MASTER_ADDR", "MASTER_PORT"};
+
+static void clear_env(void) {
+    for (size_t i = 0; i < sizeof(ENV_VARS) / sizeof(ENV_VARS[0]); i++) unsetenv(ENV_VARS[i]);
+}
+
+static void test_detect(void) {
+    LaunchInfo li;
+    char err[ERR_LEN] = "";
+    clear_env();
+    int rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_none_is_one_process", rc == 0 && li.world == 1 && li.rank == 0 && !strcmp(li.source, "none") &&
+                    !strcmp(li.master_addr, "127.0.0.1") && li.master_port == 29500,
+                "rc %d world %d rank %d source %s addr %s port %d", rc, li.world, li.rank, li.source, li.master_addr,
+                li.master_port);
+
+    setenv("RANK", "1", 1), setenv("WORLD_SIZE", "4", 1), setenv("LOCAL_RANK", "1", 1);
+    setenv("MASTER_ADDR", "node7", 1), setenv("MASTER_PORT", "1234", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1), setenv("OMPI_COMM_WORLD_SIZE", "8", 1);  // torchrun vars win
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_torchrun_env", rc == 0 && li.rank == 1 && li.world == 4 && li.local_rank == 1 &&
+                    !strcmp(li.source, "torchrun env") && !strcmp(li.master_addr, "node7") && li.master_port == 1234,
+                "rc %d rank %d world %d local %d source %s (%s)", rc, li.rank, li.world, li.local_rank, li.source, err);
+
+    clear_env();
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1), setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_mpirun", rc == 0 && li.rank == 3 && li.world == 8 && li.local_rank == 3 &&
+                    !strcmp(li.source, "mpirun"), "rc %d rank %d world %d source %s (%s)", rc, li.rank, li.world,
+                li.source, err);
+
+    clear_env();
+    setenv("SLURM_PROCID", "5", 1), setenv("SLURM_NTASKS", "16", 1), setenv("SLURM_STEP_NUM_TASKS", "6", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_srun_prefers_the_step_tasks", rc == 0 && li.rank == 5 && li.world == 6 && li.local_rank == 1 &&
+                    !strcmp(li.source, "srun") && li.local_rank == 1, "rc %d rank %d world %d (%s)", rc, li.rank,
+                li.world, err);
+
+    clear_env();
+    setenv("RANK", "2", 1), setenv("WORLD_SIZE", "2", 1);
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_rank_not_below_world_is_an_error", rc == -1 && strstr(err, "RANK=2 is not below WORLD_SIZE=2"),
+                "rc %d err %s", rc, err);
+    clear_env();
+    setenv("RANK", "0", 1);
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_rank_without_world_is_an_error", rc == -1 && strstr(err, "WORLD_SIZE"), "rc %d err %s", rc, err);
+    clear_env();
+    setenv("MASTER_PORT", "http", 1);
+    rc = launcher_detect(&li, err, sizeof(err));
+    test_report("detect_bad_port_is_an_error", rc == -1 && strstr(err, "MASTER_PORT"), "rc %d err %s", rc, err);
+    clear_env();
+}
+
+// A port nobody listens on right now (bind to 0, read it back, close).
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    if (s < 0 || bind(s, (struct sockaddr*)&sa, sizeof(sa)) != 0 || getsockname(s, (struct sockaddr*)&sa, &len) != 0) {
+        if (s >= 0) close(s);
+        return 29555;
+    }
+    close(s);
+    return ntohs(sa.sin_port);
+}
+
+typedef struct {
+    int rank, world;
+    uint64_t tag;
+    double timeout_s;
+} Proc;
+
+typedef struct {
+    int rc;
+    double seconds;
+    char err[ERR_LEN];
+    unsigned char payload[PAYLOAD];
+} Result;
+
+// Runs one rendezvous per Proc in forked children; fills results (rank 0 offers `offer`).
+static void run_procs(const Proc* procs, int n, int port, const unsigned char* offer, Result* results) {
+    pid_t pids[16];
+    int pipes[16][2];
+    for (int i = 0; i < n; i++) {
+        if (pipe(pipes[i]) != 0) exit(1);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            alarm(60);  // a hang kills the child, and the parent sees it as a failure
+            LaunchInfo li;
+            memset(&li, 0, sizeof(li));
+            li.rank = procs[i].rank, li.world = procs[i].world, li.local_rank = -1, li.source = "test";
+            snprintf(li.master_addr, sizeof(li.master_addr), "127.0.0.1");
+            li.master_port = port;
+            Result r;
+            memset(&r, 0, sizeof(r));
+            if (procs[i].rank == 0) memcpy(r.payload, offer, PAYLOAD);
+            double t0 = launcher_now();
+            r.rc = launcher_rendezvous(&li, procs[i].tag, r.payload, PAYLOAD, procs[i].timeout_s, r.err, sizeof(r.err));
+            r.seconds = launcher_now() - t0;
+            if (write(pipes[i][1], &r, sizeof(r)) != (ssize_t)sizeof(r)) _exit(3);
+            _exit(0);
+        }
+        close(pipes[i][1]);
+        if (procs[i].rank == 0) launcher_sleep_ms(50);  // clients may also come first; they retry
+    }
+    for (int i = 0; i < n; i++) {
+        memset(&results[i], 0, sizeof(Result));
+        results[i].rc = -99;
+        ssize_t got = 0, k;
+        while (got < (ssize_t)sizeof(Result) &&
+               (k = read(pipes[i][0], (char*)&results[i] + got, sizeof(Result) - (size_t)got)) > 0)
+            got += k;
+        if (got != (ssize_t)sizeof(Result)) {
+            results[i].rc = -99;
+            snprintf(results[i].err, ERR_LEN, "child died without a result (hang killed by alarm?)");
+        }
+        close(pipes[i][0]);
+        waitpid(pids[i], NULL, 0);
+    }
+}
+
+static void test_rendezvous_ok(int world, int clients_first) {
+    char name[128];
+    snprintf(name, sizeof(name), "rendezvous_world_%d_all_ranks_get_the_id%s", world,
+             clients_first ? "_clients_started_first" : "");
+    unsigned char offer[PAYLOAD];
+    TestRng rng = {(uint64_t)time(NULL) ^ (uint64_t)getpid()};
+    for (int i = 0; i < PAYLOAD; i++) offer[i] = (unsigned char)test_rng_next(&rng);
+    Proc procs[8];
+    for (int i = 0; i < world; i++) {
+        int rank = clients_first ? world - 1 - i : i;  // rank 0 last: the clients must retry
+        procs[i] = (Proc){rank, world, 42, 20.0};
+    }
+    Result res[8];
+    run_procs(procs, world, free_port(), offer, res);
+    int ok = 1;
+    char why[ERR_LEN + 64] = "";
+    for (int i = 0; i < world && ok; i++) {
+        if (res[i].rc != 0) ok = 0, snprintf(why, sizeof(why), "rank %d: %s", procs[i].rank, res[i].err);
+        else if (memcmp(res[i].payload, offer, PAYLOAD) != 0)
+            ok = 0, snprintf(why, sizeof(why), "rank %d got another payload", procs[i].rank);
+    }
+    test_report(name, ok, "%s", why);
+}
+
+static int contains(const Result* r, const char* word) { return strstr(r->err, word) != NULL; }
+
+static void test_world_mismatch(void) {
+    Proc procs[2] = {{0, 2, 7, 20.0}, {1, 3, 7, 20.0}};
+    Result r[2];
+    unsigned char offer[PAYLOAD] = {9};
+    run_procs(procs, 2, free_port(), offer, r);
+    const char* want = "rank 1 says world size 3, rank 0 says 2";
+    test_report("rendezvous_world_size_mismatch_fails_on_both_sides_at_once",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], want) && contains(&r[1], want) &&
+                    contains(&r[0], "WORLD_SIZE") && r[0].seconds < 10 && r[1].seconds < 10,
+                "rank 0 (%d, %.1f s): %s | rank 1 (%d, %.1f s): %s", r[0].rc, r[0].seconds, r[0].err, r[1].rc,
+                r[1].seconds, r[1].err);
+}
+
+static void test_duplicate_rank_and_tag(void) {
+    unsigned char offer[PAYLOAD] = {1};
+    Proc dup[3] = {{0, 3, 7, 20.0}, {1, 3, 7, 20.0}, {1, 3, 7, 20.0}};
+    Result r[3];
+    run_procs(dup, 3, free_port(), offer, r);
+    test_report("rendezvous_duplicate_rank_fails_everywhere",
+                r[0].rc == -1 && r[1].rc == -1 && r[2].rc == -1 && contains(&r[0], "two processes say they are rank 1") &&
+                    contains(&r[1], "rank 1") && contains(&r[2], "rank 1"),
+                "%s | %s | %s", r[0].err, r[1].err, r[2].err);
+    Proc tag[2] = {{0, 2, 7, 20.0}, {1, 2, 8, 20.0}};
+    run_procs(tag, 2, free_port(), offer, r);
+    test_report("rendezvous_different_options_fail_on_both_sides",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "other options") && contains(&r[1], "other options"),
+                "%s | %s", r[0].err, r[1].err);
+}
+
+static void test_timeouts(void) {
+    unsigned char offer[PAYLOAD] = {1};
+    const int port = free_port();
+    Proc lone[1] = {{1, 2, 7, 1.0}};
+    Result r[3];
+    run_procs(lone, 1, port, offer, r);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    test_report("rendezvous_unreachable_rank_0_times_out_with_the_address",
+                r[0].rc == -1 && contains(&r[0], "could not reach rank 0") && contains(&r[0], addr) &&
+                    contains(&r[0], "MASTER_ADDR") && r[0].seconds < 5,
+                "rc %d after %.1f s: %s", r[0].rc, r[0].seconds, r[0].err);
+    Proc missing[2] = {{0, 3, 7, 1.0}, {1, 3, 7, 1.0}};
+    run_procs(missing, 2, free_port(), offer, r);
+    test_report("rendezvous_missing_rank_times_out_on_every_side",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "only 2 of 3 ranks") &&
+                    contains(&r[0], "missing ranks: 2") && contains(&r[1], "only 2 of 3 ranks arrived") &&
+                    r[0].seconds < 5 && r[1].seconds < 5,
+                "rank 0 (%.1f s): %s | rank 1 (%.1f s): %s", r[0].seconds, r[0].err, r[1].seconds, r[1].err);
+}
+
+int main(void) {
+    test_begin();
+    signal(SIGPIPE, SIG_IGN);
+    test_detect();
+    test_rendezvous_ok(2, 0);
+    test_rendezvous_ok(4, 1);
+    test_world_mismatch();
+    test_duplicate_rank_and_tag();
+    test_timeouts();
+    test_rendezvous_ok(1, 0);
+    return test_end();
+}
