@@ -16,11 +16,8 @@ Called by scripts/run_multigpu_on_gpu.sh; Python standard library only (plus scr
 import argparse
 import json
 import os
-import random
-import shlex
-import subprocess
 import sys
-import time
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_runs  # noqa: E402
@@ -53,44 +50,6 @@ def compare(args):
 
 # ---- benchmark ---------------------------------------------------------------------------------
 
-def run_ranks(args_list, world, log_dir, tag, timeout_s):
-    """Runs `world` train_gpt processes (torchrun-style env); returns (returncodes, logs, peaks MiB, outputs)."""
-    port = 29500 + random.randrange(1000)
-    procs, peaks, logs, outs = [], [], [], []
-    for rank in range(world):
-        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-        if world > 1:
-            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port))
-        else:
-            env.update(CUDA_VISIBLE_DEVICES="0")
-        log = os.path.join(log_dir, f"{tag}.jsonl")
-        out = open(os.path.join(log_dir, f"{tag}.rank{rank}.out"), "w")
-        cmd = [train_runs.TRAIN_GPT, *args_list] + (["--log-file", log] if rank == 0 else [])
-        if rank == 0:
-            if os.path.exists(log):
-                os.remove(log)
-            print("$ " + (f"RANK=0..{world - 1} WORLD_SIZE={world} " if world > 1 else "") +
-                  " ".join(shlex.quote(c) for c in cmd), flush=True)
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        procs.append(p)
-        peaks.append(train_runs.poll_peak_memory(p))
-        logs.append(log)
-        outs.append(out)
-    deadline = time.time() + timeout_s
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1, deadline - time.time())))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(p.wait())
-    for out, peak in zip(outs, peaks):
-        out.close()
-        peak["thread"].join(timeout=5)
-    return codes, logs[0], [pk["peak"] for pk in peaks]
-
-
 def bench(args):
     os.makedirs(args.out_dir, exist_ok=True)
     common = ["--model", "gpt3-1.3b", "--seq-len", "2048", "--batch-size", "8", "--total-batch-tokens", "131072",
@@ -99,9 +58,10 @@ def bench(args):
     records = []
     for world, zero in configs:
         tag = f"bench_gpt3-1.3b_{world}gpu_zero{zero}"
-        codes, log, peaks = run_ranks(common + ["--zero", str(zero)] if world > 1 else common, world, args.out_dir,
-                                      tag, args.timeout)
-        steps = train_runs.read_step_records(log)
+        log = os.path.join(args.out_dir, f"{tag}.jsonl")
+        run = train_runs.run_train_gpt_ranks(common + ["--zero", str(zero)] if world > 1 else common, log, world,
+                                             args.timeout)
+        codes, peaks, steps = [run.returncode], run.peak_mem_mib_per_rank, run.records
         summary = train_runs.steady_state(steps, args.skip)
         rec = {"gpus": world, "zero": zero, "model": "gpt3-1.3b", "seqlen": 2048, "micro_batch": 8,
                "total_batch_tokens": 131072, "accumulation_steps": 131072 // (8 * 2048 * world),

@@ -20,6 +20,11 @@ Throughput: each run takes --steps optimizer steps; the median step time after t
 steps counts. TFLOP/s per GPU use the paper's formula, 6·s·P + 12·L·h·s² per sequence, as
 train_gpt reports it; MFU is against the GPU's dense bf16 peak.
 
+Several GPUs: `--gpus N` runs every cell data parallel on N GPUs of this machine (one process per
+GPU, torchrun-style variables, `--zero 1`, --batch-tokens per GPU, so N times that per step), as
+the paper ran it on 8, writes table1_<N>x<gpu>.json and .md, and compares each cell's per-GPU
+TFLOP/s with the single-GPU table of the same GPU (table1_<gpu>.json) where there is one.
+
 Writes <out-dir>/table1_<gpu>.json (records: model, seqlen, attn, micro_batch, gpus, tokens_per_s,
 tflops_per_gpu, mfu, peak_mem_gb, note; plus device, date, commit, command) and .md, merging with
 an existing file (a record is replaced by a new one of the same model, seqlen and attn), so the
@@ -28,6 +33,7 @@ twelve cells can be measured in several calls. Prints the table in the paper's l
 Usage (repository root, after `make train_gpt` and `make train` for the data):
     python3 scripts/table1.py                                   # all 12 cells
     python3 scripts/table1.py --configs 1.3b-2k,1.3b-8k --attn flash2,flash1
+    python3 scripts/table1.py --gpus 8                          # data parallel on 8 GPUs, ZeRO-1
 """
 import argparse
 import json
@@ -57,6 +63,7 @@ def parse_args():
                    help="comma-separated subset of " + ", ".join(c[0] for c in CONFIGS))
     p.add_argument("--attn", default=",".join(ATTNS), help="comma-separated subset of naive, flash1, flash2")
     p.add_argument("--batch-tokens", type=int, default=131072, help="tokens per GPU per optimizer step")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs of this machine, data parallel with --zero 1 (default 1)")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
     p.add_argument("--skip", type=int, default=1, help="warm-up steps not timed")
     p.add_argument("--train-data", default="data/tinyshakespeare/tinyshakespeare_train_*.bin")
@@ -70,6 +77,8 @@ def parse_args():
     bad = [c for c in args.configs if c not in names] + [a for a in args.attn if a not in ATTNS]
     if bad:
         p.error(f"unknown config or backend: {', '.join(bad)}")
+    if args.gpus < 1:
+        p.error("--gpus must be at least 1")
     if args.steps <= args.skip:
         p.error("--steps must exceed --skip")
     return args
@@ -89,12 +98,15 @@ def measure_cell(args, model, seqlen, micro, attn, log_dir):
         mb = micro
         while mb >= 1:
             log = os.path.join(log_dir, f"{model}_{seqlen}_{backend}_mb{mb}.jsonl")
-            run = train_runs.run_train_gpt(
-                ["--model", model, "--attn", backend, "--seq-len", seqlen, "--batch-size", mb,
-                 "--total-batch-tokens", args.batch_tokens, "--max-steps", args.steps, "--train-data", args.train_data,
-                 "--val-data", ""], log, timeout_s=args.timeout)
-            with open(log + ".out", "w") as f:
-                f.write(run.stdout + "\n--- stderr ---\n" + run.stderr)
+            cell_args = ["--model", model, "--attn", backend, "--seq-len", seqlen, "--batch-size", mb,
+                         "--total-batch-tokens", args.batch_tokens * args.gpus, "--max-steps", args.steps,
+                         "--train-data", args.train_data, "--val-data", ""]
+            if args.gpus == 1:
+                run = train_runs.run_train_gpt(cell_args, log, timeout_s=args.timeout)
+                with open(log + ".out", "w") as f:
+                    f.write(run.stdout + "\n--- stderr ---\n" + run.stderr)
+            else:  # each rank's output in <log>.rank<r>.out
+                run = train_runs.run_train_gpt_ranks(cell_args + ["--zero", 1], log, args.gpus, timeout_s=args.timeout)
             summary = train_runs.steady_state(run.records, args.skip) if run.returncode == 0 else None
             if summary:
                 notes = []
@@ -103,7 +115,8 @@ def measure_cell(args, model, seqlen, micro, attn, log_dir):
                 if backend != attn:
                     notes.append("naive-recompute: P recomputed in the backward (storing it does not fit)")
                 return {"model": model, "seqlen": seqlen, "attn": attn, "backend": backend, "micro_batch": mb,
-                        "paper_micro_batch": micro, "gpus": 1, "tokens_per_s": summary["tokens_per_s"],
+                        "paper_micro_batch": micro, "gpus": args.gpus, "zero": int(args.gpus > 1),
+                        "tokens_per_s": summary["tokens_per_s"],
                         "tflops_per_gpu": summary["tflops_per_gpu"], "mfu": summary["mfu"], "ms": summary["ms"],
                         "steps_timed": summary["steps_timed"], "peak_mem_gb": run.peak_mem_mib / 1024.0,
                         "batch_tokens": args.batch_tokens, "note": "; ".join(notes)}
@@ -116,7 +129,7 @@ def measure_cell(args, model, seqlen, micro, attn, log_dir):
                 break
             mb //= 2
     return {"model": model, "seqlen": seqlen, "attn": attn, "micro_batch": None, "paper_micro_batch": micro,
-            "gpus": 1, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None, "peak_mem_gb": None,
+            "gpus": args.gpus, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None, "peak_mem_gb": None,
             "batch_tokens": args.batch_tokens, "note": "failed: " + " | ".join(attempts)}
 
 
@@ -146,9 +159,13 @@ def ratio(a, b):
     return a["tflops_per_gpu"] / b["tflops_per_gpu"]
 
 
-def markdown(result):
+def markdown(result, single=None):
+    """The table in the paper's layout, then every cell; `single`: the 1-GPU result of the same GPU,
+    for the per-GPU scaling of a multi-GPU table."""
     by_key = {(r["model"], r["seqlen"], r["attn"]): r for r in result["records"]}
-    lines = [f"# Table 1 of the FlashAttention-2 paper, reproduced on {result['device']} (1 GPU)", "",
+    gpus = result.get("gpus", 1)
+    where = "1 GPU" if gpus == 1 else f"{gpus} GPUs, data parallel, ZeRO-1"
+    lines = [f"# Table 1 of the FlashAttention-2 paper, reproduced on {result['device']} ({where})", "",
              "End-to-end training throughput, TFLOP/s per GPU (6·s·P + 12·L·h·s² per sequence), ours and, in",
              f"brackets, the paper's ({PAPER_GPU}). Speedups: ours (paper's).", "",
              "| Model | Without FlashAttention | FlashAttention | FlashAttention-2 | FA2 / without | FA2 / FA1 |",
@@ -163,16 +180,28 @@ def markdown(result):
         label = f"GPT3-{model.split('-')[1].upper()} {seqlen // 1024}k"
         lines.append(f"| {label} | {' | '.join(cells)} | {fmt(s_naive)} ({paper[2] / paper[0]:.2f}×) | "
                      f"{fmt(s_fa1)} ({paper[2] / paper[1]:.2f}×) |")
-    lines += ["", "MFU and memory of each cell:", "", "| model | seqlen | attn | micro batch | tokens/s | TFLOP/s | MFU | "
-              "peak GB | note |", "|---|---|---|---|---|---|---|---|---|"]
+    one = {(r["model"], r["seqlen"], r["attn"]): r for r in (single or {}).get("records", [])}
+    scaling = gpus > 1 and bool(one)
+    lines += ["", "MFU and memory of each cell" + (" (x 1 GPU: per-GPU TFLOP/s over the 1-GPU table's):" if scaling
+                                                   else ":"), "",
+              "| model | seqlen | attn | micro batch | tokens/s | TFLOP/s per GPU | MFU | peak GB per GPU |"
+              + (" x 1 GPU |" if scaling else "") + " note |",
+              "|---|---|---|---|---|---|---|---|---|" + ("---|" if scaling else "")]
     for r in result["records"]:
         if r.get("tflops_per_gpu") is None:
-            lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | – | – | – | – | – | {r['note']} |")
+            lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | – | – | – | – | – |"
+                         + (" – |" if scaling else "") + f" {r['note']} |")
             continue
-        lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
-                     f"{r['tflops_per_gpu']:.1f} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} | {r['note']} |")
+        cells = (f"| {r['model']} | {r['seqlen']} | {r['attn']} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
+                 f"{r['tflops_per_gpu']:.1f} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |")
+        if scaling:
+            s = ratio(r, one.get((r["model"], r["seqlen"], r["attn"])))
+            cells += " – |" if s is None else f" {s:.2f}× |"
+        lines.append(cells + f" {r['note']} |")
     lines += ["", f"Device: {result['device']}; date {result['date']}; commit {result['commit']}; "
               f"{result['batch_tokens']} tokens per GPU per step.", "", f"Command: `{result['command']}`", ""]
+    if scaling:
+        lines[-1:-1] = [f"1-GPU table: commit {single.get('commit')}, {single.get('date')}.", ""]
     return "\n".join(lines)
 
 
@@ -180,11 +209,14 @@ def main():
     args = parse_args()
     meta = train_runs.run_metadata()
     slug = train_runs.gpu_slug(meta["device"])
-    json_path = os.path.join(args.out_dir, f"table1_{slug}.json")
-    md_path = os.path.join(args.out_dir, f"table1_{slug}.md")
+    tag = slug if args.gpus == 1 else f"{args.gpus}x{slug}"
+    json_path = os.path.join(args.out_dir, f"table1_{tag}.json")
+    md_path = os.path.join(args.out_dir, f"table1_{tag}.md")
+    single = load_existing(os.path.join(args.out_dir, f"table1_{slug}.json")) if args.gpus > 1 else None
     result = load_existing(json_path) or {"records": []}
     result.update(meta)
     result["batch_tokens"] = args.batch_tokens
+    result["gpus"] = args.gpus
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="table1_")
     os.makedirs(log_dir, exist_ok=True)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -202,13 +234,13 @@ def main():
             with open(json_path, "w") as f:  # after every cell, so a crash keeps what was measured
                 json.dump(result, f, indent=1)
             with open(md_path, "w") as f:
-                f.write(markdown(result))
+                f.write(markdown(result, single))
             if rec["tflops_per_gpu"] is not None:
                 print(f"  {rec['tflops_per_gpu']:.1f} TFLOP/s, {rec['tokens_per_s']:.0f} tok/s, MFU "
                       f"{100 * rec['mfu']:.1f}%, micro batch {rec['micro_batch']}, peak {rec['peak_mem_gb']:.1f} GB",
                       flush=True)
     print()
-    print(markdown(result))
+    print(markdown(result, single))
     print(f"wrote {json_path} and {md_path}; logs in {log_dir}")
 
 

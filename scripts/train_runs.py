@@ -1,10 +1,11 @@
 """train_runs.py: run ./train_gpt as a benchmark child and read back what it measured.
 
-Shared by scripts/table1.py and scripts/bench_train.py. Numpy and PyTorch are not needed.
+Shared by scripts/table1.py, scripts/bench_train.py and scripts/bench_multigpu.py. Numpy and PyTorch are not needed.
 
 run_train_gpt(args, log_path) runs `./train_gpt args --log-file log_path`, polls nvidia-smi for the
 child's GPU memory while it runs, and returns a TrainRun: the exit status, the output, the per-step
 JSON records of the log, the peak memory, and whether it ran out of GPU memory.
+run_train_gpt_ranks(args, log_path, world) does the same for one process per GPU (data parallel).
 steady_state(records, skip) summarizes the steps after the first `skip` (warm-up: cuBLASLt
 heuristics, first-touch allocation) by their median step time.
 run_metadata(command) gives the device, date, commit and command every results file records.
@@ -13,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import os
+import random
 import shlex
 import statistics
 import subprocess
@@ -101,6 +103,62 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
                     records=read_step_records(log_path), peak_mem_mib=peak["peak"],
                     out_of_memory="out of GPU memory" in stderr or "out of memory" in stderr.lower(),
                     seconds=time.time() - start)
+
+
+def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True):
+    """Runs `world` ./train_gpt processes, one per GPU, with torchrun-style variables (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR/PORT) and NCCL_NVLS_ENABLE=0; rank 0 writes --log-file log_path. Each
+    rank's output goes to <out_prefix>.rank<r>.out (default: beside the log). Returns a TrainRun:
+    the first non-zero exit status, rank 0's output, every rank's last lines as stderr, records of
+    rank 0's log, and the largest peak memory of any rank (peak_mem_mib_per_rank lists them all).
+    world 1 runs one process on GPU 0 without the variables."""
+    out_prefix = out_prefix or (log_path[:-6] if log_path.endswith(".jsonl") else log_path)
+    port = 29500 + random.randrange(2000)
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    procs, peaks, out_paths = [], [], []
+    start = time.time()
+    for rank in range(world):
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+        if world > 1:
+            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+        else:
+            env.update(CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"))
+        command = [TRAIN_GPT, *[str(a) for a in args]] + (["--log-file", log_path] if rank == 0 else [])
+        if rank == 0 and echo:
+            print("$ " + (f"RANK=0..{world - 1} WORLD_SIZE={world} " if world > 1 else "") +
+                  " ".join(shlex.quote(c) for c in command), flush=True)
+        out_paths.append(f"{out_prefix}.rank{rank}.out")
+        with open(out_paths[-1], "w") as out:
+            procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env))
+        peaks.append(poll_peak_memory(procs[-1]))
+    deadline = time.time() + timeout_s
+    codes, killed = [], False
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            killed = True
+            for q in procs:
+                q.kill()
+            codes.append(p.wait())
+    for peak in peaks:
+        peak["thread"].join(timeout=5)
+    outputs = []
+    for path in out_paths:
+        with open(path) as f:
+            outputs.append(f.read())
+    stderr = "\n".join(f"[rank {r}] " + "\n".join(o.strip().splitlines()[-3:]) for r, o in enumerate(outputs))
+    if killed:
+        stderr += f"\n(killed after {timeout_s} s)"
+    run = TrainRun(command=[TRAIN_GPT, *[str(a) for a in args]], returncode=next((c for c in codes if c), 0),
+                   stdout=outputs[0], stderr=stderr, records=read_step_records(log_path),
+                   peak_mem_mib=max(pk["peak"] for pk in peaks),
+                   out_of_memory=any("out of gpu memory" in o.lower() or "out of memory" in o.lower() for o in outputs),
+                   seconds=time.time() - start)
+    run.peak_mem_mib_per_rank = [pk["peak"] for pk in peaks]
+    return run
 
 
 def steady_state(records, skip):
