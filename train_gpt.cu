@@ -311,11 +311,18 @@ typedef struct {
     size_t offset, elems;
 } OptimizerState;
 
+// The part [*a, *b) of the flat elements [at, at + n) (a tensor) that lies in the state's range;
+// returns 0 when they do not meet.
+static int state_overlap(const OptimizerState* st, size_t at, size_t n, size_t* a, size_t* b) {
+    *a = at > st->offset ? at : st->offset;
+    *b = at + n < st->offset + st->elems ? at + n : st->offset + st->elems;
+    return *a < *b;
+}
+
 // Copies the part of tensor values (n, at flat offset `at`) that lies in the state's range to master.
 static void upload_master(const OptimizerState* st, size_t at, const float* values, size_t n) {
-    const size_t a = at > st->offset ? at : st->offset;
-    const size_t b = at + n < st->offset + st->elems ? at + n : st->offset + st->elems;
-    if (a < b)
+    size_t a, b;
+    if (state_overlap(st, at, n, &a, &b))
         CUDA_CHECK(cudaMemcpy(st->master + (a - st->offset), values + (a - at), (b - a) * sizeof(float),
                               cudaMemcpyHostToDevice));
 }
@@ -334,9 +341,8 @@ static void init_parameters(GPTModel* model, const OptimizerState* st, uint64_t 
         const float constant = is_ln_weight ? 1.0f : 0.0f;
         const size_t at = model->param_offsets[i], n = model->param_sizes[i];
         init_weights(NULL, model->param_tensors[i], n, 0, std, constant, seed, i, model->stream);
-        const size_t a = at > st->offset ? at : st->offset;  // the tensor's part in the state's range
-        const size_t b = at + n < st->offset + st->elems ? at + n : st->offset + st->elems;
-        if (a < b) init_weights(st->master + (a - st->offset), NULL, b - a, a - at, std, constant, seed, i, model->stream);
+        size_t a, b;
+        if (state_overlap(st, at, n, &a, &b)) init_weights(st->master + (a - st->offset), NULL, b - a, a - at, std, constant, seed, i, model->stream);
     }
     CUDA_CHECK(cudaStreamSynchronize(model->stream));
 }
@@ -862,10 +868,8 @@ static void train(const Options* opt, const GPTConfig* config, const TrainPlan* 
         const double lr = learning_rate(opt, step, plan->steps);
         // AdamW on each tensor's part of the state's range (all of it; with ZeRO-1 the rank's shard)
         for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-            const size_t t0 = model.param_offsets[i], t1 = t0 + model.param_sizes[i];
-            const size_t a = t0 > state.offset ? t0 : state.offset;
-            const size_t b = t1 < state.offset + state.elems ? t1 : state.offset + state.elems;
-            if (a >= b) continue;
+            size_t a, b;
+            if (!state_overlap(&state, model.param_offsets[i], model.param_sizes[i], &a, &b)) continue;
             const size_t at = a - state.offset;
             adamw_update(state.master + at, model.params + a, model.grads + a, state.adam_m + at, state.adam_v + at,
                          b - a, (float)lr, 0.9f, 0.95f, 1e-8f, decays(i) ? (float)opt->weight_decay : 0.0f, (int)step,
@@ -1001,10 +1005,14 @@ int main(int argc, char** argv) {
             (opt.zero && (saved.rank != rank || saved.shard_size != (int64_t)shard))) {
             fprintf(stderr, "error: cannot resume from %s: it was saved by %d GPU(s) with --zero %d (rank %d), this run "
                             "has %d GPU(s) with --zero %d (rank %d); a checkpoint resumes on the same number of GPUs "
-                            "with the same --zero: resume with %s%d ./train_gpt ... --zero %d\n",
+                            "with the same --zero\n",
                     plan.resume_path, (int)saved.world_size, (int)saved.zero_stage, (int)saved.rank, world, opt.zero,
-                    rank, saved.world_size > 1 ? "mpirun -np " : "", (int)saved.world_size, (int)saved.zero_stage);
-            if (saved.world_size <= 1) fprintf(stderr, "hint: (one GPU: run ./train_gpt without a launcher)\n");
+                    rank);
+            if (saved.world_size > 1)
+                fprintf(stderr, "hint: resume with mpirun -np %d ./train_gpt ... --zero %d (or %d processes of another "
+                                "launcher)\n", (int)saved.world_size, (int)saved.zero_stage, (int)saved.world_size);
+            else
+                fprintf(stderr, "hint: resume with one process: ./train_gpt ... (no launcher, no --zero)\n");
             exit(2);
         }
         check_resume_compatible(&saved, &plan.header, plan.resume_path);

@@ -9,7 +9,8 @@
 // mixes the seed, the tensor index and the element's index in its tensor. `first` is the index of
 // master[0] in the whole tensor, so a shard [first, first + n) gets the same values as the full
 // tensor would there. master (n) fp32, params (n) bf16; either may be NULL.
-// The host had drawn 2.7B normals one by one in about two minutes; this takes milliseconds.
+// On the GPU because drawing billions of normals one by one on the host took minutes at start-up
+// (GPT3-2.7B: about two); here it takes milliseconds.
 #ifndef INIT_WEIGHTS_CUH
 #define INIT_WEIGHTS_CUH
 

@@ -70,7 +70,6 @@ static inline void nccl_check(ncclResult_t r, const char* file, int line) {
 #define MULTI_GPU_SHARD_ALIGN 1024  // elements; S is a multiple of it
 
 typedef struct {
-    LaunchInfo launch;
     int rank, world, device, zero;
     ncclComm_t comm;
     cudaStream_t comm_stream;   // gradient reduction, overlapped with the backward
@@ -89,7 +88,6 @@ static inline size_t multi_gpu_pad_multiple(int world) {
 static void multi_gpu_init(MultiGpu* mg, const LaunchInfo* li, int device, int zero, uint64_t tag,
                            double timeout_s) {
     memset(mg, 0, sizeof(*mg));
-    mg->launch = *li;
     mg->rank = li->rank, mg->world = li->world, mg->device = device, mg->zero = zero;
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
