@@ -8,26 +8,14 @@
 #include "flash2_backward_kernel.cuh"
 
 void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
+int flash2_use_wgmma(int head_dim);                                          // flash2_forward.cu
 
 // ---- block shapes per head dim ----------------------------------------------------------------
 // (query rows per step, warps (16 keys each), blocks per SM), measured with build/flash2_tune
 // (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
-// Head dims 64 and 128 on Hopper (compute capability 9.x) use the wgmma kernel
-// (flash2_backward_hopper.cuh); the rest, and other GPUs, the mma.sync kernel.
-static int device_has_wgmma(void) {
-    static int cached = -1;  // one device per process (the trainer runs one process per GPU)
-    if (cached < 0) {
-        int device = 0, major = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        cached = major == 9;
-    }
-    return cached;
-}
-
 template <bool CAUSAL>
 static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (device_has_wgmma() && (HD == 64 || HD == 128)) {
+    if (flash2_use_wgmma(HD)) {  // Hopper: flash2_backward_hopper.cuh
         if (HD == 64) launch_backward_hopper<64, 128, true, CAUSAL>(p, B, stream);
         else launch_backward_hopper<128, 64, true, CAUSAL>(p, B, stream);
         return;

@@ -273,9 +273,7 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
 template <int HD, int BLOCK_M, bool DEFER_DQ, bool CAUSAL>
 static inline void launch_backward_hopper(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2BackwardHopperConfig<HD, BLOCK_M, DEFER_DQ> C;
-    const int rows = B * p->T * p->NH;
-    flash2_backward_preprocess_kernel<HD><<<(rows + 7) / 8, 256, 0, stream>>>(*p, rows);
-    CUDA_CHECK(cudaGetLastError());
+    launch_backward_preprocess<HD>(p, B, stream);
 
     void (*kernel)(Flash2BackwardParams) = flash2_backward_hopper_kernel<HD, BLOCK_M, DEFER_DQ, CAUSAL>;
     static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
@@ -287,9 +285,7 @@ static inline void launch_backward_hopper(const Flash2BackwardParams* p, int B, 
     kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
     CUDA_CHECK(cudaGetLastError());
 
-    const long chunks = (long)rows * (HD / 8);
-    flash2_backward_convert_dq_kernel<HD><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(*p, chunks);
-    CUDA_CHECK(cudaGetLastError());
+    launch_backward_convert_dq<HD>(p, B, stream);
 }
 
 #endif  // FLASH2_BACKWARD_HOPPER_CUH

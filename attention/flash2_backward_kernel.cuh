@@ -34,17 +34,20 @@ typedef struct {
     float scale, scale_log2;
 } Flash2BackwardParams;
 
-// ---- 1. D = rowsum(dO ∘ O), LSE·log2 e, dq_accum = 0: one warp per row (b, t, h) -----------------
+// ---- 1. D = rowsum(dO ∘ O), LSE·log2 e, dq_accum = 0: GROUP lanes per row (b, t, h), 8 values each
 template <int HD>
 __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int rows) {
-    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
+    constexpr int CHUNKS = HD / 8, GROUP = CHUNKS <= 8 ? 8 : 16;  // a power of two ≥ CHUNKS
+    const int lane = threadIdx.x % 32, chunk = lane % GROUP;
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const bool valid = row < rows;  // no early return: every lane takes part in the shuffles
     const int h = row % p.NH, bt = row / p.NH, t = bt % p.T, b = bt / p.T;  // row = (b·T + t)·NH + h
-    const long offset = (long)bt * p.out_stride + (long)h * HD;
+    const long offset = (long)bt * p.out_stride + (long)h * HD + chunk * 8;
+    const long head_row = ((long)b * p.NH + h) * p.T + t;
     float dot = 0.f;
-    if (lane < HD / 8) {
-        uint4 o4 = *(const uint4*)(p.out + offset + lane * 8);
-        uint4 d4 = *(const uint4*)(p.dout + offset + lane * 8);
+    if (valid && chunk < CHUNKS) {
+        uint4 o4 = *(const uint4*)(p.out + offset);
+        uint4 d4 = *(const uint4*)(p.dout + offset);
         const __nv_bfloat162* o2 = (const __nv_bfloat162*)&o4;
         const __nv_bfloat162* d2 = (const __nv_bfloat162*)&d4;
 #pragma unroll
@@ -52,16 +55,16 @@ __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int ro
             float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
             dot += of.x * df.x + of.y * df.y;
         }
+        float4* acc = (float4*)(p.dq_accum + head_row * HD + chunk * 8);
+        acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    const long head_row = ((long)b * p.NH + h) * p.T + t;
-    if (lane == 0) {
+    for (int off = GROUP / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (valid && chunk == 0) {
         p.d_rows[head_row] = dot;
         p.lse_log2[head_row] = p.lse[head_row] * FLASH2_LOG2E;
     }
-    float4* acc = (float4*)(p.dq_accum + head_row * HD);
-    if (lane < HD / 4) acc[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // ---- 3. dq = bf16(dq_accum · scale): one thread per 8 values -------------------------------------
@@ -340,12 +343,23 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 }
 
 // ---- launch -------------------------------------------------------------------------------------
+template <int HD>
+static inline void launch_backward_preprocess(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
+    const int rows = B * p->T * p->NH, rows_per_block = 256 / (HD / 8 <= 8 ? 8 : 16);
+    flash2_backward_preprocess_kernel<HD><<<(rows + rows_per_block - 1) / rows_per_block, 256, 0, stream>>>(*p, rows);
+    CUDA_CHECK(cudaGetLastError());
+}
+template <int HD>
+static inline void launch_backward_convert_dq(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
+    const long chunks = (long)B * p->T * p->NH * (HD / 8);
+    flash2_backward_convert_dq_kernel<HD><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(*p, chunks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
-    const int rows = B * p->T * p->NH;
-    flash2_backward_preprocess_kernel<HD><<<(rows + 7) / 8, 256, 0, stream>>>(*p, rows);
-    CUDA_CHECK(cudaGetLastError());
+    launch_backward_preprocess<HD>(p, B, stream);
 
     void (*kernel)(Flash2BackwardParams) = flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>;
     static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
@@ -357,9 +371,7 @@ static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStr
     kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
     CUDA_CHECK(cudaGetLastError());
 
-    const long chunks = (long)rows * (HD / 8);
-    flash2_backward_convert_dq_kernel<HD><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(*p, chunks);
-    CUDA_CHECK(cudaGetLastError());
+    launch_backward_convert_dq<HD>(p, B, stream);
 }
 
 #endif  // FLASH2_BACKWARD_KERNEL_CUH

@@ -4,13 +4,33 @@
 #include <stdlib.h>
 
 #include "backends.h"
+#include "flash2_forward_hopper.cuh"
 #include "flash2_forward_kernel.cuh"
 
 // ---- block shapes per head dim ----------------------------------------------------------------
 // (query rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune
 // (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
+// Head dims 64 and 128 on Hopper (compute capability 9.x) use the wgmma kernels
+// (flash2_forward_hopper.cuh, flash2_backward_hopper.cuh); other head dims and GPUs use mma.sync.
+int flash2_use_wgmma(int head_dim) {
+    static int hopper = -1;  // one device per process (the trainer runs one process per GPU)
+    if (hopper < 0) {
+        int device = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        hopper = major == 9;
+    }
+    return hopper && (head_dim == 64 || head_dim == 128);
+}
+
 template <bool CAUSAL>
 static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
+    if (flash2_use_wgmma(HD)) {
+        // (key block, blocks per SM): two blocks per SM won at every point of the tuner's grid
+        if (HD == 64) launch_forward_hopper<64, 128, 2, CAUSAL>(p, B, stream);
+        else launch_forward_hopper<128, 64, 2, CAUSAL>(p, B, stream);
+        return;
+    }
     switch (HD) {
         case 64: launch_forward<64, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
         case 80: launch_forward<80, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
