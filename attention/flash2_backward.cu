@@ -16,8 +16,12 @@ int flash2_use_wgmma(int head_dim);                                          // 
 template <bool CAUSAL>
 static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cudaStream_t stream) {
     if (flash2_use_wgmma(HD)) {  // Hopper: flash2_backward_hopper.cuh
-        if (HD == 64) launch_backward_hopper<64, 128, true, CAUSAL>(p, B, stream);
-        else launch_backward_hopper<128, 64, true, CAUSAL>(p, B, stream);
+        switch (HD) {
+            case 64: launch_backward_hopper<64, 128, true, CAUSAL>(p, B, stream); break;
+            case 80: launch_backward_hopper<80, 64, true, CAUSAL>(p, B, stream); break;
+            case 96: launch_backward_hopper<96, 64, true, CAUSAL>(p, B, stream); break;
+            case 128: launch_backward_hopper<128, 64, true, CAUSAL>(p, B, stream); break;
+        }
         return;
     }
     switch (HD) {

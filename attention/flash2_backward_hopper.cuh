@@ -1,5 +1,5 @@
 // flash2_backward_hopper.cuh: the flash2 backward (Algorithm 2 of the paper) on Hopper's warpgroup
-// tensor-core product (wgmma, sm_90a), head dims 64 and 128. Same algorithm, inputs, outputs and
+// tensor-core product (wgmma, sm_90a), head dims 64, 80, 96 and 128. Same algorithm, inputs, outputs and
 // workspace as flash2_backward_kernel.cuh (whose preprocess and dq-convert kernels it shares); only
 // the main kernel differs:
 //
@@ -8,8 +8,8 @@
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ         wgmma, both operands from shared memory (64 keys × BLOCK_M)
 //   Pᵀ = exp2(Sᵀ·scale_log2 − LSE·log2 e), dSᵀ = Pᵀ ∘ (dPᵀ − D)     in registers
 //   dV += Pᵀ dO, dK += dSᵀ Q        wgmma, A = Pᵀ / dSᵀ from registers, B = dO / Q (MN-major)
-//   dSᵀ → shared memory; dQ_block = dS K (BLOCK_M × HD) as two 64×64 products, one per
-//   warpgroup, added into dq_accum with fp32 vector atomics.
+//   dSᵀ → shared memory; dQ_block = dS K (BLOCK_M × HD) as one product per warpgroup (split by
+//   queries at BLOCK_M 128, else by columns), added into dq_accum with fp32 vector atomics.
 // With DEFER_DQ the dQ product of step m is issued at the start of step m+1, after that step's
 // only barrier, together with Sᵀ and dPᵀ (dSᵀ is then double-buffered); without it, step m has a
 // second barrier before its own dQ product.
@@ -37,11 +37,16 @@ struct Flash2BackwardHopperConfig {
         1024 /* alignment slack */ +
         (size_t)(2 * KvTile::ELEMS + 4 * QoTile::ELEMS + DS_BUFFERS * DsTile::ELEMS) * sizeof(__nv_bfloat16) +
         4 * BLOCK_M * sizeof(float);
-    // dQ_block = dS K is BLOCK_M × HD: two 64×64 products, split by queries (BLOCK_M 128) or by
-    // columns (HD 128).
-    static_assert(BLOCK_M * HD == 2 * 64 * 64, "dQ block must be two 64x64 warpgroup products");
-    static_assert(HD == 64 || HD == 128, "wgmma backward: head dims 64 and 128");
-    static constexpr int DQ_M_SPLIT = BLOCK_M == 128;  // warpgroup w takes queries 64w.. (else columns 64w..)
+    // dQ_block = dS K is BLOCK_M × HD, one 64 × DQ_N product per warpgroup: at BLOCK_M 128
+    // (head dim 64) warpgroup w takes queries 64w..64w+63, all columns; at BLOCK_M 64 it takes
+    // columns DQ_COL0·w.. : 64 + 64 at head dim 128; 48 + 48 at 96; at 80, columns 0-47 and 32-79
+    // (a product's columns must be whole 16-column sub-tiles), of which the second adds 48-79 only.
+    static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "wgmma backward: BLOCK_M 128 at head dim 64, else 64");
+    static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "wgmma backward: head dims 64, 80, 96, 128");
+    static constexpr int DQ_M_SPLIT = BLOCK_M == 128;
+    static constexpr int DQ_N = DQ_M_SPLIT ? HD : HD == 128 ? 64 : 48;
+    static constexpr int DQ_COL0 = DQ_M_SPLIT ? 0 : HD - DQ_N;  // first column of warpgroup 1's product
+    static constexpr int DQ_SKIP = DQ_M_SPLIT ? 0 : 2 * DQ_N - HD;  // its leading columns warpgroup 0 adds
 };
 
 template <int HD, int BLOCK_M, bool DEFER_DQ, bool CAUSAL>
@@ -107,28 +112,31 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
     const uint32_t k_addr = smem_address(k_tile), v_addr = smem_address(v_tile);
     const uint32_t q_addr0 = smem_address(q_tiles), do_addr0 = smem_address(do_tiles);
     const uint32_t ds_addr0 = smem_address(ds_tiles);
-    const uint32_t wg_rows = wg * 64 * 128;  // this warpgroup's 64 key rows within a K/V sub-tile
-    const int dq_sub_m = C::DQ_M_SPLIT ? wg : 0, dq_sub_n = C::DQ_M_SPLIT ? 0 : wg;
+    const uint32_t wg_rows = KvTile::row_offset(wg * 64);  // this warpgroup's 64 key rows within a K/V sub-tile
+    const int dq_row0 = C::DQ_M_SPLIT ? wg * 64 : 0, dq_col0 = wg * C::DQ_COL0;
+    constexpr int DQ_N = C::DQ_N;
 
-    // dQ_block(mq) = dS K from dSᵀ buffer dbuf: this warpgroup's 64×64 part. A = dS (queries × keys)
-    // is MN-major in dSᵀ; B = K (keys × HD) is MN-major in the K tile. Issued, not waited for.
-    auto issue_dq = [&](float (&acc_dq)[32], int dbuf) {
-        const uint32_t a0 = ds_addr0 + dbuf * DsTile::ELEMS * 2 + dq_sub_m * DsTile::SUB_BYTES;
-        const uint32_t b0 = k_addr + dq_sub_n * KvTile::SUB_BYTES;
+    // dQ_block(mq) = dS K from dSᵀ buffer dbuf: this warpgroup's 64 × DQ_N part. A = dS (queries ×
+    // keys) is MN-major in dSᵀ; B = K (keys × HD) is MN-major in the K tile. Issued, not waited for.
+    auto issue_dq = [&](float (&acc_dq)[DQ_N / 2], int dbuf) {
+        const uint32_t a0 = ds_addr0 + dbuf * DsTile::ELEMS * 2 + (dq_row0 / 64) * DsTile::SUB_BYTES;
+        const uint32_t b0 = k_addr + (dq_col0 / KvTile::SUB_COLS) * KvTile::SUB_BYTES;
 #pragma unroll
         for (int ks = 0; ks < BLOCK_N / 16; ks++)
-            wgmma_ss<64, 1, 1>(acc_dq, wgmma_desc(a0 + ks * 2048, DsTile::SUB_BYTES, 1024),
-                               wgmma_desc(b0 + ks * 2048, KvTile::SUB_BYTES, 1024), ks > 0);
+            wgmma_ss<DQ_N, 1, 1>(acc_dq, DsTile::mn_major(a0 + DsTile::mn_step(ks)),
+                                 KvTile::mn_major(b0 + KvTile::mn_step(ks)), ks > 0);
     };
-    auto add_dq = [&](const float (&acc_dq)[32], int mq) {
+    auto add_dq = [&](const float (&acc_dq)[DQ_N / 2], int mq) {
+        const int first_nt = wg == 1 ? C::DQ_SKIP / 8 : 0;  // columns warpgroup 0 also computed
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const int qi = mq * BLOCK_M + dq_sub_m * 64 + row_in_wg + 8 * half;
+            const int qi = mq * BLOCK_M + dq_row0 + row_in_wg + 8 * half;
             if (qi < T) {
-                float* dst = dq_head + (long)qi * HD + dq_sub_n * 64 + 2 * t4;
+                float* dst = dq_head + (long)qi * HD + dq_col0 + 2 * t4;
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++)
-                    atomic_add_f32x2(dst + nt * 8, acc_dq[4 * nt + 2 * half], acc_dq[4 * nt + 2 * half + 1]);
+                for (int nt = 0; nt < DQ_N / 8; nt++)
+                    if (nt >= first_nt)
+                        atomic_add_f32x2(dst + nt * 8, acc_dq[4 * nt + 2 * half], acc_dq[4 * nt + 2 * half + 1]);
             }
         }
     };
@@ -148,7 +156,7 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
         if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
         cp_async_commit();
 
-        float acc_dq[32];
+        float acc_dq[DQ_N / 2];
         wgmma_fence();
         if constexpr (DEFER_DQ && !FIRST) {
             issue_dq(acc_dq, dbuf ^ 1);
@@ -157,19 +165,13 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries per warpgroup, k = HD
         float s[BLOCK_M / 2], dp[BLOCK_M / 2];
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++) {
-            const uint32_t k_off = (ks / 4) * KvTile::SUB_BYTES + wg_rows + (ks % 4) * 32;
-            const uint32_t q_off = (ks / 4) * QoTile::SUB_BYTES + (ks % 4) * 32;
-            wgmma_ss<BLOCK_M, 0, 0>(s, wgmma_desc(k_addr + k_off, 16, 1024), wgmma_desc(q_addr + q_off, 16, 1024),
-                                    ks > 0);
-        }
+        for (int ks = 0; ks < HD / 16; ks++)
+            wgmma_ss<BLOCK_M, 0, 0>(s, KvTile::k_major(k_addr + wg_rows + KvTile::k_step(ks)),
+                                    QoTile::k_major(q_addr + QoTile::k_step(ks)), ks > 0);
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++) {
-            const uint32_t v_off = (ks / 4) * KvTile::SUB_BYTES + wg_rows + (ks % 4) * 32;
-            const uint32_t do_off = (ks / 4) * QoTile::SUB_BYTES + (ks % 4) * 32;
-            wgmma_ss<BLOCK_M, 0, 0>(dp, wgmma_desc(v_addr + v_off, 16, 1024), wgmma_desc(do_addr + do_off, 16, 1024),
-                                    ks > 0);
-        }
+        for (int ks = 0; ks < HD / 16; ks++)
+            wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::k_major(v_addr + wg_rows + KvTile::k_step(ks)),
+                                    QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
         if constexpr (DEFER_DQ && !FIRST) {
             wgmma_wait<1>();
@@ -217,10 +219,10 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
         wgmma_fence();
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; kq++)
-            wgmma_rs<HD, 1>(acc_dv, pa[kq], wgmma_desc(do_addr + kq * 2048, QoTile::SUB_BYTES, 1024), 1);
+            wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; kq++)
-            wgmma_rs<HD, 1>(acc_dk, dsa[kq], wgmma_desc(q_addr + kq * 2048, QoTile::SUB_BYTES, 1024), 1);
+            wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
         wgmma_commit();
         if constexpr (!DEFER_DQ) {
             fence_proxy_async();
@@ -242,7 +244,7 @@ __global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2Ba
     if constexpr (DEFER_DQ) {
         fence_proxy_async();
         __syncthreads();  // the last dSᵀ is in shared memory
-        float acc_dq[32];
+        float acc_dq[DQ_N / 2];
         wgmma_fence();
         issue_dq(acc_dq, (m_end - 1 - m_begin) & 1);
         wgmma_commit();

@@ -2,6 +2,7 @@
 // (the kernels and what they compute: flash2_forward_kernel.cuh).
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends.h"
 #include "flash2_forward_hopper.cuh"
@@ -10,25 +11,32 @@
 // ---- block shapes per head dim ----------------------------------------------------------------
 // (query rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune
 // (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
-// Head dims 64 and 128 on Hopper (compute capability 9.x) use the wgmma kernels
-// (flash2_forward_hopper.cuh, flash2_backward_hopper.cuh); other head dims and GPUs use mma.sync.
+// Hopper (compute capability 9.x) uses the wgmma kernels (flash2_forward_hopper.cuh,
+// flash2_backward_hopper.cuh) for every head dim; other GPUs, or FLASH2_MMA_SYNC=1 in the
+// environment (to test or time them on Hopper), use the mma.sync kernels.
 int flash2_use_wgmma(int head_dim) {
-    static int hopper = -1;  // one device per process (the trainer runs one process per GPU)
-    if (hopper < 0) {
+    static int use = -1;  // one device per process (the trainer runs one process per GPU)
+    if (use < 0) {
         int device = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        hopper = major == 9;
+        const char* force = getenv("FLASH2_MMA_SYNC");
+        use = major == 9 && !(force && strcmp(force, "0") != 0 && force[0] != '\0');
     }
-    return hopper && (head_dim == 64 || head_dim == 128);
+    return use && flash2_supports_head_dim(head_dim);
 }
 
 template <bool CAUSAL>
 static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
     if (flash2_use_wgmma(HD)) {
-        // (key block, blocks per SM): two blocks per SM won at every point of the tuner's grid
-        if (HD == 64) launch_forward_hopper<64, 128, 2, CAUSAL>(p, B, stream);
-        else launch_forward_hopper<128, 64, 2, CAUSAL>(p, B, stream);
+        // (key block, blocks per SM): two blocks per SM won, or tied within 1%, at every point of the
+        // tuner's grid; head dims 80 and 96 fit two blocks only with 64-key blocks
+        switch (HD) {
+            case 64: launch_forward_hopper<64, 128, 2, CAUSAL>(p, B, stream); break;
+            case 80: launch_forward_hopper<80, 64, 2, CAUSAL>(p, B, stream); break;
+            case 96: launch_forward_hopper<96, 64, 2, CAUSAL>(p, B, stream); break;
+            case 128: launch_forward_hopper<128, 64, 2, CAUSAL>(p, B, stream); break;
+        }
         return;
     }
     switch (HD) {

@@ -1,5 +1,5 @@
 // flash2_forward_hopper.cuh: the flash2 forward (Algorithm 1 of the paper) on Hopper's warpgroup
-// tensor-core product (wgmma, sm_90a), head dims 64 and 128. Same inputs, outputs and algorithm
+// tensor-core product (wgmma, sm_90a), head dims 64, 80, 96 and 128. Same inputs, outputs and algorithm
 // as flash2_forward_kernel.cuh; the products are wgmma instead of mma.sync:
 //
 // One thread block per (query block of 128 rows, b·NH + h): two warpgroups, each owning 64 query
@@ -22,7 +22,7 @@ struct Flash2ForwardHopperConfig {
     typedef WgTile<BLOCK_N, HD> KvTile;
     static constexpr size_t SMEM_BYTES =
         1024 /* alignment slack */ + (size_t)(QTile::ELEMS + 4 * KvTile::ELEMS) * sizeof(__nv_bfloat16);
-    static_assert(HD == 64 || HD == 128, "wgmma forward: head dims 64 and 128");
+    static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "wgmma forward: head dims 64, 80, 96, 128");
     static_assert(BLOCK_N == 64 || BLOCK_N == 128, "wgmma forward: key blocks of 64 or 128");
 };
 
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) flash2_forward_hopper_kernel(
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows row_in_wg, +8
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
-    const uint32_t q_addr = smem_address(q_tile) + wg * 64 * 128;  // this warpgroup's 64 rows
+    const uint32_t q_addr = smem_address(q_tile) + QTile::row_offset(wg * 64);  // this warpgroup's 64 rows
     const uint32_t k_addr0 = smem_address(k_tiles), v_addr0 = smem_address(v_tiles);
 
     for (int n = 0; n < n_blocks; n++) {
@@ -88,12 +88,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) flash2_forward_hopper_kernel(
         float s[BLOCK_N / 2];
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++) {
-            const uint32_t off_q = (ks / 4) * QTile::SUB_BYTES + (ks % 4) * 32;
-            const uint32_t off_k = (ks / 4) * KvTile::SUB_BYTES + (ks % 4) * 32;
-            wgmma_ss<BLOCK_N, 0, 0>(s, wgmma_desc(q_addr + off_q, 16, 1024), wgmma_desc(k_addr + off_k, 16, 1024),
-                                    ks > 0);
-        }
+        for (int ks = 0; ks < HD / 16; ks++)
+            wgmma_ss<BLOCK_N, 0, 0>(s, QTile::k_major(q_addr + QTile::k_step(ks)),
+                                    KvTile::k_major(k_addr + KvTile::k_step(ks)), ks > 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_registers(s);
@@ -147,7 +144,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) flash2_forward_hopper_kernel(
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; kk++)
-            wgmma_rs<HD, 1>(acc_o, pa[kk], wgmma_desc(v_addr + kk * 2048, KvTile::SUB_BYTES, 1024), 1);
+            wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::mn_major(v_addr + KvTile::mn_step(kk)), 1);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_registers(acc_o);

@@ -42,23 +42,26 @@ typedef struct {
     {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
      {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}}
 
-// The first candidate of each head dim is the mma.sync kernel in use, the reference the others are
-// checked against; on Hopper, head dims 64 and 128 use the first wgmma candidate instead
-// (flash2_forward.cu, flash2_backward.cu).
+// The first candidate of each head dim is the mma.sync kernel, the reference the others are checked
+// against; on Hopper, flash2_forward.cu and flash2_backward.cu use the wgmma kernel they name.
 #define FWD_HOPPER(HD, BN, MB) \
     {"fwd wgmma BM128 BN" #BN " min" #MB, HD, \
      {launch_forward_hopper<HD, BN, MB, false>, launch_forward_hopper<HD, BN, MB, true>}}
 static const ForwardCandidate FORWARD[] = {
-    FWD(64, 128, 64, 4, 2),    FWD_HOPPER(64, 128, 2),  FWD_HOPPER(64, 128, 1), FWD_HOPPER(64, 64, 2),
-    FWD_HOPPER(64, 64, 1),     FWD(128, 128, 64, 4, 2), FWD_HOPPER(128, 64, 2),  FWD_HOPPER(128, 128, 1),
-    FWD_HOPPER(128, 64, 1),
+    FWD(64, 128, 64, 4, 2),  FWD_HOPPER(64, 128, 2),  FWD_HOPPER(64, 128, 1),  FWD_HOPPER(64, 64, 2),
+    FWD_HOPPER(64, 64, 1),   FWD(80, 128, 64, 4, 2),  FWD_HOPPER(80, 128, 2),  FWD_HOPPER(80, 128, 1),
+    FWD_HOPPER(80, 64, 2),   FWD_HOPPER(80, 64, 1),   FWD(96, 128, 64, 4, 2),  FWD_HOPPER(96, 64, 2),
+    FWD_HOPPER(96, 128, 1),  FWD_HOPPER(96, 64, 1),   FWD(128, 128, 64, 4, 2), FWD_HOPPER(128, 64, 2),
+    FWD_HOPPER(128, 128, 1), FWD_HOPPER(128, 64, 1),
 };
 #define BWD_HOPPER(HD, BM, DEFER) \
     {"bwd wgmma BM" #BM " BN128 defer" #DEFER, HD, \
      {launch_backward_hopper<HD, BM, DEFER, false>, launch_backward_hopper<HD, BM, DEFER, true>}}
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1),  BWD_HOPPER(64, 128, true),  BWD_HOPPER(64, 128, false),  BWD(64, 64, 8, 1),
-    BWD(128, 64, 8, 1),  BWD_HOPPER(128, 64, true),  BWD_HOPPER(128, 64, false),  BWD(128, 64, 4, 2),
+    BWD(64, 128, 8, 1), BWD_HOPPER(64, 128, true), BWD_HOPPER(64, 128, false), BWD(64, 64, 8, 1),
+    BWD(80, 64, 8, 1),  BWD_HOPPER(80, 64, true),  BWD_HOPPER(80, 64, false),
+    BWD(96, 64, 8, 1),  BWD_HOPPER(96, 64, true),  BWD_HOPPER(96, 64, false),
+    BWD(128, 64, 8, 1), BWD_HOPPER(128, 64, true), BWD_HOPPER(128, 64, false), BWD(128, 64, 4, 2),
 };
 
 static float median_ms(std::vector<float>& v) {
@@ -113,24 +116,31 @@ static float time_ms(F&& run, int runs, cudaStream_t stream) {
 
 int main(int argc, char** argv) {
     int runs = 20;
-    std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+    std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384}, head_dims = {64, 80, 96, 128};
     static struct option options[] = {{"runs", required_argument, 0, 'r'}, {"seqlens", required_argument, 0, 's'},
-                                      {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                      {"head-dims", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
+                                      {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "r:s:h", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "r:s:d:h", options, NULL)) != -1) {
         if (c == 'r') runs = atoi(optarg);
-        else if (c == 's') {
-            seqlens.clear();
-            for (char* tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) seqlens.push_back(atoi(tok));
+        else if (c == 's' || c == 'd') {
+            std::vector<int>& list = c == 's' ? seqlens : head_dims;
+            list.clear();
+            for (char* tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) list.push_back(atoi(tok));
         } else {
-            printf("usage: %s [--runs N] [--seqlens 512,2048,...]\n", argv[0]);
+            printf("usage: %s [--runs N] [--seqlens 512,2048,...] [--head-dims 64,80,96,128]\n", argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
-    const int hidden = 2048, tokens = 16384;
+    const int tokens = 16384;
     cudaStream_t stream = 0;
     printf("%-30s %4s %6s %6s  %s\n", "candidate", "hd", "causal", "T", "TFLOP/s (rel. error vs first)");
-    for (int hd : {64, 128}) {
+    for (int hd : head_dims) {
+        if (hd != 64 && hd != 80 && hd != 96 && hd != 128) {
+            printf("head dim %d: flash2 has no kernel for it (64, 80, 96, 128)\n", hd);
+            return 2;
+        }
+        const int hidden = hd == 80 ? 2560 : 2048;  // GPT3-2.7B has 32 heads of 80; the others the grid's 2048
         for (int causal = 0; causal < 2; causal++) {
             for (int T : seqlens) {
                 const int NH = hidden / hd, B = tokens / T;
@@ -185,7 +195,11 @@ int main(int argc, char** argv) {
                     first = false;
                 }
                 // The backward needs the forward's out and lse: restore the first candidate's.
-                FORWARD[hd == 64 ? 0 : 5].launch[causal](&fp, B, stream);
+                for (const ForwardCandidate& cand : FORWARD)
+                    if (cand.hd == hd) {
+                        cand.launch[causal](&fp, B, stream);
+                        break;
+                    }
                 first = true;
                 for (const BackwardCandidate& cand : BACKWARD) {
                     if (cand.hd != hd) continue;

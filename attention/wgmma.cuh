@@ -1,5 +1,5 @@
 // wgmma.cuh: Hopper's warpgroup tensor-core product (wgmma.mma_async, sm_90a) and the shared-memory
-// layout it reads, for the flash2 backward (flash2_backward_hopper.cuh).
+// layout it reads, for the flash2 Hopper kernels (flash2_forward_hopper.cuh, flash2_backward_hopper.cuh).
 //
 // A warpgroup is 4 consecutive warps (the first a multiple of 4). One wgmma computes a 64×N fp32
 // product D (+)= A·B with k = 16: warp w of the group holds rows 16w..16w+15 of D in the same
@@ -9,15 +9,17 @@
 // asynchronously until wgmma_wait() and reads its shared-memory operands through the async proxy
 // (hence fence_proxy_async() after ordinary stores into them, before the barrier).
 //
-// Shared-memory operands use the 128-byte swizzle (WgTile): rows of 64 bf16 (128 bytes), 8-row
-// groups of 1024 bytes, 16-byte chunk c of row r stored at chunk c ^ (r % 8); a tile wider than 64
-// columns is a sequence of such 64-column sub-tiles. A descriptor (PTX ISA "matrix descriptor")
-// gives the start address, LBO and SBO; for this swizzle:
-//   K-major operand (k contiguous, e.g. K for S = K Qᵀ): SBO = 1024 (next 8 rows of M or N); a step
-//     of 16 in k is +32 bytes within the 128-byte row, the next 64 k the next sub-tile; LBO unused.
-//   MN-major operand (m or n contiguous, e.g. dO as B of dV = Pᵀ dO): SBO = 1024 (next 8 rows of k),
-//     LBO = the sub-tile size (next 64 of m or n); a step of 16 in k is +2048 bytes.
-// Tiles must start 1024-byte aligned (the swizzle is applied to address bits 4-6 from bits 7-9).
+// Shared-memory operands are swizzled tiles (WgTile): the tile is cut into sub-tiles of W columns,
+// each stored row after row with rows of 2W bytes, and 16-byte chunk c of row r stored at chunk
+// c ^ (bits 7.. of the row's byte offset), which is how the tensor cores read it. W = 64 (the
+// 128-byte swizzle) when the width is a multiple of 64, else W = 16 (the 32-byte swizzle: head dims
+// 80 and 96). The pattern repeats every 8 rows (8·2W bytes). A descriptor (PTX ISA "matrix
+// descriptor") gives the start address, LBO, SBO and the swizzle mode:
+//   K-major operand (k contiguous, e.g. K for S = K Qᵀ): SBO = 8 rows (next 8 rows of M or N); a
+//     step of 16 in k is +32 bytes within the row, past the row's end the next sub-tile; LBO unused.
+//   MN-major operand (m or n contiguous, e.g. dO as B of dV = Pᵀ dO): SBO = 8 rows (next 8 rows of
+//     k), LBO = the sub-tile size (next W of m or n); a step of 16 in k is 16 rows.
+// Tiles must start aligned to 8 rows of their swizzle (1024 bytes covers both).
 #ifndef WGMMA_CUH
 #define WGMMA_CUH
 
@@ -33,39 +35,70 @@
 #define WGMMA_AVAILABLE 0
 #endif
 
-// ROWS × COLS bf16 in 64-column sub-tiles with the 128-byte swizzle (COLS a multiple of 64).
+// ROWS × COLS bf16 in swizzled sub-tiles of SUB_COLS columns (64 with the 128-byte swizzle when
+// COLS allows, else 16 with the 32-byte swizzle).
 template <int ROWS, int COLS>
 struct WgTile {
-    static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "WgTile: whole 64-column sub-tiles and 8-row groups");
+    static_assert(COLS % 16 == 0 && ROWS % 8 == 0, "WgTile: 16-column multiples and 8-row groups");
     static constexpr int ELEMS = ROWS * COLS;
-    static constexpr int SUB_BYTES = ROWS * 128;  // one 64-column sub-tile
+    static constexpr int ROW_BYTES = COLS % 64 == 0 ? 128 : 32;  // one row of a sub-tile
+    static constexpr int SUB_COLS = ROW_BYTES / 2, SUB_BYTES = ROWS * ROW_BYTES;
+    static constexpr int CHUNKS_PER_ROW = ROW_BYTES / 16;
+    static constexpr uint64_t SWIZZLE_MODE = ROW_BYTES == 128 ? 1 : 3;  // descriptor bits 62-63
     // element offset of chunk (8 columns) `chunk` of row `row`
     static __device__ __forceinline__ int index(int row, int chunk) {
-        return (chunk >> 3) * ROWS * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+        const int sub = chunk / CHUNKS_PER_ROW, c = chunk % CHUNKS_PER_ROW;
+        const int pattern = (row * ROW_BYTES >> 7) & (CHUNKS_PER_ROW - 1);
+        return sub * ROWS * SUB_COLS + row * SUB_COLS + ((c ^ pattern) << 3);
+    }
+    // Descriptors of the operand at byte address `addr` (a row-group boundary of this tile).
+    static __device__ __forceinline__ uint64_t k_major(uint32_t addr) { return desc(addr, 16, 8 * ROW_BYTES); }
+    static __device__ __forceinline__ uint64_t mn_major(uint32_t addr) { return desc(addr, SUB_BYTES, 8 * ROW_BYTES); }
+    // Byte offset of k-step ks (16 columns) of a K-major operand; of rows 16·ks of an MN-major one.
+    static __host__ __device__ constexpr uint32_t k_step(int ks) {
+        return (ks * 32 / ROW_BYTES) * SUB_BYTES + (ks * 32 % ROW_BYTES);
+    }
+    static __host__ __device__ constexpr uint32_t mn_step(int ks) { return ks * 16 * ROW_BYTES; }
+    // byte offset of row `row` within a sub-tile (a multiple of 8)
+    static __host__ __device__ constexpr uint32_t row_offset(int row) { return row * ROW_BYTES; }
+
+    static __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+        return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16 |
+               (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32 | SWIZZLE_MODE << 62;
     }
 };
 
 // Copies rows [0, ROWS) of a (rows, COLS) bf16 matrix (rows `row_stride` apart) into a WgTile with
-// cp.async; rows ≥ rows_valid become zeros. Each thread keeps one chunk column, 8-row multiples apart.
+// cp.async; rows ≥ rows_valid become zeros. When the threads divide the chunks of a row, each thread
+// keeps one chunk column, 8-row multiples apart (the swizzle repeats every 8 rows); otherwise
+// (head dims 80, 96) thread i takes chunks i, i + THREADS, ...
 template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_wg_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
                                                    int rows_valid) {
-    constexpr int CHUNKS = COLS / 8, ROW_STEP = THREADS / CHUNKS;
-    static_assert(THREADS % CHUNKS == 0 && ROW_STEP % 8 == 0 && ROWS % ROW_STEP == 0, "load_wg_tile_async split");
-    const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
-    __nv_bfloat16* dst = tile + WgTile<ROWS, COLS>::index(row0, chunk);
-    const __nv_bfloat16* from = src + (long)row0 * row_stride + chunk * 8;
+    typedef WgTile<ROWS, COLS> Tile;
+    constexpr int CHUNKS = COLS / 8;
+    if constexpr (THREADS % CHUNKS == 0 && (THREADS / CHUNKS) % 8 == 0 && ROWS % (THREADS / CHUNKS) == 0) {
+        constexpr int ROW_STEP = THREADS / CHUNKS;
+        const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+        __nv_bfloat16* dst = tile + Tile::index(row0, chunk);
+        const __nv_bfloat16* from = src + (long)row0 * row_stride + chunk * 8;
 #pragma unroll
-    for (int j = 0; j < ROWS / ROW_STEP; j++) {
-        const bool valid = row0 + j * ROW_STEP < rows_valid;
-        cp_async_16(dst + j * ROW_STEP * 64, valid ? from + (long)j * ROW_STEP * row_stride : src, valid ? 16 : 0);
+        for (int j = 0; j < ROWS / ROW_STEP; j++) {
+            const bool valid = row0 + j * ROW_STEP < rows_valid;
+            cp_async_16(dst + j * ROW_STEP * Tile::SUB_COLS, valid ? from + (long)j * ROW_STEP * row_stride : src,
+                        valid ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < (ROWS * CHUNKS + THREADS - 1) / THREADS; j++) {
+            const int i = threadIdx.x + j * THREADS, row = i / CHUNKS, chunk = i % CHUNKS;
+            if (ROWS * CHUNKS % THREADS == 0 || i < ROWS * CHUNKS) {
+                const bool valid = row < rows_valid;
+                cp_async_16(tile + Tile::index(row, chunk), valid ? src + (long)row * row_stride + chunk * 8 : src,
+                            valid ? 16 : 0);
+            }
+        }
     }
-}
-
-// Matrix descriptor for a 128-byte-swizzled operand at shared address `addr` (bytes).
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
 
 __device__ __forceinline__ void fence_proxy_async() {
@@ -99,11 +132,26 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[N]) {
 }
 
 #define WGMMA_ACC4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WGMMA_ACC8(d, i) WGMMA_ACC4(d, i), WGMMA_ACC4(d, i + 4)
 #define WGMMA_ACC16(d, i) WGMMA_ACC4(d, i), WGMMA_ACC4(d, i + 4), WGMMA_ACC4(d, i + 8), WGMMA_ACC4(d, i + 12)
+#define WGMMA_ACC24(d) WGMMA_ACC16(d, 0), WGMMA_ACC8(d, 16)
 #define WGMMA_ACC32(d) WGMMA_ACC16(d, 0), WGMMA_ACC16(d, 16)
+#define WGMMA_ACC40(d) WGMMA_ACC32(d), WGMMA_ACC8(d, 32)
+#define WGMMA_ACC48(d) WGMMA_ACC32(d), WGMMA_ACC16(d, 32)
 #define WGMMA_ACC64(d) WGMMA_ACC16(d, 0), WGMMA_ACC16(d, 16), WGMMA_ACC16(d, 32), WGMMA_ACC16(d, 48)
 
 #if WGMMA_AVAILABLE
+// One function per N (the instruction names N and lists N/2 accumulator registers); otherwise alike.
+// d (64×48 fp32, this thread's 24) (+)= A (64×16, shared) · B (16×48, shared)
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_ss_n48(float (&d)[24], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+        : WGMMA_ACC24(d)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+}
 // d (64×64 fp32, this thread's 32) (+)= A (64×16, shared) · B (16×64, shared)
 template <int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -114,17 +162,6 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, ui
         : WGMMA_ACC32(d)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
 }
-// d (64×64 fp32) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this warp's 16 rows) · B (shared)
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t a[4], uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : WGMMA_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
-}
-
 // d (64×128 fp32, this thread's 64) (+)= A (64×16, shared) · B (16×128, shared)
 template <int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -135,7 +172,41 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, u
         : WGMMA_ACC64(d)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
 }
-// d (64×128 fp32) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this warp's 16 rows) · B (shared)
+// d (64×64 fp32, this thread's 32) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this
+// warp's 16 rows) · B (16×64, shared)
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : WGMMA_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+// d (64×80 fp32, this thread's 40) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this
+// warp's 16 rows) · B (16×80, shared)
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs_n80(float (&d)[40], const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+        : WGMMA_ACC40(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+// d (64×96 fp32, this thread's 48) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this
+// warp's 16 rows) · B (16×96, shared)
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs_n96(float (&d)[48], const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+        : WGMMA_ACC48(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+// d (64×128 fp32, this thread's 64) (+)= A (64×16, registers: the mma.m16n8k16 A fragment of this
+// warp's 16 rows) · B (16×128, shared)
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t a[4], uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -145,13 +216,16 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t a[4
         : WGMMA_ACC64(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
 }
+
 #endif  // WGMMA_AVAILABLE
 
-// d (+)= A · B for N = 64 or 128. TRANS = 0: the operand is K-major in shared memory, 1: MN-major.
+// d (+)= A · B for N = 48, 64 or 128 (A from shared memory) and 64, 80, 96 or 128 (A from registers).
+// TRANS = 0: the operand is K-major in shared memory, 1: MN-major.
 template <int N, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
 #if WGMMA_AVAILABLE
-    if constexpr (N == 64) wgmma_ss_n64<TRANS_A, TRANS_B>(d, desc_a, desc_b, accumulate);
+    if constexpr (N == 48) wgmma_ss_n48<TRANS_A, TRANS_B>(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 64) wgmma_ss_n64<TRANS_A, TRANS_B>(d, desc_a, desc_b, accumulate);
     else wgmma_ss_n128<TRANS_A, TRANS_B>(d, desc_a, desc_b, accumulate);
 #else
     __trap();
@@ -161,6 +235,8 @@ template <int N, int TRANS_B>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t desc_b, int accumulate) {
 #if WGMMA_AVAILABLE
     if constexpr (N == 64) wgmma_rs_n64<TRANS_B>(d, a, desc_b, accumulate);
+    else if constexpr (N == 80) wgmma_rs_n80<TRANS_B>(d, a, desc_b, accumulate);
+    else if constexpr (N == 96) wgmma_rs_n96<TRANS_B>(d, a, desc_b, accumulate);
     else wgmma_rs_n128<TRANS_B>(d, a, desc_b, accumulate);
 #else
     __trap();

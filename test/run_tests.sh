@@ -6,7 +6,8 @@
 # `SKIP name: why` (test/test_harness.h, test/harness.py). GPU programs skip
 # their cases themselves when no GPU is found. A program that exits non-zero
 # without a FAIL line (a crash) counts as one failure, and so does one that
-# runs no case at all. Full output of each program: $BUILD/test_logs/.
+# runs no case at all. Full output of each program: $BUILD/test_logs/. The attention test runs a
+# second time with FLASH2_MMA_SYNC=1, so that on Hopper flash2's mma.sync kernels are tested too.
 # Ends with `N passed, N failed, N skipped`; exits 1 when anything failed.
 set -u
 export BUILD=${BUILD:-build}
@@ -23,6 +24,7 @@ tests=(
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
+    "env FLASH2_MMA_SYNC=1 $BUILD/test_gpu_attention flash2"
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"
@@ -31,8 +33,9 @@ tests=(
 mkdir -p "$BUILD/test_logs"
 passed=0; failed=0; skipped=0
 for cmd in "${tests[@]}"; do
-    name=$(basename "${cmd##* }" .py)
-    name=${name%.sh}
+    # log name: the program's (or script's) name and its arguments, e.g. test_gpu_attention_flash2
+    name=$(echo "${cmd#"$PYTHON "}" | sed 's/^env [^ ]* //; s|[^ ]*/||; s/\.py//; s/ /_/g')
+    case "$cmd" in env\ FLASH2_MMA_SYNC=1*) name="${name}_mma_sync" ;; esac
     log="$BUILD/test_logs/$name.log"
     echo "== $cmd"
     $cmd >"$log" 2>&1

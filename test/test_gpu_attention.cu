@@ -61,9 +61,17 @@ static const char* LAYOUT_NAMES[] = {"packed", "plain"};
 // The plain layout is tested for these inputs only.
 static int plain_layout_case(int T, double scale) { return T == 127 && scale == 1.0; }
 
+// FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too (attention/flash2_forward.cu);
+// the case names say so, since run_tests.sh runs flash2 both ways there.
+static const char* backend_label(AttentionBackend backend) {
+    const char* force = getenv("FLASH2_MMA_SYNC");
+    if (backend == ATTN_FLASH2 && force && force[0] && strcmp(force, "0") != 0) return "flash2-mma-sync";
+    return attention_backend_name(backend);
+}
+
 static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, int causal, int T, double scale,
                       Layout layout) {
-    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s", attention_backend_name(backend), HD,
+    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s", backend_label(backend), HD,
              causal ? "causal" : "full", T, scale, LAYOUT_NAMES[layout]);
 }
 
