@@ -43,6 +43,7 @@ struct WgTile {
     static constexpr int ELEMS = ROWS * COLS;
     static constexpr int ROW_BYTES = COLS % 64 == 0 ? 128 : 32;  // one row of a sub-tile
     static constexpr int SUB_COLS = ROW_BYTES / 2, SUB_BYTES = ROWS * ROW_BYTES;
+    static constexpr int ROW_ELEMS = SUB_COLS;  // from one row to the next within a sub-tile
     static constexpr int CHUNKS_PER_ROW = ROW_BYTES / 16;
     static constexpr uint64_t SWIZZLE_MODE = ROW_BYTES == 128 ? 1 : 3;  // descriptor bits 62-63
     // element offset of chunk (8 columns) `chunk` of row `row`
@@ -69,36 +70,11 @@ struct WgTile {
 };
 
 // Copies rows [0, ROWS) of a (rows, COLS) bf16 matrix (rows `row_stride` apart) into a WgTile with
-// cp.async; rows ≥ rows_valid become zeros. When the threads divide the chunks of a row, each thread
-// keeps one chunk column, 8-row multiples apart (the swizzle repeats every 8 rows); otherwise
-// (head dims 80, 96) thread i takes chunks i, i + THREADS, ...
+// cp.async; rows ≥ rows_valid become zeros (flash2_common.cuh's loader, on this tile's layout).
 template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_wg_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
                                                    int rows_valid) {
-    typedef WgTile<ROWS, COLS> Tile;
-    constexpr int CHUNKS = COLS / 8;
-    if constexpr (THREADS % CHUNKS == 0 && (THREADS / CHUNKS) % 8 == 0 && ROWS % (THREADS / CHUNKS) == 0) {
-        constexpr int ROW_STEP = THREADS / CHUNKS;
-        const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
-        __nv_bfloat16* dst = tile + Tile::index(row0, chunk);
-        const __nv_bfloat16* from = src + (long)row0 * row_stride + chunk * 8;
-#pragma unroll
-        for (int j = 0; j < ROWS / ROW_STEP; j++) {
-            const bool valid = row0 + j * ROW_STEP < rows_valid;
-            cp_async_16(dst + j * ROW_STEP * Tile::SUB_COLS, valid ? from + (long)j * ROW_STEP * row_stride : src,
-                        valid ? 16 : 0);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < (ROWS * CHUNKS + THREADS - 1) / THREADS; j++) {
-            const int i = threadIdx.x + j * THREADS, row = i / CHUNKS, chunk = i % CHUNKS;
-            if (ROWS * CHUNKS % THREADS == 0 || i < ROWS * CHUNKS) {
-                const bool valid = row < rows_valid;
-                cp_async_16(tile + Tile::index(row, chunk), valid ? src + (long)row * row_stride + chunk * 8 : src,
-                            valid ? 16 : 0);
-            }
-        }
-    }
+    load_tile_async_into<WgTile<ROWS, COLS>, ROWS, COLS, THREADS>(tile, src, row_stride, rows_valid);
 }
 
 __device__ __forceinline__ void fence_proxy_async() {
