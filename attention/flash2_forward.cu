@@ -13,7 +13,21 @@
 // (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
 // Hopper (compute capability 9.x) uses the wgmma kernels (flash2_forward_hopper.cuh,
 // flash2_backward_hopper.cuh) for every head dim; other GPUs, or FLASH2_MMA_SYNC=1 in the
-// environment (to test or time them on Hopper), use the mma.sync kernels.
+// environment (to test or time them on Hopper), use the mma.sync kernels. So does a Hopper GPU
+// whose code in this binary was built without sm_90a (e.g. GPU_ARCH="80 90"): wgmma exists only
+// there, and the Hopper kernels would trap. A one-thread probe kernel tells which code runs here.
+__global__ void flash2_wgmma_probe(int* built) { *built = WGMMA_AVAILABLE; }
+
+static int wgmma_built_for_this_gpu(void) {
+    int *built_dev, built = 0;
+    CUDA_CHECK(cudaMalloc(&built_dev, sizeof(int)));
+    flash2_wgmma_probe<<<1, 1>>>(built_dev);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(&built, built_dev, sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(built_dev));
+    return built;
+}
+
 int flash2_use_wgmma(int head_dim) {
     static int use = -1;  // one device per process (the trainer runs one process per GPU)
     if (use < 0) {
@@ -22,6 +36,12 @@ int flash2_use_wgmma(int head_dim) {
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         const char* force = getenv("FLASH2_MMA_SYNC");
         use = major == 9 && !(force && strcmp(force, "0") != 0 && force[0] != '\0');
+        if (use && !wgmma_built_for_this_gpu()) {
+            fprintf(stderr, "flash2: this binary has no sm_90a code, so flash2 runs its mma.sync kernels on this "
+                            "Hopper GPU; rebuild with GPU_ARCH including 90a (make GPU_ARCH=\"80 90a\") for the "
+                            "faster wgmma kernels\n");
+            use = 0;
+        }
     }
     return use && flash2_supports_head_dim(head_dim);
 }
