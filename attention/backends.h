@@ -21,8 +21,12 @@ size_t flash1_attention_workspace_bytes(const AttentionShape* shape);
 void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream);
 void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream);
 
-// flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2 on mma.sync tensor cores.
+// flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2, on wgmma (Hopper kernels) when
+// flash2_use_wgmma(), else on mma.sync tensor cores; FLASH2_MMA_SYNC=1 in the environment
+// (flash2_mma_sync_forced()) keeps Hopper on mma.sync, to test or time those kernels there.
 int flash2_supports_head_dim(int head_dim);
+int flash2_mma_sync_forced(void);
+int flash2_use_wgmma(void);
 size_t flash2_attention_workspace_bytes(const AttentionShape* shape);
 void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream);
 void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream);

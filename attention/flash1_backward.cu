@@ -369,14 +369,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
 template <int HD, int BLOCK_M, int NWARPS, bool CAUSAL>
 static void launch_flash1_backward(const Flash1BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash1BackwardConfig<HD, BLOCK_M, NWARPS> C;
-    void (*kernel)(Flash1BackwardParams) = flash1_backward_kernel<HD, BLOCK_M, NWARPS, CAUSAL>;
-    static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
-    if (!smem_limit_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
-        smem_limit_set = 1;
-    }
-    kernel<<<B * p->NH, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
-    CUDA_CHECK(cudaGetLastError());
+    launch_with_smem<Flash1BackwardParams, flash1_backward_kernel<HD, BLOCK_M, NWARPS, CAUSAL>>(
+        B * p->NH, C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 
 // ---- block shapes per head dim ------------------------------------------------------------------

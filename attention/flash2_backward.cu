@@ -1,5 +1,6 @@
-// flash2_backward.cu: picks the flash2 backward kernel's block shapes per head dim and launches it
-// (the kernels and what they compute: flash2_backward_kernel.cuh).
+// flash2_backward.cu: picks the flash2 backward kernel (Hopper's wgmma or mma.sync) and its block
+// shapes per head dim and launches it (the kernels and what they compute: flash2_backward_hopper.cuh,
+// flash2_backward_kernel.cuh).
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -8,14 +9,13 @@
 #include "flash2_backward_kernel.cuh"
 
 void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
-int flash2_use_wgmma(int head_dim);                                          // flash2_forward.cu
 
 // ---- block shapes per head dim ----------------------------------------------------------------
 // (query rows per step, warps (16 keys each), blocks per SM), measured with build/flash2_tune
 // (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
 template <bool CAUSAL>
 static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (flash2_use_wgmma(HD)) {  // Hopper: flash2_backward_hopper.cuh
+    if (flash2_use_wgmma()) {  // Hopper: flash2_backward_hopper.cuh
         switch (HD) {
             case 64: launch_backward_hopper<64, 128, true, CAUSAL>(p, B, stream); break;
             case 80: launch_backward_hopper<80, 64, true, CAUSAL>(p, B, stream); break;

@@ -277,15 +277,8 @@ static inline void launch_backward_hopper(const Flash2BackwardParams* p, int B, 
     typedef Flash2BackwardHopperConfig<HD, BLOCK_M, DEFER_DQ> C;
     launch_backward_preprocess<HD>(p, B, stream);
 
-    void (*kernel)(Flash2BackwardParams) = flash2_backward_hopper_kernel<HD, BLOCK_M, DEFER_DQ, CAUSAL>;
-    static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
-    if (!smem_limit_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
-        smem_limit_set = 1;
-    }
-    dim3 grid((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH);
-    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
-    CUDA_CHECK(cudaGetLastError());
+    launch_with_smem<Flash2BackwardParams, flash2_backward_hopper_kernel<HD, BLOCK_M, DEFER_DQ, CAUSAL>>(
+        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
 
     launch_backward_convert_dq<HD>(p, B, stream);
 }

@@ -35,9 +35,13 @@ typedef struct {
 } Flash2BackwardParams;
 
 // ---- 1. D = rowsum(dO ∘ O), LSE·log2 e, dq_accum = 0: GROUP lanes per row (b, t, h), 8 values each
+// Lanes per row: a power of two ≥ the row's HD / 8 chunks.
+template <int HD>
+__host__ __device__ constexpr int preprocess_lanes_per_row() { return HD / 8 <= 8 ? 8 : 16; }
+
 template <int HD>
 __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int rows) {
-    constexpr int CHUNKS = HD / 8, GROUP = CHUNKS <= 8 ? 8 : 16;  // a power of two ≥ CHUNKS
+    constexpr int CHUNKS = HD / 8, GROUP = preprocess_lanes_per_row<HD>();
     const int lane = threadIdx.x % 32, chunk = lane % GROUP;
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
     const bool valid = row < rows;  // no early return: every lane takes part in the shuffles
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 // ---- launch -------------------------------------------------------------------------------------
 template <int HD>
 static inline void launch_backward_preprocess(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
-    const int rows = B * p->T * p->NH, rows_per_block = 256 / (HD / 8 <= 8 ? 8 : 16);
+    const int rows = B * p->T * p->NH, rows_per_block = 256 / preprocess_lanes_per_row<HD>();
     flash2_backward_preprocess_kernel<HD><<<(rows + rows_per_block - 1) / rows_per_block, 256, 0, stream>>>(*p, rows);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -361,15 +365,8 @@ static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStr
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
     launch_backward_preprocess<HD>(p, B, stream);
 
-    void (*kernel)(Flash2BackwardParams) = flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>;
-    static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
-    if (!smem_limit_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
-        smem_limit_set = 1;
-    }
-    dim3 grid((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH);
-    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
-    CUDA_CHECK(cudaGetLastError());
+    launch_with_smem<Flash2BackwardParams, flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>>(
+        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
 
     launch_backward_convert_dq<HD>(p, B, stream);
 }

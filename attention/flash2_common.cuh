@@ -1,6 +1,6 @@
-// flash2_common.cuh: the building blocks the flash2 forward and backward kernels share:
-// tensor-core MMA (mma.sync m16n8k16, bf16 in, fp32 accumulate), ldmatrix, cp.async copies
-// with zero fill, the bank-conflict-free shared-memory tile layout, and fast exp2.
+// flash2_common.cuh: the building blocks the flash1 and flash2 kernels share: tensor-core MMA
+// (mma.sync m16n8k16, bf16 in, fp32 accumulate), ldmatrix, cp.async copies with zero fill, the
+// bank-conflict-free shared-memory tile layout, fast exp2, and their launch.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4), from the PTX ISA:
 //   A (16×16, row-major)  a0: (g, 2t..2t+1)  a1: (g+8, 2t..)  a2: (g, 2t+8..)  a3: (g+8, 2t+8..)
@@ -14,8 +14,23 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "../layers/cuda_common.h"
+
 #define FLASH2_LOG2E 1.4426950408889634f
 #define FLASH2_LN2 0.6931471805599453f
+
+// Launches KERNEL with smem_bytes of dynamic shared memory (more than the default 48 KB needs the
+// kernel's limit raised, done on its first launch only: launches sit on the training hot path).
+template <typename Params, void (*KERNEL)(Params)>
+static inline void launch_with_smem(dim3 grid, int threads, size_t smem_bytes, cudaStream_t stream, const Params& p) {
+    static int limit_set = 0;  // one per kernel (per template instance)
+    if (!limit_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+        limit_set = 1;
+    }
+    KERNEL<<<grid, threads, smem_bytes, stream>>>(p);
+    CUDA_CHECK(cudaGetLastError());
+}
 
 // ---- shared-memory tiles ------------------------------------------------------------------------
 // A tile is ROWS rows of COLS bf16, moved in 16-byte chunks (8 values). When a row is a multiple of

@@ -1,5 +1,6 @@
-// flash2_forward.cu: picks the flash2 forward kernel's block shapes per head dim and launches it
-// (the kernels and what they compute: flash2_forward_kernel.cuh).
+// flash2_forward.cu: picks the flash2 forward kernel (Hopper's wgmma or mma.sync) and its block
+// shapes per head dim and launches it (the kernels and what they compute: flash2_forward_hopper.cuh,
+// flash2_forward_kernel.cuh).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +29,18 @@ static int wgmma_built_for_this_gpu(void) {
     return built;
 }
 
-int flash2_use_wgmma(int head_dim) {
+int flash2_mma_sync_forced(void) {
+    const char* force = getenv("FLASH2_MMA_SYNC");
+    return force && force[0] != '\0' && strcmp(force, "0") != 0;
+}
+
+int flash2_use_wgmma(void) {
     static int use = -1;  // one device per process (the trainer runs one process per GPU)
     if (use < 0) {
         int device = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        const char* force = getenv("FLASH2_MMA_SYNC");
-        use = major == 9 && !(force && strcmp(force, "0") != 0 && force[0] != '\0');
+        use = major == 9 && !flash2_mma_sync_forced();
         if (use && !wgmma_built_for_this_gpu()) {
             fprintf(stderr, "flash2: this binary has no sm_90a code, so flash2 runs its mma.sync kernels on this "
                             "Hopper GPU; rebuild with GPU_ARCH including 90a (make GPU_ARCH=\"80 90a\") for the "
@@ -43,12 +48,12 @@ int flash2_use_wgmma(int head_dim) {
             use = 0;
         }
     }
-    return use && flash2_supports_head_dim(head_dim);
+    return use;
 }
 
 template <bool CAUSAL>
 static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (flash2_use_wgmma(HD)) {
+    if (flash2_use_wgmma()) {
         // (key block, blocks per SM): two blocks per SM won, or tied within 1%, at every point of the
         // tuner's grid; head dims 80 and 96 fit two blocks only with 64-key blocks
         switch (HD) {

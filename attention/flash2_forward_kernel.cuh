@@ -265,15 +265,8 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 static inline void launch_forward(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardConfig<HD, BLOCK_M, BLOCK_N, NWARPS> C;
-    void (*kernel)(Flash2ForwardParams) = flash2_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, MIN_BLOCKS, CAUSAL>;
-    static int smem_limit_set = 0;  // once per kernel: launches sit on the training hot path
-    if (!smem_limit_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM_BYTES));
-        smem_limit_set = 1;
-    }
-    dim3 grid((p->T + BLOCK_M - 1) / BLOCK_M, B * p->NH);
-    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(*p);
-    CUDA_CHECK(cudaGetLastError());
+    launch_with_smem<Flash2ForwardParams, flash2_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, MIN_BLOCKS, CAUSAL>>(
+        dim3((p->T + BLOCK_M - 1) / BLOCK_M, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 
 #endif  // FLASH2_FORWARD_KERNEL_CUH

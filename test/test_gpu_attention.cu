@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "../attention/attention.h"
+#include "../attention/backends.h"
 #include "../layers/cuda_common.h"
 #include "cpu_reference.h"
 #include "gpu_test_util.h"
@@ -64,8 +65,7 @@ static int plain_layout_case(int T, double scale) { return T == 127 && scale == 
 // FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too (attention/flash2_forward.cu);
 // the case names say so, since run_tests.sh runs flash2 both ways there.
 static const char* backend_label(AttentionBackend backend) {
-    const char* force = getenv("FLASH2_MMA_SYNC");
-    if (backend == ATTN_FLASH2 && force && force[0] && strcmp(force, "0") != 0) return "flash2-mma-sync";
+    if (backend == ATTN_FLASH2 && flash2_mma_sync_forced()) return "flash2-mma-sync";
     return attention_backend_name(backend);
 }
 
