@@ -46,6 +46,9 @@ typedef struct {
     // (the naive backend keeps P there), `workspace` is scratch for the duration of one call.
     void* saved;
     void* workspace;
+    // backward: 1 adds the contributions to dq in a fixed order, so that reruns are bit-identical
+    // (flash2 on Hopper; naive and flash1 are deterministic anyway, flash2 on mma.sync is not).
+    int deterministic;
 } AttentionArgs;
 
 typedef struct {

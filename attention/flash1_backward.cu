@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
 template <int HD, int BLOCK_M, int NWARPS, bool CAUSAL>
 static void launch_flash1_backward(const Flash1BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash1BackwardConfig<HD, BLOCK_M, NWARPS> C;
-    launch_with_smem<Flash1BackwardParams, flash1_backward_kernel<HD, BLOCK_M, NWARPS, CAUSAL>>(
+    launch_with_smem<flash1_backward_kernel<HD, BLOCK_M, NWARPS, CAUSAL>>(
         B * p->NH, C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 

@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS, bool CAUSAL>
 static void launch_flash1_forward(const Flash1ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash1ForwardConfig<HD, BLOCK_M, BLOCK_N, NWARPS> C;
-    launch_with_smem<Flash1ForwardParams, flash1_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, CAUSAL>>(
+    launch_with_smem<flash1_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, CAUSAL>>(
         B * p->NH, C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 

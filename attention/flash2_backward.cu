@@ -1,26 +1,35 @@
-// flash2_backward.cu: picks the flash2 backward kernel (Hopper's wgmma or mma.sync) and its block
-// shapes per head dim and launches it (the kernels and what they compute: flash2_backward_hopper.cuh,
-// flash2_backward_kernel.cuh).
+// flash2_backward.cu: picks the flash2 backward kernel and its tiles per head dim and launches it: on
+// Hopper the warp-specialized TMA kernel of flash2_backward_hopper.cuh (tiles and variant from
+// flash2_tiles.h; deterministic when AttentionArgs.deterministic), elsewhere the mma.sync kernel of
+// flash2_backward_kernel.cuh.
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "backends.h"
-#include "flash2_backward_hopper.cuh"
 #include "flash2_backward_kernel.cuh"
+#include "flash2_backward_hopper.cuh"
+#include "flash2_tiles.h"
 
 void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
 
-// ---- block shapes per head dim ----------------------------------------------------------------
-// (query rows per step, warps (16 keys each), blocks per SM), measured with build/flash2_tune
-// (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
+template <int HD, bool CAUSAL>
+static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
+                                         cudaStream_t stream) {
+    typedef Flash2BackwardTiles<HD, CAUSAL> Tiles;
+    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::VARIANT>(p, B, stream);
+    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::VARIANT>(p, B, stream);
+}
+
+// mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with
+// build/flash2_tune (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
 template <bool CAUSAL>
-static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (flash2_use_wgmma()) {  // Hopper: flash2_backward_hopper.cuh
+static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int deterministic, cudaStream_t stream) {
+    if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
         switch (HD) {
-            case 64: launch_backward_hopper<64, 128, true, CAUSAL>(p, B, stream); break;
-            case 80: launch_backward_hopper<80, 64, true, CAUSAL>(p, B, stream); break;
-            case 96: launch_backward_hopper<96, 64, true, CAUSAL>(p, B, stream); break;
-            case 128: launch_backward_hopper<128, 64, true, CAUSAL>(p, B, stream); break;
+            case 64: launch_backward_hopper_tiles<64, CAUSAL>(p, B, deterministic, stream); break;
+            case 80: launch_backward_hopper_tiles<80, CAUSAL>(p, B, deterministic, stream); break;
+            case 96: launch_backward_hopper_tiles<96, CAUSAL>(p, B, deterministic, stream); break;
+            case 128: launch_backward_hopper_tiles<128, CAUSAL>(p, B, deterministic, stream); break;
         }
         return;
     }
@@ -32,9 +41,25 @@ static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, cuda
     }
 }
 
+template <int HD>
+static size_t hopper_workspace_bytes(const AttentionShape* s) {
+    return flash2_backward_ws_workspace_bytes_for<HD, Flash2BackwardTiles<HD, true>::BLOCK_M>(s->B, s->NH, s->T);
+}
+
+// The larger of the two kernels' layouts, so that the same workspace serves either (and the
+// caller need not know which runs): mma.sync's dq_accum (B, NH, T, HD), D and LSE·log2 e; the
+// Hopper kernel's (flash2_backward_hopper.cuh).
 size_t flash2_attention_workspace_bytes(const AttentionShape* s) {
     const size_t rows = (size_t)s->B * s->NH * s->T;
-    return rows * s->HD * sizeof(float) + 2 * rows * sizeof(float);  // dq_accum, D, LSE·log2 e
+    const size_t mma_sync = rows * s->HD * sizeof(float) + 2 * rows * sizeof(float);
+    size_t hopper = 0;
+    switch (s->HD) {
+        case 64: hopper = hopper_workspace_bytes<64>(s); break;
+        case 80: hopper = hopper_workspace_bytes<80>(s); break;
+        case 96: hopper = hopper_workspace_bytes<96>(s); break;
+        case 128: hopper = hopper_workspace_bytes<128>(s); break;
+    }
+    return mma_sync > hopper ? mma_sync : hopper;
 }
 
 void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
@@ -67,8 +92,9 @@ void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.dqkv_stride = args->dqkv_stride;
     p.T = s->T;
     p.NH = s->NH;
+    p.lse_rows = s->T;
     p.scale = 1.f / sqrtf((float)s->HD);
     p.scale_log2 = p.scale * FLASH2_LOG2E;
-    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, stream);
-    else dispatch_backward<false>(&p, s->B, s->HD, stream);
+    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, stream);
+    else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, stream);
 }

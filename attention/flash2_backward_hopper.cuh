@@ -1,286 +1,488 @@
-// flash2_backward_hopper.cuh: the flash2 backward (Algorithm 2 of the paper) on Hopper's warpgroup
-// tensor-core product (wgmma, sm_90a), head dims 64, 80, 96 and 128. Same algorithm, inputs, outputs and
-// workspace as flash2_backward_kernel.cuh (whose preprocess and dq-convert kernels it shares); only
-// the main kernel differs:
+// flash2_backward_hopper.cuh: the flash2 backward (Algorithm 2 of the paper) on Hopper, warp-specialized
+// (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_backward_kernel.cuh (q, k, v,
+// out, dout, lse in; dq, dk, dv out, overwritten); the workspace is laid out here (below).
 //
-// One thread block per (key block of 128 keys, b·NH + h), two warpgroups of 4 warps, each owning
-// 64 keys for the whole loop over query blocks of BLOCK_M rows (double-buffered with cp.async):
-//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ         wgmma, both operands from shared memory (64 keys × BLOCK_M)
-//   Pᵀ = exp2(Sᵀ·scale_log2 − LSE·log2 e), dSᵀ = Pᵀ ∘ (dPᵀ − D)     in registers
-//   dV += Pᵀ dO, dK += dSᵀ Q        wgmma, A = Pᵀ / dSᵀ from registers, B = dO / Q (MN-major)
-//   dSᵀ → shared memory; dQ_block = dS K (BLOCK_M × HD) as one product per warpgroup (split by
-//   queries at BLOCK_M 128, else by columns), added into dq_accum with fp32 vector atomics.
-// With DEFER_DQ the dQ product of step m is issued at the start of step m+1, after that step's
-// only barrier, together with Sᵀ and dPᵀ (dSᵀ is then double-buffered); without it, step m has a
-// second barrier before its own dQ product.
+// One thread block per (key block of 128 keys, b·NH + h), three warpgroups:
+//   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
+//                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
+//                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
+//                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
+//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
+//   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
+//                Sᵀ = K Qᵀ, dPᵀ = V dOᵀ            wgmma, both operands from shared memory
+//                dQ(m−1) = dS(m−1) K               issued behind them, from the dSᵀ tile of the
+//                                                  previous step (both warpgroups' keys)
+//                Pᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D)          attention_math.cuh, while dQ(m−1) runs
+//                dSᵀ → shared memory; dV += Pᵀ dO, dK += dSᵀ Q (wgmma, A from registers)
+//                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
+// Deterministic mode: the reducing thread of key block n adds to query block m only after key
+// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order.
 //
-// Why Hopper's instruction: with mma.sync every warp reads its B operands from shared memory
-// through ldmatrix into registers, and in this backward that traffic is as busy as the tensor
-// cores (attention/PERF_NOTES.md); wgmma reads B (and A) from shared memory itself.
+// Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
+//   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
+//            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction);
+//            the convert kernel turns it into bf16 dq (B, T, NH, HD).
+//   D, LSE·log2 e (B·NH, T_pad) fp32 each, zero past T; counters (B·NH, m_blocks) int.
 #ifndef FLASH2_BACKWARD_HOPPER_CUH
 #define FLASH2_BACKWARD_HOPPER_CUH
 
 #include <type_traits>
 
+#include "attention_math.cuh"
 #include "flash2_backward_kernel.cuh"
+#include "tensor_map.h"
 #include "wgmma.cuh"
 
-template <int HD, int BLOCK_M, bool DEFER_DQ>
-struct Flash2BackwardHopperConfig {
-    static constexpr int WARPGROUPS = 2, THREADS = 128 * WARPGROUPS;
-    static constexpr int BLOCK_N = 64 * WARPGROUPS;  // keys per block, 64 per warpgroup
+typedef struct {
+    CUtensorMap q, k, v, dout;  // boxes: BLOCK_M, 128, 128 and BLOCK_M rows (tensor_map.h)
+} Flash2BackwardMaps;
+
+typedef struct {
+    __nv_bfloat16 *dk, *dv;  // rows (b, t, h) at dqkv_stride
+    float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS)
+    const float* d_rows;     // (B·NH, T_pad)
+    const float* lse_log2;   // (B·NH, T_pad)
+    int* dq_counters;        // (B·NH, m_blocks), zero at launch
+    long dqkv_stride;
+    int T, T_pad, NH, m_blocks;
+    float scale, scale_log2;
+} Flash2BackwardWsParams;
+
+// Variants the tuner compares (bits of VARIANT; 0 = the plainest):
+enum {
+    FLASH2_BWD_DK_FROM_SMEM = 1,  // dK += dSᵀ Q reads dSᵀ from shared memory instead of registers
+    FLASH2_BWD_JOINT_WAIT = 2,    // Pᵀ waits for dPᵀ too, instead of running while dPᵀ is computed
+    FLASH2_BWD_ONE_DQ_BUFFER = 4  // one dQ staging buffer even where two fit
+};
+
+template <int HD, int BLOCK_M_, int VARIANT = 0>
+struct Flash2BackwardWsConfig {
+    static constexpr int BLOCK_M = BLOCK_M_, BLOCK_N = 128, THREADS = 384, STAGES = 2;
     typedef WgTile<BLOCK_N, HD> KvTile;
     typedef WgTile<BLOCK_M, HD> QoTile;
     typedef WgTile<BLOCK_N, BLOCK_M> DsTile;  // dSᵀ (keys × queries)
-    static constexpr int DS_BUFFERS = DEFER_DQ ? 2 : 1;
-    static constexpr size_t SMEM_BYTES =
-        1024 /* alignment slack */ +
-        (size_t)(2 * KvTile::ELEMS + 4 * QoTile::ELEMS + DS_BUFFERS * DsTile::ELEMS) * sizeof(__nv_bfloat16) +
-        4 * BLOCK_M * sizeof(float);
-    // dQ_block = dS K is BLOCK_M × HD, one 64 × DQ_N product per warpgroup: at BLOCK_M 128
-    // (head dim 64) warpgroup w takes queries 64w..64w+63, all columns; at BLOCK_M 64 it takes
-    // columns DQ_COL0·w.. : 64 + 64 at head dim 128; 48 + 48 at 96; at 80, columns 0-47 and 32-79
-    // (a product's columns must be whole 16-column sub-tiles), of which the second adds 48-79 only.
-    static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "wgmma backward: BLOCK_M 128 at head dim 64, else 64");
-    static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "wgmma backward: head dims 64, 80, 96, 128");
-    static constexpr int DQ_M_SPLIT = BLOCK_M == 128;
+    // Registers: the launch gives every thread 168 (65536 / 384, rounded down to 8); setmaxnreg moves
+    // them from the producer warpgroup to the consumers, within that pool.
+    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    // dQ (BLOCK_M × HD) = dS K as one 64 × DQ_N product per warpgroup: at BLOCK_M 128 (head dim 64)
+    // warpgroup w takes queries 64w.., all columns; at BLOCK_M 64 it takes columns DQ_COL0·w..:
+    // 64 + 64 at head dim 128, 48 + 48 at 96, and at 80 columns 0-47 and 32-79 (a product spans whole
+    // 16-column sub-tiles), where the convert kernel reads 32-47 from warpgroup 0.
+    static constexpr bool DQ_M_SPLIT = BLOCK_M == 128;
     static constexpr int DQ_N = DQ_M_SPLIT ? HD : HD == 128 ? 64 : 48;
-    static constexpr int DQ_COL0 = DQ_M_SPLIT ? 0 : HD - DQ_N;  // first column of warpgroup 1's product
-    static constexpr int DQ_SKIP = DQ_M_SPLIT ? 0 : 2 * DQ_N - HD;  // its leading columns warpgroup 0 adds
+    static constexpr int DQ_COL0 = DQ_M_SPLIT ? 0 : HD - DQ_N;  // warpgroup 1's first column
+    static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
+    static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
+    static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
+    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 * 2 + 4;
+    static constexpr size_t SMEM_BEFORE_DQ = 1024 /* alignment slack */ + 2 * KV_BYTES +
+                                             STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + 8 * BARRIERS;
+    // Two dQ staging buffers (the compute warps fill one while the other is being added) where
+    // shared memory allows; head dim 64's larger query blocks leave room for one.
+    static constexpr int DQ_BUFFERS =
+        !(VARIANT & FLASH2_BWD_ONE_DQ_BUFFER) && SMEM_BEFORE_DQ + 2 * DQ_BYTES <= 227 * 1024 ? 2 : 1;
+    static constexpr size_t SMEM_BYTES = SMEM_BEFORE_DQ + DQ_BUFFERS * DQ_BYTES;
+    static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "BLOCK_M 128 at head dim 64, else 64");
+    static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "head dims 64, 80, 96, 128");
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= (65536 / THREADS / 8 * 8) * THREADS, "register pool");
 };
 
-template <int HD, int BLOCK_M, bool DEFER_DQ, bool CAUSAL>
-__global__ void __launch_bounds__(256, 1) flash2_backward_hopper_kernel(Flash2BackwardParams p) {
+template <typename C>
+struct Flash2BackwardSmem {
+    __nv_bfloat16 *k, *v, *q, *dout, *ds;  // K, V; STAGES × Q, dO; 2 × dSᵀ
+    float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_BUFFERS × DQ_SLOTS
+    uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty, *ds_ready, *ds_free;
+};
+
+template <typename C>
+__device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
+    uint8_t* base = raw + (((smem_address(raw) + 1023) & ~1023u) - smem_address(raw));
+    Flash2BackwardSmem<C> sm;
+    sm.k = (__nv_bfloat16*)base;
+    sm.v = (__nv_bfloat16*)(base + C::KV_BYTES);
+    sm.q = (__nv_bfloat16*)(base + 2 * C::KV_BYTES);
+    sm.dout = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + C::STAGES * C::QO_BYTES);
+    sm.ds = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES);
+    sm.dq = (float*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES + 2 * C::DS_BYTES);
+    sm.lse = sm.dq + C::DQ_BUFFERS * C::DQ_SLOTS;
+    sm.d = sm.lse + C::STAGES * C::BLOCK_M;
+    sm.kv_full = (uint64_t*)(sm.d + C::STAGES * C::BLOCK_M);
+    sm.q_full = sm.kv_full + 1;
+    sm.q_empty = sm.q_full + C::STAGES;
+    sm.do_full = sm.q_empty + C::STAGES;
+    sm.do_empty = sm.do_full + C::STAGES;
+    sm.dq_full = sm.do_empty + C::STAGES;
+    sm.dq_empty = sm.dq_full + 2;
+    sm.ds_ready = sm.dq_empty + 2;
+    sm.ds_free = sm.ds_ready + 2;
+    return sm;
+}
+
+// Index in a query block's DQ_SLOTS of dQ element (row, col) of that block (convert kernel).
+template <typename C>
+__host__ __device__ __forceinline__ int dq_slot(int row, int col) {
+    int wg;
+    if (C::DQ_M_SPLIT) {
+        wg = row / 64;
+        row %= 64;
+    } else {
+        wg = col >= C::DQ_N;
+        if (wg) col -= C::DQ_COL0;
+    }
+    const int tid = (row / 16) * 32 + (row % 8) * 4 + (col % 8) / 2;
+    const int e = (col & 1) + ((row % 16) >= 8 ? 2 : 0);
+    return ((wg * (C::DQ_N / 8) + col / 8) * 128 + tid) * 4 + e;
+}
+
 #if WGMMA_AVAILABLE
-    typedef Flash2BackwardHopperConfig<HD, BLOCK_M, DEFER_DQ> C;
+// One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring.
+template <typename C, int HD>
+__device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps, const Flash2BackwardWsParams& p,
+                                                 const Flash2BackwardSmem<C>& sm, int n0, int b, int h, int m_begin) {
+    constexpr int BLOCK_M = C::BLOCK_M;
+    const long stat_head = ((long)b * p.NH + h) * p.T_pad;
+    mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
+    tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, h, n0, b);
+    tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, h, n0, b);
+    for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
+        const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
+        mbar_wait(&sm.q_empty[stage], phase ^ 1);
+        mbar_arrive_expect_tx(&sm.q_full[stage], C::QO_BYTES + C::STAT_BYTES);
+        tma_load_tile<typename C::QoTile, HD>(sm.q + stage * C::QoTile::ELEMS, &maps.q, &sm.q_full[stage], h, m0, b);
+        bulk_load(sm.lse + stage * BLOCK_M, p.lse_log2 + stat_head + m0, C::STAT_BYTES, &sm.q_full[stage]);
+        mbar_wait(&sm.do_empty[stage], phase ^ 1);
+        mbar_arrive_expect_tx(&sm.do_full[stage], C::QO_BYTES + C::STAT_BYTES);
+        tma_load_tile<typename C::QoTile, HD>(sm.dout + stage * C::QoTile::ELEMS, &maps.dout, &sm.do_full[stage], h,
+                                              m0, b);
+        bulk_load(sm.d + stage * BLOCK_M, p.d_rows + stat_head + m0, C::STAT_BYTES, &sm.do_full[stage]);
+    }
+}
+
+// One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
+template <typename C, bool DETERMINISTIC>
+__device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
+                                                   int n_block, int bh, int m_begin) {
+    for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
+        const int buf = j % C::DQ_BUFFERS, use = j / C::DQ_BUFFERS;
+        const float* tile = sm.dq + buf * C::DQ_SLOTS;
+        mbar_wait(&sm.dq_full[buf], use & 1);
+        float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
+        int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
+        if (DETERMINISTIC) {
+            while (load_acquire(counter) != n_block) {
+            }
+            fence_proxy_async_global();
+        }
+        bulk_reduce_add_f32(dst, tile, C::DQ_BYTES);
+        bulk_commit();
+        if (DETERMINISTIC) {
+            bulk_wait_all();
+            fence_proxy_async_global();
+            add_release(counter, 1);
+        } else {
+            bulk_wait_read();
+        }
+        mbar_arrive(&sm.dq_empty[buf]);
+    }
+}
+
+// dK·scale and dV from the accumulators: rows key and key + 8 of this thread.
+template <int HD>
+__device__ __forceinline__ void backward_store_dkdv(const Flash2BackwardWsParams& p, const float (&acc_dk)[HD / 2],
+                                                    const float (&acc_dv)[HD / 2], int key, int b, int h) {
+    const int t4 = threadIdx.x % 4;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        if (key + 8 * half >= p.T) continue;
+        const long offset = ((long)b * p.T + key + 8 * half) * p.dqkv_stride + (long)h * HD + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            *(uint32_t*)(p.dk + offset + nt * 8) =
+                pack_bf16(acc_dk[4 * nt + 2 * half] * p.scale, acc_dk[4 * nt + 2 * half + 1] * p.scale);
+            *(uint32_t*)(p.dv + offset + nt * 8) = pack_bf16(acc_dv[4 * nt + 2 * half], acc_dv[4 * nt + 2 * half + 1]);
+        }
+    }
+}
+
+// This thread's dSᵀ A fragments (keys × 16 queries per k-step) into the dSᵀ tile. The fragment
+// a[0..3] holds (row, 2t), (row + 8, 2t), (row, 2t + 8), (row + 8, 2t + 8) of queries 16·kq...
+template <typename DsTile, int KSTEPS>
+__device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t (&dsa)[KSTEPS][4], int ds_row) {
+    const int t4 = threadIdx.x % 4;
+#pragma unroll
+    for (int kq = 0; kq < KSTEPS; kq++) {
+        *(uint32_t*)(ds_tile + DsTile::index(ds_row, 2 * kq) + 2 * t4) = dsa[kq][0];
+        *(uint32_t*)(ds_tile + DsTile::index(ds_row + 8, 2 * kq) + 2 * t4) = dsa[kq][1];
+        *(uint32_t*)(ds_tile + DsTile::index(ds_row, 2 * kq + 1) + 2 * t4) = dsa[kq][2];
+        *(uint32_t*)(ds_tile + DsTile::index(ds_row + 8, 2 * kq + 1) + 2 * t4) = dsa[kq][3];
+    }
+}
+
+// Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin.
+template <typename C, int HD, bool CAUSAL, int VARIANT>
+__device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
+                                                 int cw, int n0, int b, int h, int m_begin) {
     typedef typename C::KvTile KvTile;
     typedef typename C::QoTile QoTile;
     typedef typename C::DsTile DsTile;
-    constexpr int BLOCK_N = C::BLOCK_N;
-    extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
-    // wgmma's swizzle needs 1024-byte aligned tiles; the dynamic base is not promised to be.
-    const uint32_t raw_addr = smem_address(smem_raw);
-    __nv_bfloat16* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr) / 2;
-    __nv_bfloat16* k_tile = smem;                         // (BLOCK_N, HD)
-    __nv_bfloat16* v_tile = k_tile + KvTile::ELEMS;       // (BLOCK_N, HD)
-    __nv_bfloat16* q_tiles = v_tile + KvTile::ELEMS;      // 2 × (BLOCK_M, HD)
-    __nv_bfloat16* do_tiles = q_tiles + 2 * QoTile::ELEMS; // 2 × (BLOCK_M, HD)
-    __nv_bfloat16* ds_tiles = do_tiles + 2 * QoTile::ELEMS; // DS_BUFFERS × (BLOCK_N, BLOCK_M): dSᵀ
-    float* lse_tiles = (float*)(ds_tiles + C::DS_BUFFERS * DsTile::ELEMS);  // 2 × BLOCK_M, log2 units
-    float* d_tiles = lse_tiles + 2 * BLOCK_M;                                // 2 × BLOCK_M
+    constexpr int BLOCK_M = C::BLOCK_M, DQ_N = C::DQ_N, KSTEPS = BLOCK_M / 16;
+    const int tid = threadIdx.x % 128, t4 = tid % 4, lane = tid % 32;
+    const int ds_row = cw * 64 + (tid / 32) * 16 + lane / 4, key = n0 + ds_row;  // rows key, key + 8
+    const uint32_t wg_rows = KvTile::row_offset(cw * 64);
+    const uint32_t k_addr = smem_address(sm.k), v_addr = smem_address(sm.v);
+    const uint32_t q_addr0 = smem_address(sm.q), do_addr0 = smem_address(sm.dout), ds_addr0 = smem_address(sm.ds);
+    const int dq_row0 = C::DQ_M_SPLIT ? cw * 64 : 0, dq_col0 = cw * C::DQ_COL0;
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wg = warp / 4, g = lane / 4, t4 = lane % 4;
-    const int row_in_wg = (warp % 4) * 16 + g;  // this thread's accumulator rows: row_in_wg, +8
-    const int n_block = blockIdx.x, n0 = n_block * BLOCK_N;
-    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
-    const int T = p.T;
-    const long qkv_offset = (long)b * T * p.qkv_stride + (long)h * HD;
-    const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
-    const float* lse_head = p.lse_log2 + (long)bh * T;
-    const float* d_head = p.d_rows + (long)bh * T;
-    float* dq_head = p.dq_accum + (long)bh * T * HD;
-
-    const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;
-    const int m_end = (T + BLOCK_M - 1) / BLOCK_M;
-
-    auto load_query_block = [&](int m, int buf) {
-        const int m0 = m * BLOCK_M;
-        load_wg_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * QoTile::ELEMS,
-                                                    p.q + qkv_offset + (long)m0 * p.qkv_stride, p.qkv_stride, T - m0);
-        load_wg_tile_async<BLOCK_M, HD, C::THREADS>(do_tiles + buf * QoTile::ELEMS,
-                                                    p.dout + out_offset + (long)m0 * p.out_stride, p.out_stride,
-                                                    T - m0);
-        for (int i = threadIdx.x; i < BLOCK_M; i += C::THREADS) {  // rows past the end: 0, masked below
-            const bool valid = m0 + i < T;
-            cp_async_4(lse_tiles + buf * BLOCK_M + i, valid ? lse_head + m0 + i : lse_head, valid ? 4 : 0);
-            cp_async_4(d_tiles + buf * BLOCK_M + i, valid ? d_head + m0 + i : d_head, valid ? 4 : 0);
-        }
-    };
-
-    load_wg_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride,
-                                                T - n0);
-    load_wg_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride,
-                                                T - n0);
-    load_query_block(m_begin, 0);
-    cp_async_commit();
-
-    float acc_dk[HD / 2], acc_dv[HD / 2];  // 64 keys × HD per warpgroup
+    float acc_dk[HD / 2], acc_dv[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc_dk[i] = acc_dv[i] = 0.f;
 
-    const uint32_t k_addr = smem_address(k_tile), v_addr = smem_address(v_tile);
-    const uint32_t q_addr0 = smem_address(q_tiles), do_addr0 = smem_address(do_tiles);
-    const uint32_t ds_addr0 = smem_address(ds_tiles);
-    const uint32_t wg_rows = KvTile::row_offset(wg * 64);  // this warpgroup's 64 key rows within a K/V sub-tile
-    const int dq_row0 = C::DQ_M_SPLIT ? wg * 64 : 0, dq_col0 = wg * C::DQ_COL0;
-    constexpr int DQ_N = C::DQ_N;
-
-    // dQ_block(mq) = dS K from dSᵀ buffer dbuf: this warpgroup's 64 × DQ_N part. A = dS (queries ×
-    // keys) is MN-major in dSᵀ; B = K (keys × HD) is MN-major in the K tile. Issued, not waited for.
+    // dQ = dS K from dSᵀ buffer dbuf: A = dS (queries × keys) is MN-major in dSᵀ; B = K MN-major.
     auto issue_dq = [&](float (&acc_dq)[DQ_N / 2], int dbuf) {
-        const uint32_t a0 = ds_addr0 + dbuf * DsTile::ELEMS * 2 + (dq_row0 / 64) * DsTile::SUB_BYTES;
+        const uint32_t a0 = ds_addr0 + dbuf * C::DS_BYTES + (dq_row0 / 64) * DsTile::SUB_BYTES;
         const uint32_t b0 = k_addr + (dq_col0 / KvTile::SUB_COLS) * KvTile::SUB_BYTES;
 #pragma unroll
-        for (int ks = 0; ks < BLOCK_N / 16; ks++)
+        for (int ks = 0; ks < C::BLOCK_N / 16; ks++)
             wgmma_ss<DQ_N, 1, 1>(acc_dq, DsTile::mn_major(a0 + DsTile::mn_step(ks)),
                                  KvTile::mn_major(b0 + KvTile::mn_step(ks)), ks > 0);
     };
-    auto add_dq = [&](const float (&acc_dq)[DQ_N / 2], int mq) {
-        const int first_nt = wg == 1 ? C::DQ_SKIP / 8 : 0;  // columns warpgroup 0 also computed
+    // dQ of step j into the shared staging tile, in fragment order, then to the reducing thread.
+    auto hand_over_dq = [&](const float (&acc_dq)[DQ_N / 2], int j) {
+        const int buf = j % C::DQ_BUFFERS, use = j / C::DQ_BUFFERS;
+        float* tile = sm.dq + buf * C::DQ_SLOTS;
+        mbar_wait(&sm.dq_empty[buf], (use & 1) ^ 1);
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int qi = mq * BLOCK_M + dq_row0 + row_in_wg + 8 * half;
-            if (qi < T) {
-                float* dst = dq_head + (long)qi * HD + dq_col0 + 2 * t4;
-#pragma unroll
-                for (int nt = 0; nt < DQ_N / 8; nt++)
-                    if (nt >= first_nt)
-                        atomic_add_f32x2(dst + nt * 8, acc_dq[4 * nt + 2 * half], acc_dq[4 * nt + 2 * half + 1]);
-            }
-        }
+        for (int nt = 0; nt < DQ_N / 8; nt++)
+            *(float4*)(tile + ((cw * (DQ_N / 8) + nt) * 128 + tid) * 4) =
+                make_float4(acc_dq[4 * nt], acc_dq[4 * nt + 1], acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
+        fence_proxy_async();  // the bulk reduction reads these through the async proxy
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.dq_full[buf]);
     };
 
-    // One step: query block m. FIRST (a compile-time tag) has no dQ product of a previous step to
-    // issue; peeling it keeps every wgmma on a path the whole warpgroup takes unconditionally.
-    auto step = [&](int m, auto first_tag) {
+    // One step: query block m, the j-th of this key block. FIRST (a compile-time tag) has no dQ of
+    // a previous step to issue; peeling it keeps every wgmma and every wait unconditional, which
+    // ptxas needs to keep the products in flight rather than serialize them.
+    auto step = [&](int m, int j, auto first_tag) {
         constexpr bool FIRST = decltype(first_tag)::value;
-        const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
-        const int dbuf = DEFER_DQ ? buf : 0;
-        const uint32_t q_addr = q_addr0 + buf * QoTile::ELEMS * 2, do_addr = do_addr0 + buf * QoTile::ELEMS * 2;
-        const float* lse_tile = lse_tiles + buf * BLOCK_M;
-        const float* d_tile = d_tiles + buf * BLOCK_M;
-        cp_async_wait<0>();   // block m (and K, V) have landed
-        fence_proxy_async();  // ... and are visible to wgmma, as is this thread's dSᵀ of step m-1
-        __syncthreads();      // every warp has left step m-1: the other buffers are free
-        if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
-        cp_async_commit();
-
-        float acc_dq[DQ_N / 2];
-        wgmma_fence();
-        if constexpr (DEFER_DQ && !FIRST) {
-            issue_dq(acc_dq, dbuf ^ 1);
-            wgmma_commit();
-        }
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries per warpgroup, k = HD
+        const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
+        const uint32_t q_addr = q_addr0 + stage * C::QO_BYTES, do_addr = do_addr0 + stage * C::QO_BYTES;
         float s[BLOCK_M / 2], dp[BLOCK_M / 2];
+        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries, k = HD
+        mbar_wait(&sm.q_full[stage], phase);
+        mbar_wait(&sm.do_full[stage], phase);
+        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
             wgmma_ss<BLOCK_M, 0, 0>(s, KvTile::k_major(k_addr + wg_rows + KvTile::k_step(ks)),
                                     QoTile::k_major(q_addr + QoTile::k_step(ks)), ks > 0);
+        wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
             wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::k_major(v_addr + wg_rows + KvTile::k_step(ks)),
                                     QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
-        if constexpr (DEFER_DQ && !FIRST) {
-            wgmma_wait<1>();
-            wgmma_fence_registers(acc_dq);
-            add_dq(acc_dq, m - 1);
-        }
-        wgmma_wait<0>();
+        // Pᵀ while dPᵀ is still being computed, then dSᵀ
+        if constexpr (VARIANT & FLASH2_BWD_JOINT_WAIT) wgmma_wait<0>();
+        else wgmma_wait<1>();
         wgmma_fence_registers(s);
-        wgmma_fence_registers(dp);
-
-        // Pᵀ and dSᵀ, packed to bf16 A fragments (k = queries 16·kq..16·kq+15)
-        const bool needs_mask = m0 + BLOCK_M > T || n0 + BLOCK_N > T || (CAUSAL && n0 + BLOCK_N - 1 > m0);
-        uint32_t pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];
+        const bool masked = m0 + BLOCK_M > p.T || n0 + C::BLOCK_N > p.T || (CAUSAL && n0 + C::BLOCK_N - 1 > m0);
+        probs_from_scores<BLOCK_M / 8, CAUSAL>(s, key, m0 + 2 * t4, p.T, masked, sm.lse + stage * BLOCK_M + 2 * t4,
+                                               p.scale_log2);
+        uint32_t pa[KSTEPS][4], dsa[KSTEPS][4];
 #pragma unroll
-        for (int nt = 0; nt < BLOCK_M / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = n0 + wg * 64 + row_in_wg + (e >= 2 ? 8 : 0);
-                const int qi = nt * 8 + 2 * t4 + (e & 1);
-                float pe = fast_exp2(fmaf(s[4 * nt + e], p.scale_log2, -lse_tile[qi]));
-                if (needs_mask && (key >= T || m0 + qi >= T || (CAUSAL && key > m0 + qi))) pe = 0.f;
-                s[4 * nt + e] = pe;
-                dp[4 * nt + e] = pe * (dp[4 * nt + e] - d_tile[qi]);
-            }
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; kq++) {
-            accumulators_to_a(pa[kq], &s[8 * kq], &s[8 * kq + 4]);
-            accumulators_to_a(dsa[kq], &dp[8 * kq], &dp[8 * kq + 4]);
-        }
-
-        // dSᵀ (bf16) to shared memory for the dQ product, before the wgmma that reads dsa from
-        // registers is issued (so no instruction touches its operands while it runs). The A fragment
-        // a[0..3] holds (row, 2t), (row+8, 2t), (row, 2t+8), (row+8, 2t+8) of queries 16·kq...
-        __nv_bfloat16* ds_tile = ds_tiles + dbuf * DsTile::ELEMS;
-        const int ds_row = wg * 64 + row_in_wg;
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; kq++) {
-            *(uint32_t*)(ds_tile + DsTile::index(ds_row, 2 * kq) + 2 * t4) = dsa[kq][0];
-            *(uint32_t*)(ds_tile + DsTile::index(ds_row + 8, 2 * kq) + 2 * t4) = dsa[kq][1];
-            *(uint32_t*)(ds_tile + DsTile::index(ds_row, 2 * kq + 1) + 2 * t4) = dsa[kq][2];
-            *(uint32_t*)(ds_tile + DsTile::index(ds_row + 8, 2 * kq + 1) + 2 * t4) = dsa[kq][3];
-        }
-
-        // dV += Pᵀ dO and dK += dSᵀ Q: B = dO, Q (queries × HD), MN-major
-        wgmma_fence();
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; kq++)
-            wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; kq++)
-            wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
-        wgmma_commit();
-        if constexpr (!DEFER_DQ) {
-            fence_proxy_async();
-            __syncthreads();  // all of dSᵀ is in shared memory
-            wgmma_fence();
-            issue_dq(acc_dq, 0);
-            wgmma_commit();
-        }
+        for (int kq = 0; kq < KSTEPS; kq++) accumulators_to_a(pa[kq], &s[8 * kq], &s[8 * kq + 4]);
         wgmma_wait<0>();
+        wgmma_fence_registers(dp);
+        dscores_from_probs<BLOCK_M / 8>(dp, s, sm.d + stage * BLOCK_M + 2 * t4);
+#pragma unroll
+        for (int kq = 0; kq < KSTEPS; kq++) accumulators_to_a(dsa[kq], &dp[8 * kq], &dp[8 * kq + 4]);
+        // dSᵀ(j) into buffer j % 2, once both warpgroups' dQ(j − 2) has read it
+        mbar_wait(&sm.ds_free[j & 1], ((j >> 1) & 1) ^ 1);
+        store_ds<DsTile, KSTEPS>(sm.ds + (j & 1) * DsTile::ELEMS, dsa, ds_row);
+        fence_proxy_async();  // read next by wgmma, i.e. the async proxy
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.ds_ready[j & 1]);
+        if constexpr (VARIANT & FLASH2_BWD_DK_FROM_SMEM)
+            named_barrier_sync(1 + cw, 128);  // this warpgroup's rows of dSᵀ are all written
+
+        // dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ from registers, dSᵀ too or from shared memory): B = dO, Q
+        // (queries × HD), MN-major
+        wgmma_fence_operands(pa);
+        wgmma_fence_operands(dsa);
         wgmma_fence_registers(acc_dv);
         wgmma_fence_registers(acc_dk);
-        if constexpr (!DEFER_DQ) {
+        wgmma_fence();
+#pragma unroll
+        for (int kq = 0; kq < KSTEPS; kq++)
+            wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
+        if constexpr (VARIANT & FLASH2_BWD_DK_FROM_SMEM) {
+            const uint32_t ds_rows = ds_addr0 + (j & 1) * C::DS_BYTES + DsTile::row_offset(cw * 64);
+#pragma unroll
+            for (int kq = 0; kq < KSTEPS; kq++)
+                wgmma_ss<HD, 0, 1>(acc_dk, DsTile::k_major(ds_rows + DsTile::k_step(kq)),
+                                   QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
+        } else {
+#pragma unroll
+            for (int kq = 0; kq < KSTEPS; kq++)
+                wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
+        }
+        wgmma_commit();
+        float acc_dq[DQ_N / 2];
+        if constexpr (!FIRST) {  // dQ(j − 1), from the other buffer, written by both warpgroups
+            mbar_wait(&sm.ds_ready[(j - 1) & 1], ((j - 1) >> 1) & 1);
+            wgmma_fence();
+            issue_dq(acc_dq, (j - 1) & 1);
+            wgmma_commit();
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        wgmma_fence_registers(acc_dv);
+        wgmma_fence_registers(acc_dk);
+        wgmma_fence_operands(pa);
+        wgmma_fence_operands(dsa);
+        if (lane == 0) {  // Q and dO of this step are no longer read
+            mbar_arrive(&sm.q_empty[stage]);
+            mbar_arrive(&sm.do_empty[stage]);
+        }
+        if constexpr (!FIRST) {
+            wgmma_wait<0>();
             wgmma_fence_registers(acc_dq);
-            add_dq(acc_dq, m);
+            if (lane == 0) mbar_arrive(&sm.ds_free[(j - 1) & 1]);
+            hand_over_dq(acc_dq, j - 1);
         }
     };
-    step(m_begin, std::true_type());
-    for (int m = m_begin + 1; m < m_end; m++) step(m, std::false_type());
-    if constexpr (DEFER_DQ) {
-        fence_proxy_async();
-        __syncthreads();  // the last dSᵀ is in shared memory
-        float acc_dq[DQ_N / 2];
-        wgmma_fence();
-        issue_dq(acc_dq, (m_end - 1 - m_begin) & 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_registers(acc_dq);
-        add_dq(acc_dq, m_end - 1);
-    }
+    mbar_wait(sm.kv_full, 0);
+    step(m_begin, 0, std::true_type());
+    const int steps = p.m_blocks - m_begin;
+    for (int j = 1; j < steps; j++) step(m_begin + j, j, std::false_type());
+    mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
+    float acc_dq[DQ_N / 2];
+    wgmma_fence();
+    issue_dq(acc_dq, (steps - 1) & 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(acc_dq);
+    hand_over_dq(acc_dq, steps - 1);
+    backward_store_dkdv<HD>(p, acc_dk, acc_dv, key, b, h);
+}
+#endif  // WGMMA_AVAILABLE
 
-    // dK·scale and dV straight from the accumulators (once per block: 4-byte stores suffice)
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int key = n0 + wg * 64 + row_in_wg + 8 * half;
-        if (key < T) {
-            const long offset = ((long)b * T + key) * p.dqkv_stride + (long)h * HD + 2 * t4;
-#pragma unroll
-            for (int nt = 0; nt < HD / 8; nt++) {
-                *(uint32_t*)(p.dk + offset + nt * 8) =
-                    pack_bf16(acc_dk[4 * nt + 2 * half] * p.scale, acc_dk[4 * nt + 2 * half + 1] * p.scale);
-                *(uint32_t*)(p.dv + offset + nt * 8) = pack_bf16(acc_dv[4 * nt + 2 * half], acc_dv[4 * nt + 2 * half + 1]);
-            }
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, int VARIANT>
+__global__ void __launch_bounds__(384, 1)
+    flash2_backward_ws_kernel(const __grid_constant__ Flash2BackwardMaps maps, const Flash2BackwardWsParams p) {
+#if WGMMA_AVAILABLE
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M, VARIANT> C;
+    extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
+    const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
+    const int n_block = blockIdx.x, n0 = n_block * C::BLOCK_N;
+    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
+    const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
+    if (threadIdx.x == 0) {
+        mbar_init(sm.kv_full, 1);
+        for (int s = 0; s < C::STAGES; s++) {
+            mbar_init(&sm.q_full[s], 1);
+            mbar_init(&sm.do_full[s], 1);
+            mbar_init(&sm.q_empty[s], 8);  // one arrival per consumer warp
+            mbar_init(&sm.do_empty[s], 8);
         }
+        for (int s = 0; s < C::DQ_BUFFERS; s++) {
+            mbar_init(&sm.dq_full[s], 8);
+            mbar_init(&sm.dq_empty[s], 1);
+        }
+        for (int s = 0; s < 2; s++) {
+            mbar_init(&sm.ds_ready[s], 8);  // every consumer warp has written its rows of dSᵀ
+            mbar_init(&sm.ds_free[s], 8);   // every consumer warp's dQ product has read the buffer
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        registers_decrease<C::PRODUCER_REGS>();
+        if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, h, m_begin);
+        else if (threadIdx.x == 32) backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, bh, m_begin);
+    } else {
+        registers_increase<C::CONSUMER_REGS>();
+        backward_consume<C, HD, CAUSAL, VARIANT>(p, sm, threadIdx.x / 128 - 1, n0, b, h, m_begin);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
 #endif
 }
 
-template <int HD, int BLOCK_M, bool DEFER_DQ, bool CAUSAL>
-static inline void launch_backward_hopper(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
-    typedef Flash2BackwardHopperConfig<HD, BLOCK_M, DEFER_DQ> C;
-    launch_backward_preprocess<HD>(p, B, stream);
+// dq (B, T, NH, HD) bf16 = dq_accum · scale, un-permuting the fragment order: 8 columns per thread.
+template <int HD, int BLOCK_M>
+__global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,
+                                                     int NH, int m_blocks, float scale, long chunks) {
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int col = (int)(i % (HD / 8)) * 8;
+    const long token = i / (HD / 8);  // (b·T + t)·NH + h
+    const int h = (int)(token % NH), t = (int)(token / NH % T), b = (int)(token / NH / T);
+    const float* block = dq_accum + (((long)b * NH + h) * m_blocks + t / BLOCK_M) * C::DQ_SLOTS;
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 v = *(const float2*)(block + dq_slot<C>(t % BLOCK_M, col + 2 * k));
+        packed[k] = pack_bf16(v.x * scale, v.y * scale);
+    }
+    *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
 
-    launch_with_smem<Flash2BackwardParams, flash2_backward_hopper_kernel<HD, BLOCK_M, DEFER_DQ, CAUSAL>>(
-        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
+template <int HD, int BLOCK_M>
+static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T) {
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
+    const size_t m_blocks = (T + BLOCK_M - 1) / BLOCK_M, heads = (size_t)B * NH;
+    return heads * m_blocks * (C::DQ_SLOTS * 4 + 2 * BLOCK_M * 4 + 4);
+}
 
-    launch_backward_convert_dq<HD>(p, B, stream);
+// p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, int VARIANT>
+static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M, VARIANT> C;
+    const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
+    const size_t heads = (size_t)B * p->NH;
+    Flash2BackwardWsParams w;
+    w.dk = p->dk;
+    w.dv = p->dv;
+    w.dq_accum = p->dq_accum;
+    float* d_rows = w.dq_accum + heads * m_blocks * C::DQ_SLOTS;
+    float* lse_log2 = d_rows + heads * T_pad;
+    w.d_rows = d_rows;
+    w.lse_log2 = lse_log2;
+    w.dq_counters = (int*)(lse_log2 + heads * T_pad);
+    w.dqkv_stride = p->dqkv_stride;
+    w.T = p->T;
+    w.T_pad = T_pad;
+    w.NH = p->NH;
+    w.m_blocks = m_blocks;
+    w.scale = p->scale;
+    w.scale_log2 = p->scale_log2;
+    CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
+
+    Flash2BackwardParams pre = *p;  // D and LSE·log2 e into the padded rows; dq_accum is zeroed above
+    pre.dq_accum = NULL;
+    pre.d_rows = d_rows;
+    pre.lse_log2 = lse_log2;
+    pre.lse_rows = T_pad;
+    launch_backward_preprocess<HD>(&pre, B, stream);
+
+    constexpr int SUB = C::QoTile::SUB_COLS;
+    Flash2BackwardMaps maps;
+    maps.q = make_rows_tensor_map(p->q, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_M, SUB);
+    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
+    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
+    maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
+    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, VARIANT>>(
+        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, maps, w);
+
+    const long chunks = (long)B * p->T * p->NH * (HD / 8);
+    flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
+        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale, chunks);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 #endif  // FLASH2_BACKWARD_HOPPER_CUH

@@ -26,11 +26,12 @@ typedef struct {
     const __nv_bfloat16 *q, *k, *v, *out, *dout;
     const float* lse;
     __nv_bfloat16 *dq, *dk, *dv;
-    float* dq_accum;  // (B, NH, T, HD)
-    float* d_rows;    // (B, NH, T): D = rowsum(dO ∘ O)
-    float* lse_log2;  // (B, NH, T): lse · log2(e), so that P = exp2(S·scale_log2 − lse_log2)
+    float* dq_accum;  // (B, NH, T, HD); NULL: the preprocess leaves it alone (the Hopper kernel's)
+    float* d_rows;    // (B, NH, lse_rows): D = rowsum(dO ∘ O)
+    float* lse_log2;  // (B, NH, lse_rows): lse · log2(e), so that P = exp2(S·scale_log2 − lse_log2)
     long qkv_stride, out_stride, dqkv_stride;
     int T, NH;
+    int lse_rows;  // rows per head of d_rows and lse_log2: T, or T rounded up to whole query blocks
     float scale, scale_log2;
 } Flash2BackwardParams;
 
@@ -47,7 +48,7 @@ __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int ro
     const bool valid = row < rows;  // no early return: every lane takes part in the shuffles
     const int h = row % p.NH, bt = row / p.NH, t = bt % p.T, b = bt / p.T;  // row = (b·T + t)·NH + h
     const long offset = (long)bt * p.out_stride + (long)h * HD + chunk * 8;
-    const long head_row = ((long)b * p.NH + h) * p.T + t;
+    const long head_row = ((long)b * p.NH + h) * p.T + t, stat_row = ((long)b * p.NH + h) * p.lse_rows + t;
     float dot = 0.f;
     if (valid && chunk < CHUNKS) {
         uint4 o4 = *(const uint4*)(p.out + offset);
@@ -59,15 +60,17 @@ __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int ro
             float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
             dot += of.x * df.x + of.y * df.y;
         }
-        float4* acc = (float4*)(p.dq_accum + head_row * HD + chunk * 8);
-        acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-        acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (p.dq_accum) {
+            float4* acc = (float4*)(p.dq_accum + head_row * HD + chunk * 8);
+            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
 #pragma unroll
     for (int off = GROUP / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (valid && chunk == 0) {
-        p.d_rows[head_row] = dot;
-        p.lse_log2[head_row] = p.lse[head_row] * FLASH2_LOG2E;
+        p.d_rows[stat_row] = dot;
+        p.lse_log2[stat_row] = p.lse[head_row] * FLASH2_LOG2E;
     }
 }
 
@@ -365,7 +368,7 @@ static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStr
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
     launch_backward_preprocess<HD>(p, B, stream);
 
-    launch_with_smem<Flash2BackwardParams, flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>>(
+    launch_with_smem<flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>>(
         dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
 
     launch_backward_convert_dq<HD>(p, B, stream);

@@ -19,17 +19,31 @@
 #define FLASH2_LOG2E 1.4426950408889634f
 #define FLASH2_LN2 0.6931471805599453f
 
-// Launches KERNEL with smem_bytes of dynamic shared memory (more than the default 48 KB needs the
-// kernel's limit raised, done on its first launch only: launches sit on the training hot path).
-template <typename Params, void (*KERNEL)(Params)>
-static inline void launch_with_smem(dim3 grid, int threads, size_t smem_bytes, cudaStream_t stream, const Params& p) {
+// Launches KERNEL(args...) with smem_bytes of dynamic shared memory (more than the default 48 KB
+// needs the kernel's limit raised, done on its first launch only: launches sit on the training hot
+// path).
+template <auto KERNEL, typename... Args>
+static inline void launch_with_smem(dim3 grid, int threads, size_t smem_bytes, cudaStream_t stream,
+                                    const Args&... args) {
     static int limit_set = 0;  // one per kernel (per template instance)
     if (!limit_set) {
         CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
         limit_set = 1;
     }
-    KERNEL<<<grid, threads, smem_bytes, stream>>>(p);
+    KERNEL<<<grid, threads, smem_bytes, stream>>>(args...);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// Multiprocessors of the current device (one device per process, as in the trainer): the
+// persistent kernels start one block per multiprocessor.
+static inline int flash2_sm_count(void) {
+    static int count = 0;
+    if (!count) {
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    }
+    return count;
 }
 
 // ---- shared-memory tiles ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// flash2_forward.cu: picks the flash2 forward kernel (Hopper's wgmma or mma.sync) and its block
-// shapes per head dim and launches it (the kernels and what they compute: flash2_forward_hopper.cuh,
-// flash2_forward_kernel.cuh).
+// flash2_forward.cu: picks the flash2 forward kernel and its tiles per head dim and launches it: on
+// Hopper (compute capability 9.x) the warp-specialized TMA kernel of flash2_forward_hopper.cuh, its
+// tiles from flash2_tiles.h; elsewhere the mma.sync kernel of flash2_forward_kernel.cuh, shapes below.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,15 +8,13 @@
 #include "backends.h"
 #include "flash2_forward_hopper.cuh"
 #include "flash2_forward_kernel.cuh"
+#include "flash2_tiles.h"
 
-// ---- block shapes per head dim ----------------------------------------------------------------
-// (query rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune
-// (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
-// Hopper (compute capability 9.x) uses the wgmma kernels (flash2_forward_hopper.cuh,
-// flash2_backward_hopper.cuh) for every head dim; other GPUs, or FLASH2_MMA_SYNC=1 in the
-// environment (to test or time them on Hopper), use the mma.sync kernels. So does a Hopper GPU
-// whose code in this binary was built without sm_90a (e.g. GPU_ARCH="80 90"): wgmma exists only
-// there, and the Hopper kernels would trap. A one-thread probe kernel tells which code runs here.
+// Other GPUs, or FLASH2_MMA_SYNC=1 in the environment (to test or time them on Hopper), use the
+// mma.sync kernels; so does a Hopper GPU whose code in this binary was built without sm_90a (e.g.
+// GPU_ARCH="80 90"): wgmma, TMA's kernels and setmaxnreg exist only there, and the Hopper kernels
+// would trap. A one-thread probe kernel tells which code runs here. mma.sync block shapes: (query
+// rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune.
 __global__ void flash2_wgmma_probe(int* built) { *built = WGMMA_AVAILABLE; }
 
 static int wgmma_built_for_this_gpu(void) {
@@ -51,16 +49,20 @@ int flash2_use_wgmma(void) {
     return use;
 }
 
+template <int HD, bool CAUSAL>
+static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
+    typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
+    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
+}
+
 template <bool CAUSAL>
 static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (flash2_use_wgmma()) {
-        // (key block, blocks per SM): two blocks per SM won, or tied within 1%, at every point of the
-        // tuner's grid; head dims 80 and 96 fit two blocks only with 64-key blocks
+    if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
         switch (HD) {
-            case 64: launch_forward_hopper<64, 128, 2, CAUSAL>(p, B, stream); break;
-            case 80: launch_forward_hopper<80, 64, 2, CAUSAL>(p, B, stream); break;
-            case 96: launch_forward_hopper<96, 64, 2, CAUSAL>(p, B, stream); break;
-            case 128: launch_forward_hopper<128, 64, 2, CAUSAL>(p, B, stream); break;
+            case 64: launch_forward_hopper_tiles<64, CAUSAL>(p, B, stream); break;
+            case 80: launch_forward_hopper_tiles<80, CAUSAL>(p, B, stream); break;
+            case 96: launch_forward_hopper_tiles<96, CAUSAL>(p, B, stream); break;
+            case 128: launch_forward_hopper_tiles<128, CAUSAL>(p, B, stream); break;
         }
         return;
     }

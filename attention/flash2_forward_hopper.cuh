@@ -1,194 +1,341 @@
-// flash2_forward_hopper.cuh: the flash2 forward (Algorithm 1 of the paper) on Hopper's warpgroup
-// tensor-core product (wgmma, sm_90a), head dims 64, 80, 96 and 128. Same inputs, outputs and algorithm
-// as flash2_forward_kernel.cuh; the products are wgmma instead of mma.sync:
+// flash2_forward_hopper.cuh: the flash2 forward (Algorithm 1 of the paper) on Hopper, warp-specialized
+// (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_forward_kernel.cuh: q, k, v
+// rows (b, t, h) at qkv_stride, out (B, T, NH, HD) at out_stride, lse (B, NH, T) fp32.
 //
-// One thread block per (query block of 128 rows, b·NH + h): two warpgroups, each owning 64 query
-// rows (no split-K), looping over key/value blocks of BLOCK_N rows (double-buffered, cp.async):
-//   S = Q Kᵀ        wgmma, both operands from shared memory (Q and K K-major)
-//   online softmax  in registers (row max, P = exp2(S·scale_log2 − max), running sum, O rescale)
-//   O += P V        wgmma, A = P from registers, B = V (MN-major)
-// O is divided by the running sum once at the end (deferred normalization); O and LSE only.
+// Persistent: one thread block per SM walks the tiles (query block of 64·CONSUMERS rows, b·NH + h),
+// heaviest causal query blocks first, so that one tile's loads overlap the previous tile's epilogue.
+// 1 + CONSUMERS warpgroups:
+//   producer   warpgroup 0 gives its registers away (setmaxnreg) and one thread issues every load:
+//              per tile the Q tile (once its previous O has been stored from there), then K and V
+//              blocks (BLOCK_N keys) into a ring of STAGES slots that runs on across tiles, each slot
+//              guarded by a "full" mbarrier (TMA bytes landed) and an "empty" one (consumers done).
+//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (last block first, so
+//              the masked blocks come first):
+//                issue S(j) = Q K(j)ᵀ         wgmma, Q and K from shared memory
+//                issue O += P(j−1) V(j−1)     wgmma, P from registers
+//                softmax of S(j) while both run: mask, row max, P = exp2, running sum
+//                wait for O, rescale it, P(j) to bf16
+//              and the warpgroups take turns issuing their products (named barriers, "ping-pong"),
+//              so one's softmax runs while the tensor cores do another's products.
+//   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row; then the
+//              Q tile is handed back to the producer ("q_empty").
+// The shared arithmetic (masking, online softmax, rescale, LSE) is attention_math.cuh's.
 #ifndef FLASH2_FORWARD_HOPPER_CUH
 #define FLASH2_FORWARD_HOPPER_CUH
 
+#include "attention_math.cuh"
 #include "flash2_forward_kernel.cuh"
+#include "tensor_map.h"
 #include "wgmma.cuh"
 
-template <int HD, int BLOCK_N>
-struct Flash2ForwardHopperConfig {
-    static constexpr int WARPGROUPS = 2, THREADS = 128 * WARPGROUPS;
-    static constexpr int BLOCK_M = 64 * WARPGROUPS;  // query rows per block, 64 per warpgroup
+typedef struct {
+    CUtensorMap q, k, v, o;  // boxes: BLOCK_M, BLOCK_N, BLOCK_N and 64 rows (tensor_map.h)
+} Flash2ForwardMaps;
+
+template <int HD, int BLOCK_N, int CONSUMERS>
+struct Flash2ForwardWsConfig {
+    static constexpr int BLOCK_M = 64 * CONSUMERS, THREADS = 128 * (CONSUMERS + 1), STAGES = 2;
     typedef WgTile<BLOCK_M, HD> QTile;
     typedef WgTile<BLOCK_N, HD> KvTile;
+    // The producer's 128 threads keep few registers so that the consumers get up to 240.
+    static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32, CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
+    static constexpr uint32_t Q_BYTES = QTile::ELEMS * 2, KV_BYTES = KvTile::ELEMS * 2;
+    static constexpr int BARRIERS = 4 + 4 * STAGES;
+    // Two Q tiles where shared memory allows: a persistent block then loads the next tile's Q while
+    // this tile's O is still being stored from the other.
+    static constexpr int Q_BUFFERS = 1024 + 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS <= 227 * 1024 ? 2 : 1;
     static constexpr size_t SMEM_BYTES =
-        1024 /* alignment slack */ + (size_t)(QTile::ELEMS + 4 * KvTile::ELEMS) * sizeof(__nv_bfloat16);
-    static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "wgmma forward: head dims 64, 80, 96, 128");
-    static_assert(BLOCK_N == 64 || BLOCK_N == 128, "wgmma forward: key blocks of 64 or 128");
+        1024 /* alignment slack */ + Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;
+    // named barriers: 1..CONSUMERS the ping-pong turns, then one per consumer for its epilogue
+    static constexpr int TURN_BARRIER = 1, EPILOGUE_BARRIER = 1 + CONSUMERS;
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+    static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "key blocks: a multiple of 16, at most one TMA box");
+    // setmaxnreg moves registers within the pool the launch gave: 65536 / THREADS per thread,
+    // rounded down to 8 (168 for 384 threads, 128 for 512). A consumer asking for more than the pool
+    // holds would wait forever.
+    static_assert(CONSUMER_REGS * 128 * CONSUMERS + PRODUCER_REGS * 128 <= (65536 / THREADS / 8 * 8) * THREADS,
+                  "register pool");
 };
 
-// MIN_BLOCKS 2 caps registers at 128 so that two blocks share an SM: one's softmax then overlaps
-// the other's products.
-template <int HD, int BLOCK_N, int MIN_BLOCKS, bool CAUSAL>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) flash2_forward_hopper_kernel(Flash2ForwardParams p) {
+template <typename C>
+struct Flash2ForwardSmem {
+    __nv_bfloat16 *q, *k, *v;  // Q_BUFFERS × (BLOCK_M, HD), STAGES × (BLOCK_N, HD), STAGES × (BLOCK_N, HD)
+    uint64_t *q_full, *q_empty, *k_full, *k_empty, *v_full, *v_empty;
+};
+
+// The tiles in the order the blocks take them: tile t is query block m_blocks − 1 − t % m_blocks of
+// head-sequence t / m_blocks. The query blocks of one head run side by side, so that its K and V
+// stay in L2 for all of them, the longest causal ones first.
+typedef struct {
+    int m0, b, h, n_blocks;
+    int iter;  // this block's tiles before this one
+} Flash2ForwardTile;
+
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardParams& p, int t, int heads) {
+    const int m_blocks = (p.T + BLOCK_M - 1) / BLOCK_M, bh = t / m_blocks;
+    Flash2ForwardTile tile;
+    tile.m0 = (m_blocks - 1 - t % m_blocks) * BLOCK_M;
+    tile.b = bh / p.NH;
+    tile.h = bh % p.NH;
+    const int key_end = CAUSAL ? min(p.T, tile.m0 + BLOCK_M) : p.T;
+    tile.n_blocks = (key_end + BLOCK_N - 1) / BLOCK_N;
+    return tile;
+}
+
+template <typename C>
+__device__ __forceinline__ Flash2ForwardSmem<C> forward_smem(uint8_t* raw) {
+    // wgmma's and TMA's 128-byte swizzle repeats every 1024 bytes: tiles start 1024-aligned
+    uint8_t* base = raw + (((smem_address(raw) + 1023) & ~1023u) - smem_address(raw));
+    Flash2ForwardSmem<C> sm;
+    sm.q = (__nv_bfloat16*)base;
+    sm.k = (__nv_bfloat16*)(base + C::Q_BUFFERS * C::Q_BYTES);
+    sm.v = sm.k + C::STAGES * C::KvTile::ELEMS;
+    sm.q_full = (uint64_t*)(base + C::Q_BUFFERS * C::Q_BYTES + 2 * C::STAGES * C::KV_BYTES);
+    sm.q_empty = sm.q_full + 2;
+    sm.k_full = sm.q_empty + 2;
+    sm.k_empty = sm.k_full + C::STAGES;
+    sm.v_full = sm.k_empty + C::STAGES;
+    sm.v_empty = sm.v_full + C::STAGES;
+    return sm;
+}
+
 #if WGMMA_AVAILABLE
-    typedef Flash2ForwardHopperConfig<HD, BLOCK_N> C;
+// One thread: per tile, Q (once the previous tile's O has left its shared memory), then K(j) and
+// V(j) for j = n_blocks − 1 down to 0 through the ring.
+template <typename C, int HD, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                const Flash2ForwardSmem<C>& sm, int tiles, int heads) {
+    tma_prefetch_map(&maps.q);
+    tma_prefetch_map(&maps.k);
+    tma_prefetch_map(&maps.v);
+    int ring = 0;  // K/V blocks loaded so far: slot ring % STAGES, its use (ring / STAGES)
+    for (int t = blockIdx.x, iter = 0; t < tiles; t += gridDim.x, iter++) {
+        const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
+        const int qb = iter % C::Q_BUFFERS, q_use = iter / C::Q_BUFFERS;
+        mbar_wait(&sm.q_empty[qb], (q_use & 1) ^ 1);
+        mbar_arrive_expect_tx(&sm.q_full[qb], C::Q_BYTES);
+        tma_load_tile<typename C::QTile, HD>(sm.q + qb * C::QTile::ELEMS, &maps.q, &sm.q_full[qb], tile.h, tile.m0,
+                                             tile.b);
+        for (int i = 0; i < tile.n_blocks; i++, ring++) {
+            const int n = tile.n_blocks - 1 - i, stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
+            mbar_wait(&sm.k_empty[stage], phase ^ 1);
+            mbar_arrive_expect_tx(&sm.k_full[stage], C::KV_BYTES);
+            tma_load_tile<typename C::KvTile, HD>(sm.k + stage * C::KvTile::ELEMS, &maps.k, &sm.k_full[stage], tile.h,
+                                                  n * BLOCK_N, tile.b);
+            mbar_wait(&sm.v_empty[stage], phase ^ 1);
+            mbar_arrive_expect_tx(&sm.v_full[stage], C::KV_BYTES);
+            tma_load_tile<typename C::KvTile, HD>(sm.v + stage * C::KvTile::ELEMS, &maps.v, &sm.v_full[stage], tile.h,
+                                                  n * BLOCK_N, tile.b);
+        }
+    }
+}
+
+// A consumer warp is done with a ring slot (its wgmma reads of it have completed).
+__device__ __forceinline__ void release_slot(uint64_t* empty) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty);
+}
+
+// O /= ℓ and LSE for this warpgroup's 64 rows; O goes through its rows of the Q tile (its own
+// products no longer read them) and out by TMA; then the tile's Q buffer is handed back (q_empty).
+template <typename C, int HD>
+__device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                 __nv_bfloat16* q_tile, uint64_t* q_empty, int cw, int m0, int b,
+                                                 int h, float (&acc_o)[HD / 2], const float (&row_max)[2],
+                                                 const float (&row_sum)[2]) {
+    typedef typename C::QTile QTile;
+    const int tid = threadIdx.x % 128, g = (tid % 32) / 4, t4 = tid % 4;
+    const int tile_row = cw * 64 + (tid / 32) * 16 + g;  // this thread's rows: tile_row, tile_row + 8
+    float inv[2], lse[2];
+    softmax_finish(row_max, row_sum, inv, lse);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = m0 + tile_row + 8 * half;
+        if (t4 == 0 && row < p.T) p.lse[((long)b * p.NH + h) * p.T + row] = lse[half];
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            *(uint32_t*)(q_tile + QTile::index(tile_row + 8 * half, nt) + 2 * t4) =
+                pack_bf16(acc_o[4 * nt + 2 * half] * inv[half], acc_o[4 * nt + 2 * half + 1] * inv[half]);
+    }
+    fence_proxy_async();  // the TMA store reads what these ordinary stores wrote
+    named_barrier_sync(C::EPILOGUE_BARRIER + cw, 128);
+    if (tid == 0) {
+#pragma unroll
+        for (int j = 0; j < HD / QTile::SUB_COLS; j++)
+            tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS, j * QTile::SUB_COLS,
+                         h, m0 + cw * 64, b);
+        bulk_commit();
+        bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
+        mbar_arrive(q_empty);
+    }
+}
+
+// Consumer warpgroup cw, one tile: rows m0 + 64·cw ... of its query block against every key block.
+// `ring` counts the K/V blocks consumed so far (the ring runs on across tiles).
+template <typename C, int HD, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                     const Flash2ForwardSmem<C>& sm, int cw,
+                                                     const Flash2ForwardTile& tile, int& ring) {
     typedef typename C::QTile QTile;
     typedef typename C::KvTile KvTile;
-    constexpr int BLOCK_M = C::BLOCK_M;
-    extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
-    const uint32_t raw_addr = smem_address(smem_raw);  // wgmma's swizzle needs 1024-byte aligned tiles
-    __nv_bfloat16* q_tile = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr) / 2;  // (BLOCK_M, HD)
-    __nv_bfloat16* k_tiles = q_tile + QTile::ELEMS;                                      // 2 × (BLOCK_N, HD)
-    __nv_bfloat16* v_tiles = k_tiles + 2 * KvTile::ELEMS;                                // 2 × (BLOCK_N, HD)
+    constexpr int CONSUMERS = C::BLOCK_M / 64, NT = BLOCK_N / 8, KSTEPS = BLOCK_N / 16;
+    const int tid = threadIdx.x % 128, t4 = tid % 4, n_blocks = tile.n_blocks;
+    const int wg_row0 = tile.m0 + cw * 64, row = wg_row0 + (tid / 32) * 16 + tid % 32 / 4;
+    const int qb = tile.iter % C::Q_BUFFERS;
+    __nv_bfloat16* q_tile = sm.q + qb * QTile::ELEMS;
+    const uint32_t q_addr = smem_address(q_tile) + QTile::row_offset(cw * 64);
+    const uint32_t k_addr0 = smem_address(sm.k), v_addr0 = smem_address(sm.v);
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wg = warp / 4, g = lane / 4, t4 = lane % 4;
-    const int row_in_wg = (warp % 4) * 16 + g;  // this thread's rows: row_in_wg and row_in_wg + 8
-    // Heaviest causal query blocks (the last ones) go first, so the short ones fill the tail.
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int m0 = m_block * BLOCK_M;
-    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
-    const int T = p.T;
-    const long batch_offset = (long)b * T * p.qkv_stride + (long)h * HD;
-    const __nv_bfloat16* k_base = p.k + batch_offset;
-    const __nv_bfloat16* v_base = p.v + batch_offset;
-
-    const int key_end = CAUSAL ? min(T, m0 + BLOCK_M) : T;
-    const int n_blocks = (key_end + BLOCK_N - 1) / BLOCK_N;
-
-    auto load_kv_block = [&](int n) {
-        const long offset = (long)n * BLOCK_N * p.qkv_stride;
-        load_wg_tile_async<BLOCK_N, HD, C::THREADS>(k_tiles + (n & 1) * KvTile::ELEMS, k_base + offset, p.qkv_stride,
-                                                    T - n * BLOCK_N);
-        load_wg_tile_async<BLOCK_N, HD, C::THREADS>(v_tiles + (n & 1) * KvTile::ELEMS, v_base + offset, p.qkv_stride,
-                                                    T - n * BLOCK_N);
-    };
-    load_wg_tile_async<BLOCK_M, HD, C::THREADS>(q_tile, p.q + batch_offset + (long)m0 * p.qkv_stride, p.qkv_stride,
-                                                T - m0);
-    load_kv_block(0);
-    cp_async_commit();
-
-    float acc_o[HD / 2];
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows row_in_wg, +8
+    float acc_o[HD / 2], s[BLOCK_N / 2];
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, rescale[2];
+    uint32_t pa[KSTEPS][4];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
-    const uint32_t q_addr = smem_address(q_tile) + QTile::row_offset(wg * 64);  // this warpgroup's 64 rows
-    const uint32_t k_addr0 = smem_address(k_tiles), v_addr0 = smem_address(v_tiles);
 
-    for (int n = 0; n < n_blocks; n++) {
-        const int n0 = n * BLOCK_N;
-        const uint32_t k_addr = k_addr0 + (n & 1) * KvTile::ELEMS * 2, v_addr = v_addr0 + (n & 1) * KvTile::ELEMS * 2;
-        cp_async_wait<0>();   // Q, K_n and V_n have landed
-        fence_proxy_async();  // ... and are visible to wgmma
-        __syncthreads();      // every warp has left step n-1: the other buffers are free
-        if (n + 1 < n_blocks) load_kv_block(n + 1);
-        cp_async_commit();
-
-        // S = Q Kᵀ: 64 rows × BLOCK_N keys per warpgroup, k = HD
-        float s[BLOCK_N / 2];
-        wgmma_fence();
+    auto issue_qk = [&](int stage) {  // S = Q K(stage)ᵀ, 64 × BLOCK_N, k = HD
+        const uint32_t k_addr = k_addr0 + stage * C::KV_BYTES;
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
             wgmma_ss<BLOCK_N, 0, 0>(s, QTile::k_major(q_addr + QTile::k_step(ks)),
                                     KvTile::k_major(k_addr + KvTile::k_step(ks)), ks > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_registers(s);
+    };
+    auto issue_pv = [&](int stage) {  // O += P V(stage): V is MN-major (keys × HD)
+        const uint32_t v_addr = v_addr0 + stage * C::KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::mn_major(v_addr + KvTile::mn_step(kk)), 1);
+    };
+    auto softmax_block = [&](int n) {  // S of key block n → P (fp32, in place)
+        const int n0 = n * BLOCK_N;
+        if (n0 + BLOCK_N > p.T || (CAUSAL && n0 + BLOCK_N - 1 > wg_row0))
+            mask_scores<NT, CAUSAL>(s, row, n0 + 2 * t4, p.T);
+        online_softmax<NT>(s, row_max, row_sum, p.scale_log2, rescale);
+    };
+    auto p_to_bf16 = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) accumulators_to_a(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
+    };
+    const int my_turn = C::TURN_BARRIER + cw, next_turn = C::TURN_BARRIER + (cw + 1) % CONSUMERS;
 
-        // Mask keys past the end of the sequence and, on diagonal blocks, keys after the query.
-        const bool needs_mask = n0 + BLOCK_N > T || (CAUSAL && n0 + BLOCK_N - 1 > m0);
-        if (needs_mask) {
-#pragma unroll
-            for (int nt = 0; nt < BLOCK_N / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = m0 + wg * 64 + row_in_wg + (e >= 2 ? 8 : 0);
-                    const int col = n0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (col >= T || (CAUSAL && col > row)) s[4 * nt + e] = -INFINITY;
-                }
-        }
+    int stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
+    mbar_wait(&sm.k_full[stage], phase);
+    wgmma_fence();
+    issue_qk(stage);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(s);
+    release_slot(&sm.k_empty[stage]);
+    softmax_block(n_blocks - 1);
+    p_to_bf16();
 
-        // Online softmax (as in flash2_forward_kernel.cuh): new row max, P, running sum, O rescale.
-        float rescale[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < BLOCK_N / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float new_max = fmaxf(row_max[half], mx * p.scale_log2);
-            // A row with every key masked so far keeps max −∞: subtract 0 so exp2 gives 0, not NaN.
-            const float base = new_max == -INFINITY ? 0.f : new_max;
-            rescale[half] = fast_exp2(row_max[half] - base);
-            row_max[half] = new_max;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BLOCK_N / 8; nt++)
-#pragma unroll
-                for (int e = 2 * half; e < 2 * half + 2; e++) {
-                    s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], p.scale_log2, -base));
-                    sum += s[4 * nt + e];
-                }
-            row_sum[half] = row_sum[half] * rescale[half] + sum;  // per-thread partial sum
-        }
-        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < HD / 2; i++) acc_o[i] *= rescale[(i % 4) / 2];
-        }
-        uint32_t pa[BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++) accumulators_to_a(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
-
-        // O += P V: B = V (keys × HD), MN-major
+    for (int i = 1; i < n_blocks; i++) {
+        const int prev = stage, prev_phase = phase;
+        if (++stage == C::STAGES) stage = 0, phase ^= 1;
+        mbar_wait(&sm.k_full[stage], phase);
+        named_barrier_sync(my_turn, 256);
+        wgmma_fence_registers(acc_o);  // the rescale and the bf16 P are done before the products start
+        wgmma_fence_operands(pa);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; kk++)
-            wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::mn_major(v_addr + KvTile::mn_step(kk)), 1);
+        issue_qk(stage);
         wgmma_commit();
+        mbar_wait(&sm.v_full[prev], prev_phase);
+        wgmma_fence();
+        issue_pv(prev);
+        wgmma_commit();
+        named_barrier_arrive(next_turn, 256);
+        wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
+        wgmma_fence_registers(s);
+        release_slot(&sm.k_empty[stage]);
+        softmax_block(n_blocks - 1 - i);
         wgmma_wait<0>();
         wgmma_fence_registers(acc_o);
+        wgmma_fence_operands(pa);
+        release_slot(&sm.v_empty[prev]);
+        rescale_rows<HD / 8>(acc_o, rescale);
+        p_to_bf16();
     }
-    cp_async_wait<0>();
+    mbar_wait(&sm.v_full[stage], phase);
+    wgmma_fence_registers(acc_o);
+    wgmma_fence_operands(pa);
+    wgmma_fence();
+    issue_pv(stage);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_registers(acc_o);
+    wgmma_fence_operands(pa);
+    release_slot(&sm.v_empty[stage]);
+    ring += n_blocks;
+    forward_epilogue<C, HD>(p, maps, q_tile, &sm.q_empty[qb], cw, tile.m0, tile.b, tile.h, acc_o, row_max, row_sum);
+}
 
-    // Epilogue: O /= ℓ, LSE = (m + log2 ℓ)·ln 2. Each warpgroup writes its rows of O into its own
-    // rows of the Q tile (its last S product has finished reading them), then stores them with
-    // 16-byte writes.
-    float* lse_row = p.lse + (long)bh * T;
-    const int wg_row0 = m0 + wg * 64;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        float sum = row_sum[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int row = wg * 64 + row_in_wg + 8 * half;
-        if (t4 == 0 && m0 + row < T) lse_row[m0 + row] = (row_max[half] + __log2f(sum)) * FLASH2_LN2;
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++)
-            *(uint32_t*)(q_tile + QTile::index(row, nt) + 2 * t4) =
-                pack_bf16(acc_o[4 * nt + 2 * half] * inv, acc_o[4 * nt + 2 * half + 1] * inv);
+// Consumer warpgroup cw: its rows of every tile this block takes. The warpgroups take turns issuing
+// their products through the tiles as one sequence (named barriers TURN_BARRIER + c).
+template <typename C, int HD, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                const Flash2ForwardSmem<C>& sm, int cw, int tiles, int heads) {
+    constexpr int CONSUMERS = C::BLOCK_M / 64;
+    if (cw == CONSUMERS - 1) named_barrier_arrive(C::TURN_BARRIER, 256);  // warpgroup 0 issues first
+    int ring = 0;
+    for (int t = blockIdx.x, iter = 0; t < tiles; t += gridDim.x, iter++) {
+        Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
+        tile.iter = iter;
+        mbar_wait(&sm.q_full[iter % C::Q_BUFFERS], (iter / C::Q_BUFFERS) & 1);
+        forward_consume_tile<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, cw, tile, ring);
     }
-    // This warpgroup's 4 warps only (barrier 0 is __syncthreads'; immediate ids keep the count low).
-    if (wg == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    const int tid = threadIdx.x % 128;
-    for (int i = tid; i < 64 * (HD / 8); i += 128) {
-        const int row = i / (HD / 8), chunk = i % (HD / 8);
-        if (wg_row0 + row < T)
-            *(uint4*)(p.out + ((long)b * T + wg_row0 + row) * p.out_stride + (long)h * HD + chunk * 8) =
-                *(const uint4*)(q_tile + QTile::index(wg * 64 + row, chunk));
+    // Warpgroup 0's turn was announced once more than it took (the first arrival above).
+    if (cw == 0) named_barrier_sync(C::TURN_BARRIER, 256);
+}
+#endif  // WGMMA_AVAILABLE
+
+template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL>
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+    flash2_forward_ws_kernel(const __grid_constant__ Flash2ForwardMaps maps, const Flash2ForwardParams p) {
+#if WGMMA_AVAILABLE
+    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
+    extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
+    const Flash2ForwardSmem<C> sm = forward_smem<C>((uint8_t*)smem_raw);
+    const int heads = p.B * p.NH, tiles = (p.T + C::BLOCK_M - 1) / C::BLOCK_M * heads;
+    if (threadIdx.x == 0) {
+        for (int q = 0; q < C::Q_BUFFERS; q++) {
+            mbar_init(&sm.q_full[q], 1);
+            mbar_init(&sm.q_empty[q], CONSUMERS);  // each consumer's storing thread, once its O has left
+        }
+        for (int s = 0; s < C::STAGES; s++) {
+            mbar_init(&sm.k_full[s], 1);
+            mbar_init(&sm.v_full[s], 1);
+            mbar_init(&sm.k_empty[s], 4 * CONSUMERS);  // one arrival per consumer warp
+            mbar_init(&sm.v_empty[s], 4 * CONSUMERS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        registers_decrease<C::PRODUCER_REGS>();
+        if (threadIdx.x == 0) forward_produce<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles, heads);
+    } else {
+        registers_increase<C::CONSUMER_REGS>();
+        forward_consume<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, threadIdx.x / 128 - 1, tiles, heads);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
 #endif
 }
 
-template <int HD, int BLOCK_N, int MIN_BLOCKS, bool CAUSAL>
-static inline void launch_forward_hopper(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
-    typedef Flash2ForwardHopperConfig<HD, BLOCK_N> C;
-    launch_with_smem<Flash2ForwardParams, flash2_forward_hopper_kernel<HD, BLOCK_N, MIN_BLOCKS, CAUSAL>>(
-        dim3((p->T + C::BLOCK_M - 1) / C::BLOCK_M, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
+// PERSISTENT: one block per multiprocessor walks the tiles; otherwise one block per tile.
+template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL, bool PERSISTENT = true>
+static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
+    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
+    constexpr int SUB = C::QTile::SUB_COLS;
+    Flash2ForwardMaps maps;
+    maps.q = make_rows_tensor_map(p->q, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_M, SUB);
+    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_N, SUB);
+    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_N, SUB);
+    maps.o = make_rows_tensor_map(p->out, B, p->T, p->NH, HD, p->out_stride, 64, SUB);
+    const int tiles = (p->T + C::BLOCK_M - 1) / C::BLOCK_M * B * p->NH;
+    Flash2ForwardParams params = *p;
+    params.B = B;
+    launch_with_smem<flash2_forward_ws_kernel<HD, BLOCK_N, CONSUMERS, CAUSAL>>(
+        dim3(PERSISTENT && tiles > flash2_sm_count() ? flash2_sm_count() : tiles), C::THREADS, C::SMEM_BYTES, stream,
+        maps, params);
 }
 
 #endif  // FLASH2_FORWARD_HOPPER_CUH

@@ -23,6 +23,7 @@ typedef struct {
     long qkv_stride, out_stride;
     int T, NH;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
+    int B;             // the persistent Hopper kernel walks all B·NH heads itself
 } Flash2ForwardParams;
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 static inline void launch_forward(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardConfig<HD, BLOCK_M, BLOCK_N, NWARPS> C;
-    launch_with_smem<Flash2ForwardParams, flash2_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, MIN_BLOCKS, CAUSAL>>(
+    launch_with_smem<flash2_forward_kernel<HD, BLOCK_M, BLOCK_N, NWARPS, MIN_BLOCKS, CAUSAL>>(
         dim3((p->T + BLOCK_M - 1) / BLOCK_M, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 

@@ -18,8 +18,11 @@
 
 #include "flash2_backward_hopper.cuh"
 #include "flash2_backward_kernel.cuh"
+#include "flash2_backward_hopper.cuh"
 #include "flash2_forward_hopper.cuh"
 #include "flash2_forward_kernel.cuh"
+#include "flash2_forward_hopper.cuh"
+#include "flash2_tiles.h"
 
 typedef void (*ForwardLaunch)(const Flash2ForwardParams*, int, cudaStream_t);
 typedef void (*BackwardLaunch)(const Flash2BackwardParams*, int, cudaStream_t);
@@ -28,41 +31,81 @@ typedef struct {
     const char* name;
     int hd;
     ForwardLaunch launch[2];  // [causal]
+    int block_n, consumers, persistent;  // ws kernels: their tile shape and launch; 0 otherwise
 } ForwardCandidate;
 typedef struct {
     const char* name;
     int hd;
     BackwardLaunch launch[2];
+    int block_m, variant;  // ws kernels: their query block and FLASH2_BWD_* bits; 0 otherwise
 } BackwardCandidate;
 
 #define FWD(HD, BM, BN, NW, MB) \
     {"fwd BM" #BM " BN" #BN " W" #NW " min" #MB, HD, \
-     {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}}
+     {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}, 0, 0, 0}
 #define BWD(HD, BM, NW, MB) \
     {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
-     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}}
+     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0}
 
 // The first candidate of each head dim is the mma.sync kernel, the reference the others are checked
-// against; on Hopper, flash2_forward.cu and flash2_backward.cu use the wgmma kernel they name.
-#define FWD_HOPPER(HD, BN, MB) \
-    {"fwd wgmma BM128 BN" #BN " min" #MB, HD, \
-     {launch_forward_hopper<HD, BN, MB, false>, launch_forward_hopper<HD, BN, MB, true>}}
+// against; "ws" are the warp-specialized TMA kernels of Hopper (flash2_forward_hopper.cuh,
+// flash2_backward_hopper.cuh); a '*' marks the shape flash2_tiles.h gives the library.
+#define FWD_WS(HD, BN, CONSUMERS, PERSISTENT) \
+    {"fwd ws BM" #CONSUMERS "x64 BN" #BN " pers" #PERSISTENT, HD, \
+     {launch_forward_ws<HD, BN, CONSUMERS, false, PERSISTENT>, launch_forward_ws<HD, BN, CONSUMERS, true, PERSISTENT>}, \
+     BN, CONSUMERS, PERSISTENT}
 static const ForwardCandidate FORWARD[] = {
-    FWD(64, 128, 64, 4, 2),  FWD_HOPPER(64, 128, 2),  FWD_HOPPER(64, 128, 1),  FWD_HOPPER(64, 64, 2),
-    FWD_HOPPER(64, 64, 1),   FWD(80, 128, 64, 4, 2),  FWD_HOPPER(80, 128, 2),  FWD_HOPPER(80, 128, 1),
-    FWD_HOPPER(80, 64, 2),   FWD_HOPPER(80, 64, 1),   FWD(96, 128, 64, 4, 2),  FWD_HOPPER(96, 64, 2),
-    FWD_HOPPER(96, 128, 1),  FWD_HOPPER(96, 64, 1),   FWD(128, 128, 64, 4, 2), FWD_HOPPER(128, 64, 2),
-    FWD_HOPPER(128, 128, 1), FWD_HOPPER(128, 64, 1),
+    FWD(64, 128, 64, 4, 2),  FWD_WS(64, 128, 3, 1),  FWD_WS(64, 128, 3, 0),  FWD_WS(64, 128, 2, 1),
+    FWD(80, 128, 64, 4, 2),  FWD_WS(80, 128, 2, 1),  FWD_WS(80, 128, 2, 0),  FWD_WS(80, 176, 2, 1),
+    FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
+    FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
-#define BWD_HOPPER(HD, BM, DEFER) \
-    {"bwd wgmma BM" #BM " BN128 defer" #DEFER, HD, \
-     {launch_backward_hopper<HD, BM, DEFER, false>, launch_backward_hopper<HD, BM, DEFER, true>}}
+#define BWD_WS(HD, BM, DET, VARIANT) \
+    {"bwd ws BM" #BM " var" #VARIANT DET, HD, \
+     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), VARIANT>, launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), VARIANT>}, BM, VARIANT}
+#define BWD_WS_ALL(HD, BM) \
+    BWD_WS(HD, BM, "", 0), BWD_WS(HD, BM, "", 1), BWD_WS(HD, BM, "", 4), BWD_WS(HD, BM, "", 5), BWD_WS(HD, BM, "", 7), \
+    BWD_WS(HD, BM, " determ.", 4)
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1), BWD_HOPPER(64, 128, true), BWD_HOPPER(64, 128, false), BWD(64, 64, 8, 1),
-    BWD(80, 64, 8, 1),  BWD_HOPPER(80, 64, true),  BWD_HOPPER(80, 64, false),
-    BWD(96, 64, 8, 1),  BWD_HOPPER(96, 64, true),  BWD_HOPPER(96, 64, false),
-    BWD(128, 64, 8, 1), BWD_HOPPER(128, 64, true), BWD_HOPPER(128, 64, false), BWD(128, 64, 4, 2),
+    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),
+    BWD(80, 64, 8, 1),   BWD_WS_ALL(80, 64),
+    BWD(96, 64, 8, 1),   BWD_WS_ALL(96, 64),
+    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),
 };
+
+// Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
+template <int HD, bool CAUSAL>
+static bool forward_chosen_as(const ForwardCandidate& c) {
+    typedef Flash2ForwardTiles<HD, CAUSAL> T;
+    return c.block_n == T::BLOCK_N && c.consumers == T::CONSUMERS && c.persistent == (int)T::PERSISTENT;
+}
+template <int HD>
+static bool forward_chosen(const ForwardCandidate& c, int causal) {
+    return causal ? forward_chosen_as<HD, true>(c) : forward_chosen_as<HD, false>(c);
+}
+static bool forward_is_chosen(const ForwardCandidate& c, int causal) {
+    if (!c.consumers) return false;
+    switch (c.hd) {
+        case 64: return forward_chosen<64>(c, causal);
+        case 80: return forward_chosen<80>(c, causal);
+        case 96: return forward_chosen<96>(c, causal);
+        default: return forward_chosen<128>(c, causal);
+    }
+}
+template <int HD>
+static bool backward_chosen(const BackwardCandidate& c, int causal) {
+    if (causal) return c.block_m == Flash2BackwardTiles<HD, true>::BLOCK_M && c.variant == Flash2BackwardTiles<HD, true>::VARIANT;
+    return c.block_m == Flash2BackwardTiles<HD, false>::BLOCK_M && c.variant == Flash2BackwardTiles<HD, false>::VARIANT;
+}
+static bool backward_is_chosen(const BackwardCandidate& c, int causal) {
+    if (!c.block_m || strstr(c.name, "determ")) return false;
+    switch (c.hd) {
+        case 64: return backward_chosen<64>(c, causal);
+        case 80: return backward_chosen<80>(c, causal);
+        case 96: return backward_chosen<96>(c, causal);
+        default: return backward_chosen<128>(c, causal);
+    }
+}
 
 static float median_ms(std::vector<float>& v) {
     std::sort(v.begin(), v.end());
@@ -154,12 +197,14 @@ int main(int argc, char** argv) {
                 CUDA_CHECK(cudaMalloc(&out_first, n * 2));
                 CUDA_CHECK(cudaMalloc(&dout, n * 2));
                 CUDA_CHECK(cudaMalloc(&lse, (size_t)B * NH * T * 4));
-                CUDA_CHECK(cudaMalloc(&work, n * 4 + 2 * (size_t)B * NH * T * 4));
+                // room for either kernel family's workspace (flash2_backward.cu takes the larger)
+                const size_t work_bytes = 2 * n * 4 + 2 * (size_t)B * NH * (T + 128) * 4 + (size_t)B * NH * (T / 64 + 2) * 4;
+                CUDA_CHECK(cudaMalloc(&work, work_bytes));
                 fill_random_bf16<<<(unsigned)((3 * n + 255) / 256), 256>>>(qkv, 3 * n, 1);
                 fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(dout, n, 2);
                 const long stride = 3L * NH * hd;
                 Flash2ForwardParams fp = {qkv, qkv + NH * hd, qkv + 2 * NH * hd, out, lse, stride, (long)NH * hd,
-                                          T, NH, 1.4426950408889634f / sqrtf((float)hd)};
+                                          T, NH, 1.4426950408889634f / sqrtf((float)hd), B};
                 Flash2BackwardParams bp;
                 bp.q = fp.q;
                 bp.k = fp.k;
@@ -178,6 +223,7 @@ int main(int argc, char** argv) {
                 bp.dqkv_stride = stride;
                 bp.T = T;
                 bp.NH = NH;
+                bp.lse_rows = T;
                 bp.scale = 1.f / sqrtf((float)hd);
                 bp.scale_log2 = bp.scale * 1.4426950408889634f;
                 const double fwd_flops = 4.0 * B * (double)T * T * hd * NH / (causal ? 2 : 1);
@@ -190,8 +236,8 @@ int main(int argc, char** argv) {
                     double err = 0;
                     if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
                     else err = rel_error_bf16(out, out_first, n);
-                    printf("%-30s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, hd, causal, T, fwd_flops / ms / 1e9,
-                           err, err > 1e-2 ? "WRONG" : "");
+                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal) ? "*" : " ",
+                           hd, causal, T, fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
                     first = false;
                 }
                 // The backward needs the forward's out and lse: restore the first candidate's.
@@ -208,8 +254,8 @@ int main(int argc, char** argv) {
                     double err = 0;
                     if (first) CUDA_CHECK(cudaMemcpy(dqkv_first, dqkv, 3 * n * 2, cudaMemcpyDeviceToDevice));
                     else err = rel_error_bf16(dqkv, dqkv_first, 3 * n);
-                    printf("%-30s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, hd, causal, T,
-                           2.5 * fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
+                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, backward_is_chosen(cand, causal) ? "*" : " ", hd,
+                           causal, T, 2.5 * fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
                     first = false;
                 }
                 fflush(stdout);

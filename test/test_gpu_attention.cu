@@ -70,9 +70,16 @@ static const char* backend_label(AttentionBackend backend) {
 }
 
 static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, int causal, int T, double scale,
-                      Layout layout) {
-    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s", backend_label(backend), HD,
-             causal ? "causal" : "full", T, scale, LAYOUT_NAMES[layout]);
+                      Layout layout, int deterministic) {
+    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s%s", backend_label(backend), HD,
+             causal ? "causal" : "full", T, scale, LAYOUT_NAMES[layout], deterministic ? "_deterministic" : "");
+}
+
+// flash2's deterministic backward (AttentionArgs.deterministic; its Hopper kernels) is tested, on
+// top of the plain runs, where the key blocks are several (T = 1000) and in the plain layout case.
+static int g_flash2_deterministic = 1;  // 0 where flash2 runs its mma.sync kernels (not deterministic)
+static int deterministic_case(AttentionBackend backend, int T, double scale) {
+    return backend == ATTN_FLASH2 && g_flash2_deterministic && scale == 1.0 && (T == 1000 || T == 127);
 }
 
 // The case running now, so that an exit from inside a backend (a failed CUDA call) still names it.
@@ -299,8 +306,8 @@ static void sync_or_die(cudaStream_t stream, const char* name, const char* what)
     exit(test_end());
 }
 
-static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, const AttentionContext* ctx,
-                     cudaStream_t stream, const char* name) {
+static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
+                     const AttentionContext* ctx, cudaStream_t stream, const char* name) {
     const AttentionShape* s = &in->shape;
     char why[256];
     if (attention_check(backend, s, why, sizeof(why)) != 0) {
@@ -319,6 +326,7 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
                 memcpy(qkv_upload + w * n + bt * row, in->qkv_bits + (bt * 3 + w) * row, row * sizeof(uint16_t));
     }
     CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
+    c.args.deterministic = deterministic;
     const AttentionArgs* a = &c.args;
     char problems[1024] = "";
 
@@ -394,6 +402,23 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
         }
         if (changed_poison_bytes(dqkv_host + c.dv_at + n, GUARD * 2))
             add_problem(problems, sizeof(problems), "backward wrote into the guard after dv");
+    }
+
+    // Deterministic mode: a second backward, on freshly poisoned outputs and workspace, is bit-identical.
+    if (deterministic) {
+        uint16_t* again = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
+        CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
+        if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        attention_backward(backend, ctx, a, stream);
+        sync_or_die(stream, name, "second backward");
+        CUDA_CHECK(cudaMemcpy(again, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+        size_t differ = 0;
+        for (size_t i = 0; i < c.dqkv_buf_elems; i++) differ += again[i] != dqkv_host[i];
+        if (differ)
+            add_problem(problems, sizeof(problems), "two deterministic backward runs differ in %zu of %zu values",
+                        differ, c.dqkv_buf_elems);
+        free(again);
     }
 
     // The backward's inputs must be as they were.
@@ -592,9 +617,12 @@ int main(int argc, char** argv) {
                              layout++)
                             for (size_t be = 0; be < COUNT(BACKENDS); be++) {
                                 if (!g_selected[be]) continue;
-                                case_name(name, sizeof(name), BACKENDS[be], HEAD_DIMS[h], causal, SEQ_LENS[t],
-                                          INPUT_SCALES[sc], (Layout)layout);
-                                test_skip(name, skip_why);
+                                const int det_max = deterministic_case(BACKENDS[be], SEQ_LENS[t], INPUT_SCALES[sc]);
+                                for (int det = 0; det <= det_max; det++) {
+                                    case_name(name, sizeof(name), BACKENDS[be], HEAD_DIMS[h], causal, SEQ_LENS[t],
+                                              INPUT_SCALES[sc], (Layout)layout, det);
+                                    test_skip(name, skip_why);
+                                }
                             }
         return test_end();
     }
@@ -603,6 +631,7 @@ int main(int argc, char** argv) {
            "instead\n",
            TOLERANCE, ABS_FLOOR);
 
+    g_flash2_deterministic = flash2_use_wgmma();
     AttentionContext ctx;
     CUBLAS_CHECK(cublasCreate(&ctx.cublas));
     cudaStream_t stream;
@@ -624,12 +653,14 @@ int main(int argc, char** argv) {
                     for (int layout = 0; layout <= (plain_layout_case(T, scale) ? 1 : 0); layout++)
                         for (size_t be = 0; be < COUNT(BACKENDS); be++) {
                             if (!g_selected[be]) continue;
-                            case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], HEAD_DIMS[h], causal, T,
-                                      scale, (Layout)layout);
-                            char name[160];
-                            snprintf(name, sizeof(name), "%s", g_running_case);
-                            run_case(&in, BACKENDS[be], (Layout)layout, &ctx, stream, name);
-                            g_running_case[0] = 0;
+                            for (int det = 0; det <= deterministic_case(BACKENDS[be], T, scale); det++) {
+                                case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], HEAD_DIMS[h], causal,
+                                          T, scale, (Layout)layout, det);
+                                char name[160];
+                                snprintf(name, sizeof(name), "%s", g_running_case);
+                                run_case(&in, BACKENDS[be], (Layout)layout, det, &ctx, stream, name);
+                                g_running_case[0] = 0;
+                            }
                         }
                     free_inputs(&in);
                 }

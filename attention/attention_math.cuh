@@ -1,0 +1,117 @@
+// attention_math.cuh: the attention arithmetic every flash kernel shares (flash1, flash2 on
+// mma.sync, flash2 on Hopper), so that they differ only in how they move data.
+//
+// All of it works on one thread's share of a score tile in the accumulator layout of
+// mma.m16n8k16, which wgmma's accumulators also follow (flash2_common.cuh): NT n8 tiles of
+// 4 floats, where elements 0 and 1 of tile nt are (row, col0 + 8·nt) and (row, col0 + 8·nt + 1),
+// and elements 2 and 3 the same columns of row + 8. `col0` is the thread's first column (the
+// block's first column + 2·(lane % 4)). The four lanes of a quad (lane / 4 equal) share rows, so
+// row reductions are two shuffles.
+//
+// Forward (Algorithm 1 of the FlashAttention-2 paper), per key block:
+//   mask_scores       keys past T, and keys after the query when causal, to −∞
+//   online_softmax    new row max m, P = exp2(S·scale_log2 − m) in place, running sum ℓ, and the
+//                     factor exp2(m_old − m) that the output accumulator is multiplied by
+//   rescale_rows      O ·= that factor
+// and once at the end softmax_finish: 1/ℓ for the deferred normalization and the row's
+// log-sum-exp (natural log). Backward (Algorithm 2), per block of Sᵀ (rows keys, columns queries):
+//   probs_from_scores   P = exp2(S·scale_log2 − LSE·log2 e), masked to 0
+//   dscores_from_probs  dS = P ∘ (dP − D)
+#ifndef ATTENTION_MATH_CUH
+#define ATTENTION_MATH_CUH
+
+#include <math.h>
+
+#include "flash2_common.cuh"
+
+// s: NT n8 tiles of scores at rows (row, row + 8) and columns col0 + 8·nt + {0, 1}.
+template <int NT, bool CAUSAL>
+__device__ __forceinline__ void mask_scores(float* s, int row, int col0, int T) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = row + (e >= 2 ? 8 : 0), c = col0 + nt * 8 + (e & 1);
+            if (c >= T || (CAUSAL && c > r)) s[4 * nt + e] = -INFINITY;
+        }
+}
+
+// One online-softmax step (the paper's line 10 of Algorithm 1, in base 2). row_max holds
+// m·scale_log2 per row; row_sum is this thread's partial ℓ (its columns only; softmax_finish adds
+// the quad's). A row whose keys are all masked so far keeps m = −∞ and gets P = 0, not NaN.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float* s, float (&row_max)[2], float (&row_sum)[2], float scale_log2,
+                                               float (&rescale)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(row_max[half], mx * scale_log2);
+        const float base = new_max == -INFINITY ? 0.f : new_max;
+        rescale[half] = fast_exp2(row_max[half] - base);
+        row_max[half] = new_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; e++) {
+                s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -base));
+                sum += s[4 * nt + e];
+            }
+        row_sum[half] = row_sum[half] * rescale[half] + sum;
+    }
+}
+
+// acc: NT n8 tiles at rows (row, row + 8), each row multiplied by its factor.
+template <int NT>
+__device__ __forceinline__ void rescale_rows(float* acc, const float (&rescale)[2]) {
+#pragma unroll
+    for (int i = 0; i < 4 * NT; i++) acc[i] *= rescale[(i % 4) / 2];
+}
+
+// After the last key block: the quad's sums, 1/ℓ (0 for an empty row) and LSE = (m + log2 ℓ)·ln 2.
+__device__ __forceinline__ void softmax_finish(const float (&row_max)[2], const float (&row_sum)[2], float (&inv)[2],
+                                               float (&lse)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float sum = row_sum[half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        inv[half] = sum > 0.f ? 1.f / sum : 0.f;
+        lse[half] = (row_max[half] + __log2f(sum)) * FLASH2_LN2;
+    }
+}
+
+// Backward, in place: s (Sᵀ) becomes Pᵀ = exp2(S·scale_log2 − LSE·log2 e), for rows key and key + 8
+// and columns col0 + 8·nt + {0, 1} (queries; col0 is the block's first query + 2·(lane % 4)).
+// lse_log2[j] is that of column col0 + j. With `masked`, entries with a key or query past T, or
+// (causal) key > query, become 0.
+template <int NT, bool CAUSAL>
+__device__ __forceinline__ void probs_from_scores(float* s, int key, int col0, int T, bool masked,
+                                                  const float* lse_log2, float scale_log2) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = nt * 8 + (e & 1);
+            const int k = key + (e >= 2 ? 8 : 0), q = col0 + j;
+            float pe = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -lse_log2[j]));
+            if (masked && (k >= T || q >= T || (CAUSAL && k > q))) pe = 0.f;
+            s[4 * nt + e] = pe;
+        }
+}
+
+// Backward, in place: dp (dPᵀ) becomes dSᵀ = Pᵀ ∘ (dPᵀ − D), same layout; d[j] = rowsum(dO ∘ O) of
+// column col0 + j.
+template <int NT>
+__device__ __forceinline__ void dscores_from_probs(float* dp, const float* p, const float* d) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dp[4 * nt + e] = p[4 * nt + e] * (dp[4 * nt + e] - d[nt * 8 + (e & 1)]);
+}
+
+#endif  // ATTENTION_MATH_CUH

@@ -1,0 +1,26 @@
+// flash2_tiles.h: the tile shapes of flash2's Hopper kernels per head dim and mask, in one place:
+// the launchers (flash2_forward.cu, flash2_backward.cu) and the tuner (flash2_tune.cu, which times
+// these against alternatives and marks them) all read them from here.
+#ifndef FLASH2_TILES_H
+#define FLASH2_TILES_H
+
+// Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step;
+// PERSISTENT: one block per multiprocessor walks the tiles (else one block per tile). Causal tiles
+// differ in length, and blocks that walk them drift apart over many heads' K and V, which then no
+// longer fit in L2: there one block per tile, scheduled by the hardware, measured faster.
+template <int HD, bool CAUSAL>
+struct Flash2ForwardTiles {
+    static constexpr int CONSUMERS = HD == 64 ? 3 : 2;
+    static constexpr int BLOCK_N = 128;
+    static constexpr bool PERSISTENT = !CAUSAL;
+};
+
+// Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow
+// 128 only at head dim 64); VARIANT: FLASH2_BWD_* bits.
+template <int HD, bool CAUSAL>
+struct Flash2BackwardTiles {
+    static constexpr int BLOCK_M = HD == 64 ? 128 : 64;
+    static constexpr int VARIANT = HD == 128 && !CAUSAL ? 5 : 4;
+};
+
+#endif  // FLASH2_TILES_H
