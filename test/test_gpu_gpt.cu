@@ -194,15 +194,11 @@ static void reject_head_dim_case(void) {
 
 int main(void) {
     test_begin();
-    uint64_t seed = pick_seed();
-    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    uint64_t seed = pick_and_print_seed();
     reject_head_dim_case();
 
-    const char* skip_why = NULL;
     GpuInfo gpu = gpu_info(0);
-    if (!gpu.found) skip_why = "no CUDA GPU found";
-    else if (gpu.major < 8) skip_why = "the model needs compute capability 8.0 or newer (bf16)";
+    const char* skip_why = gpu_skip_reason(&gpu, "the model");
 
     Problem pb;
     memset(&pb, 0, sizeof(pb));
