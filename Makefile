@@ -5,7 +5,7 @@
 #   make clean       remove build outputs (prepared data and .venv stay)
 #
 # Variables: GPU_ARCH (default "80 90a": compute capabilities to build CUDA code for),
-# NVCC, CC, PYTHON3, SHARED_DATA (offline copies of Tiny Shakespeare and the BPE ranks).
+# NVCC, CC, PYTHON3, SHARED_DATA (a folder of offline copies of Tiny Shakespeare and the BPE ranks).
 
 NVCC ?= nvcc
 CC := $(if $(filter default,$(origin CC)),gcc,$(CC))
@@ -22,9 +22,10 @@ NVCC_FLAGS := -O3 -std=c++17 -lineinfo $(GENCODE) -I. -Xcompiler -Wall,-Wextra
 TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefined -fno-omit-frame-pointer -I.
 DEPFLAGS = -MMD -MP
 
-# Offline machines: take the Tiny Shakespeare text and the GPT-2 BPE ranks from ../shared/data
-# when they are there, over any TIKTOKEN_CACHE_DIR already set (scripts/prepare_data.py downloads
-# them otherwise).
+# Offline machines: a folder SHARED_DATA (default ../shared/data, beside the checkout) holding
+# tinyshakespeare.txt and tiktoken_cache/ (tiktoken's cache of the GPT-2 BPE ranks); when it is
+# there, the dataset and the tests take them from it, over any TIKTOKEN_CACHE_DIR already set
+# (scripts/prepare_data.py downloads them otherwise).
 SHARED_DATA ?= ../shared/data
 ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache),)
 export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_DATA)/tiktoken_cache)

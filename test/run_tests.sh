@@ -22,6 +22,7 @@ tests=(
     "$BUILD/test_launcher"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_train_gpt_cli.py"
+    "$PYTHON test/test_scripts.py"
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
     "env FLASH2_MMA_SYNC=1 $BUILD/test_gpu_attention flash2"
