@@ -564,7 +564,8 @@ static void print_plan_run(const Plan* p) {
                p->resume_path, p->start_step - 1, p->start_step, (long long)p->start_data.epoch,
                (long long)p->start_data.shard_index, (long long)p->start_data.chunk_index);
     else
-        printf("init         %s\n", opt->init_from ? opt->init_from : "GPT-2 (normal 0.02, residual projections / sqrt(2L))");
+        printf("init         %s\n",
+               opt->init_from ? opt->init_from : "GPT-2 (normal 0.02, residual projections / sqrt(2L))");
     if (p->checkpoint_dir) {
         char every[64] = "";
         if (opt->checkpoint_every > 0) snprintf(every, sizeof(every), "every %lld steps and ", opt->checkpoint_every);
@@ -578,7 +579,8 @@ static void print_plan_run(const Plan* p) {
     }
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", p->flops_per_step / 1e12);
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
-           gib(p->state_bytes), p->world > 1 ? " per GPU" : "", opt->zero ? ", the last three sharded over the GPUs" : "");
+           gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
+           opt->zero ? ", the last three sharded over the GPUs" : "");
 }
 
 // Each process uses GPU LOCAL_RANK (else its rank) of those it sees, set before any other CUDA work;
