@@ -38,6 +38,7 @@
 #include "layers/launcher.h"
 #include "layers/multi_gpu.cuh"
 #include "layers/optimizer.cuh"
+#include "layers/stop_signal.h"
 
 // ---------------------------------------------------------------------------------------------
 // Options: each flag is one row of OPTIONS below (its field, default, help); getopt_long parses
@@ -144,7 +145,8 @@ static const OptionSpec OPTIONS[] = {
      "keep the N newest checkpoints, 0 = all"},
     {"resume", 0, OPT_STRING, FIELD(resume), NULL, "PATH", 0, 0,
      "continue from a checkpoint file, or the newest in a directory; the next steps give the same losses as an "
-     "uninterrupted run"},
+     "uninterrupted run. auto: the newest in --checkpoint-dir if there is one, else start fresh (for job "
+     "scripts that relaunch the same command)"},
     SECTION("weights"),
     {"init-from", 0, OPT_STRING, FIELD(init_from), NULL, "PATH", 0, 0,
      "start from weights in llm.c's model file format (fp32 or bf16) instead of the GPT-2 initialization"},
@@ -265,9 +267,15 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
     }
 }
 
+static int resume_auto(const Options* opt) { return opt->resume && strcmp(opt->resume, "auto") == 0; }
+
 // Exits (2) on combinations of flags that cannot work together.
 static void check_option_combinations(const Options* opt) {
-    if (opt->resume && opt->init_from) {
+    if (resume_auto(opt) && !opt->checkpoint_dir) {
+        fprintf(stderr, "error: --resume auto needs --checkpoint-dir DIR, where it looks for the newest checkpoint\n");
+        exit(2);
+    }
+    if (opt->resume && opt->init_from && !resume_auto(opt)) {
         fprintf(stderr, "error: --resume and --init-from both set the weights; give one of them\n");
         exit(2);
     }
@@ -333,6 +341,7 @@ typedef struct {
     size_t state_offset, state_elems;  // the optimizer state's part of the flat parameters (ZeRO-1: a shard)
     CheckpointHeader header;           // this run's description; step and data position are set when saving
     char resume_path[CHECKPOINT_PATH_MAX];  // "" = a fresh run
+    int resume_auto_fresh;                  // --resume auto found no checkpoint
     char resume_dir[CHECKPOINT_PATH_MAX];
     const char* checkpoint_dir;        // NULL: no checkpoints
     long long start_step;              // the first step this run takes: 1, or the checkpoint's step + 1
@@ -472,18 +481,39 @@ static void plan_state(Plan* p) {
     p->flops_per_step = gpt_flops_per_sequence(c, opt->seq_len) * (double)(p->total_batch_tokens / opt->seq_len);
 }
 
+// --resume auto: the newest complete checkpoint in --checkpoint-dir, into `found`; 0 when there is none.
+static int find_auto_resume(const Plan* p, char* found) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    int64_t step = 0;
+    const int r = checkpoint_find_latest(p->opt->checkpoint_dir, found, CHECKPOINT_PATH_MAX, &step, err, sizeof(err));
+    if (r < 0) {
+        fprintf(stderr, "error: --resume auto: %s\n", err);
+        exit(2);
+    }
+    return r;
+}
+
 // --resume: the checkpoint (this rank's file of a ZeRO-1 step), checked against this run; the
 // first step and its data position.
 static void plan_resume(Plan* p) {
     const Options* opt = p->opt;
     p->start_step = 1;
     if (!opt->resume) return;
-    char found[CHECKPOINT_PATH_MAX];
-    train_state_find(opt->resume, found, p->resume_dir);
+    char newest[CHECKPOINT_PATH_MAX], found[CHECKPOINT_PATH_MAX];
+    if (resume_auto(opt) && !find_auto_resume(p, newest)) {
+        p->resume_auto_fresh = 1;
+        return;
+    }
+    train_state_find(resume_auto(opt) ? newest : opt->resume, found, p->resume_dir);
     checkpoint_rank_file(p->resume_path, sizeof(p->resume_path), found, p->rank);
     CheckpointHeader saved = train_state_read_header(p->resume_path);
     train_state_check_sharding(&saved, p->resume_path, p->world, opt->zero, p->rank, p->state_elems);
     train_state_check_compatible(&saved, &p->header, p->resume_path);
+    if (saved.step >= p->steps && resume_auto(opt)) {  // a relaunch of a finished run: nothing left to do
+        printf("resume       auto: %s is at step %lld, the last step of this run: nothing to do\n", p->resume_path,
+               (long long)saved.step);
+        exit(0);
+    }
     if (saved.step >= p->steps) {
         fprintf(stderr, "error: %s is at step %lld and this run ends at step %lld: nothing to do; raise "
                         "--max-steps to train further\n", p->resume_path, (long long)saved.step, p->steps);
@@ -503,8 +533,8 @@ static void plan_resume(Plan* p) {
 // --init-from file checked now, before any GPU work.
 static void plan_files(Plan* p) {
     const Options* opt = p->opt;
-    p->checkpoint_dir = opt->checkpoint_dir ? opt->checkpoint_dir : (opt->resume ? p->resume_dir : NULL);
-    if (opt->checkpoint_dir) train_state_refuse_foreign(opt->checkpoint_dir, opt->resume ? p->resume_dir : NULL);
+    p->checkpoint_dir = opt->checkpoint_dir ? opt->checkpoint_dir : (p->resume_path[0] ? p->resume_dir : NULL);
+    if (opt->checkpoint_dir) train_state_refuse_foreign(opt->checkpoint_dir, p->resume_path[0] ? p->resume_dir : NULL);
     if (opt->init_from) {
         ModelFile file;
         train_state_open_model_file(&file, opt->init_from, &p->config);
@@ -560,10 +590,13 @@ static void print_plan_run(const Plan* p) {
     const Options* opt = p->opt;
     printf("steps        %lld\n", p->steps);
     if (p->resume_path[0])
-        printf("resume       %s: %lld steps done, continues at step %lld (data epoch %lld, shard %lld, chunk %lld)\n",
+        printf("resume       %s: %lld steps done, continues at step %lld (data epoch %lld, shard %lld, chunk %lld)%s\n",
                p->resume_path, p->start_step - 1, p->start_step, (long long)p->start_data.epoch,
-               (long long)p->start_data.shard_index, (long long)p->start_data.chunk_index);
-    else
+               (long long)p->start_data.shard_index, (long long)p->start_data.chunk_index,
+               resume_auto(opt) ? " (--resume auto)" : "");
+    if (p->resume_auto_fresh)
+        printf("resume       auto: no checkpoint in %s yet: a fresh run\n", opt->checkpoint_dir);
+    if (!p->resume_path[0])
         printf("init         %s\n",
                opt->init_from ? opt->init_from : "GPT-2 (normal 0.02, residual projections / sqrt(2L))");
     if (p->checkpoint_dir) {
@@ -848,6 +881,32 @@ static void stop_non_finite(const Plan* p, Trainer* t, long long step, DataLoade
     exit(1);
 }
 
+// Whether a stop signal reached this process or, with several GPUs, any rank (all ranks agree: one
+// all-reduce, so they stop after the same step).
+static int stop_requested(Trainer* t) {
+    int stop = stop_signal_received() != 0;
+    if (t->mg) stop = multi_gpu_sum(t->mg, stop, t->stream) > 0;
+    return stop;
+}
+
+// After a stop signal: saves the state after `step` (unless this step is saved already), says how to
+// continue, and exits with EXIT_STOPPED; when nothing could be saved, with 128 + the signal's number.
+static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
+    const int sig = stop_signal_received() ? stop_signal_received() : SIGTERM;  // 0: another rank's signal
+    int saved = t->last_checkpoint_step == step;
+    if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&p->train)) == 0;
+    fflush(stdout);
+    if (saved) {
+        printf("stopped      by %s after step %lld of %lld, saved in %s; to continue, run the same command with "
+               "--resume auto (or --resume %s)\n", stop_signal_name(sig), step, p->steps, t->last_checkpoint,
+               p->checkpoint_dir);
+        exit(EXIT_STOPPED);
+    }
+    fprintf(stderr, "stopped: by %s after step %lld of %lld; nothing could be saved (%s)\n", stop_signal_name(sig),
+            step, p->steps, p->checkpoint_dir ? "the checkpoint could not be written, see above" : "no --checkpoint-dir");
+    exit(128 + sig);
+}
+
 // The training loop: each optimizer step as a recipe of calls.
 static void train(Plan* p, Trainer* t) {
     const Options* opt = p->opt;
@@ -866,6 +925,7 @@ static void train(Plan* p, Trainer* t) {
         if (validation_due(p, step)) validate(p, t, step);
         if (t->log) fflush(t->log);
         if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&p->train));
+        if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1
         fflush(stdout);
     }
 }
@@ -880,12 +940,22 @@ static void join_gpus(const Plan* p, MultiGpu* mg) {
     multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout);
 }
 
+// A save cut short (kill -9, a lost node) leaves DIR/.step_*.ckpt.tmp behind: removed, with a note.
+static void remove_leftover_temporaries(const char* dir) {
+    char removed[1024];
+    const int n = checkpoint_remove_temporaries(dir, removed, sizeof(removed));
+    if (n > 0)
+        printf("note         removed %d temporary file(s) of an interrupted checkpoint save from %s: %s\n", n, dir,
+               removed);
+}
+
 static void run(Plan* p) {
     char err[CHECKPOINT_PATH_MAX + 256];
     if (p->checkpoint_dir && checkpoint_make_dir(p->checkpoint_dir, err, sizeof(err)) != 0) {
         fprintf(stderr, "error: %s\n", err);
         exit(1);
     }
+    if (p->checkpoint_dir && p->rank == 0) remove_leftover_temporaries(p->checkpoint_dir);
     static MultiGpu mg;
     if (p->world > 1) join_gpus(p, &mg);
     static Trainer trainer;
@@ -899,6 +969,10 @@ static void run(Plan* p) {
 // main: options → plan (printed) → run
 
 int main(int argc, char** argv) {
+    if (stop_signal_install() != 0) {  // from the start: a signal during set-up stops after the first step
+        fprintf(stderr, "error: cannot install the signal handlers: %s\n", strerror(errno));
+        exit(1);
+    }
     Options opt = parse_options(argc, argv);
     static Plan plan;
     make_plan(&plan, &opt);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include "../layers/cuda_common.h"
 #include "../layers/gpt_model.cuh"
@@ -175,9 +176,22 @@ static int train_state_write_device(CheckpointWriter* w, const void* src, size_t
     return 0;
 }
 
+// Says why a checkpoint was not saved, how many bytes it needs and how many are free in `dir`.
+static void train_state_report_failed_save(const char* dir, const CheckpointHeader* header, int rank,
+                                           const char* why) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    const long long bytes = CHECKPOINT_HEADER_BYTES + (long long)checkpoint_header_payload_bytes(header);
+    char space[128] = "";
+    struct statvfs fs;
+    if (statvfs(dir, &fs) == 0)
+        snprintf(space, sizeof(space), ", %.2f GiB are free there", (double)fs.f_bavail * (double)fs.f_frsize / GiB);
+    fprintf(stderr, "warning: rank %d: checkpoint at step %lld not saved: %s; the file needs %lld bytes (%.2f GiB)%s; "
+                    "the run goes on\n", rank, (long long)header->step, why, bytes, bytes / GiB, space);
+}
+
 // Writes this rank's checkpoint file of header.step into `dir` (temporary name, then rename; ZeRO-1:
-// DIR/step_XXXXXXXX.rankRRofWW.ckpt). Returns 0, or -1 after a warning that says why (the previous
-// checkpoints are untouched and the run can go on).
+// DIR/step_XXXXXXXX.rankRRofWW.ckpt). Returns 0, or -1 after a warning that names the file, the
+// problem and the bytes needed (the previous checkpoints are untouched and the run can go on).
 static int train_state_save(const char* dir, CheckpointHeader header, const GPTModel* model, const Optimizer* o,
                             void* staging, int rank) {
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -191,7 +205,7 @@ static int train_state_save(const char* dir, CheckpointHeader header, const GPTM
         train_state_write_device(&w, o->m, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
         train_state_write_device(&w, o->v, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
         checkpoint_writer_commit(&w, header, err, sizeof(err)) != 0) {
-        fprintf(stderr, "warning: rank %d: checkpoint at step %lld not saved: %s\n", rank, (long long)header.step, err);
+        train_state_report_failed_save(dir, &header, rank, err);
         return -1;
     }
     return 0;

@@ -20,6 +20,7 @@ tests=(
     "$BUILD/test_dataloader"
     "$BUILD/test_checkpoint"
     "$BUILD/test_launcher"
+    "$BUILD/test_stop_signal"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$PYTHON test/test_scripts.py"

@@ -7,10 +7,12 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -238,6 +240,28 @@ def test_checkpoint_dir_of_another_run_is_not_overwritten():
     expect_error(run(*GOOD, *TINY, "--resume", d, "--init-from", d), 2, "--resume and --init-from")
 
 
+def test_resume_auto_plan():
+    expect_error(run(*GOOD, *TINY, "--resume", "auto"), 2, "--resume auto needs --checkpoint-dir")
+    d = os.path.join(WORK, "auto_dir")
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert f"resume       auto: no checkpoint in {d} yet: a fresh run" in r.stdout, r.stdout
+    assert "init         GPT-2" in r.stdout, r.stdout
+    weights = os.path.join(WORK, "auto_weights.bin")  # a fresh --resume auto run may start from --init-from
+    write_model_file(weights)
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--init-from", weights)
+    assert r.returncode == 0 and f"init         {weights}" in r.stdout, (r.stdout, r.stderr)
+    os.makedirs(d, exist_ok=True)
+    write_checkpoint(os.path.join(d, "step_00000004.ckpt"), step=4, chunk=1)
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert (f"resume       {d}/step_00000004.ckpt: 4 steps done, continues at step 5 (data epoch 0, shard 0, "
+            "chunk 1) (--resume auto)") in r.stdout, r.stdout
+    # a relaunch of a run that has finished: nothing to do, and that is not an error
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--max-steps", "4")
+    assert r.returncode == 0 and "nothing to do" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
 def test_init_from_checks_the_file():
     path = os.path.join(WORK, "weights.bin")
     write_model_file(path, hidden=128, heads=2)
@@ -378,6 +402,129 @@ def test_gpu_out_of_memory_says_what_to_lower():
     r = run("--train-data", path, "--val-data", "", "--batch-size", "5000", "--seq-len", "256", "--layers", "2",
             "--max-steps", "1")
     expect_error(r, 1, "out of GPU memory", "activations of a 5000 x 256 micro batch", "--batch-size")
+
+
+# ---- preemption: signals, --resume auto, leftover temporary files, failing saves --------------------
+
+PREEMPT = [*GOOD, "--layers", "2", "--attn", "naive", "--lr", "1e-3", "--warmup-steps", "2", "--val-data", ""]
+
+
+def start(*args):
+    return subprocess.Popen([TRAIN_GPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc, step):
+    """Reads the child's output until its step line `step` (its stdout is flushed after every step)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step ") and "| loss" in line and int(line.split()[1].split("/")[0]) >= step:
+            return lines
+    raise AssertionError(f"the run ended before step {step}: {''.join(lines)[-2000:]} {proc.stderr.read()[-2000:]}")
+
+
+def test_gpu_sigterm_saves_the_current_step_and_resumes_exactly():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    d = os.path.join(WORK, "sigterm")
+    full_log, part_log, ck = os.path.join(d, "full.jsonl"), os.path.join(d, "part.jsonl"), os.path.join(d, "ck")
+    os.makedirs(d)
+    r = run(*PREEMPT, "--max-steps", "300", "--log-file", full_log)
+    assert r.returncode == 0, r.stderr
+    proc = start(*PREEMPT, "--max-steps", "300", "--checkpoint-dir", ck, "--checkpoint-every", "1000",
+                 "--log-file", part_log)
+    wait_for_step(proc, 20)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, (proc.returncode, out[-2000:], err[-2000:])
+    stopped = [line for line in out.splitlines() if line.startswith("stopped ")]
+    assert stopped and "--resume auto" in stopped[0], out[-2000:]
+    saved_step = max(gpu_losses(part_log))  # the step it was in when the signal came
+    assert saved_step < 300 and os.listdir(ck) == [f"step_{saved_step:08d}.ckpt"], (saved_step, os.listdir(ck))
+    assert "SIGTERM: finishing this step" in err, err
+    r = run(*PREEMPT, "--max-steps", "300", "--checkpoint-dir", ck, "--checkpoint-every", "1000",
+            "--log-file", part_log, "--resume", "auto")
+    assert r.returncode == 0, r.stderr
+    assert f"continues at step {saved_step + 1}" in r.stdout, r.stdout
+    full, part = gpu_losses(full_log), gpu_losses(part_log)
+    assert sorted(part) == list(range(1, 301)), sorted(part)[:5]
+    different = [s for s in full if full[s] != part[s]]  # naive attention: the same bits
+    assert not different, [(s, full[s], part[s]) for s in different[:5]]
+
+
+def test_gpu_second_signal_stops_at_once():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "second_signal")
+    # 20 micro steps per step, and then a checkpoint of ~0.7 GB to write: the second signal, 50 ms after
+    # the first, comes while the first one's step or save still runs.
+    proc = start(*PREEMPT, "--max-steps", "100000", "--total-batch-tokens", str(20 * 4 * 64), "--checkpoint-dir", ck)
+    wait_for_step(proc, 2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # two signals sent at once may arrive as one
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err[-2000:])
+    assert "SIGINT again: stopping now, without saving" in err, err
+    assert not [f for f in os.listdir(ck) if f.startswith("step_")], os.listdir(ck)
+
+
+def test_gpu_signal_without_checkpoint_dir_says_nothing_was_saved():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    proc = start(*PREEMPT, "--max-steps", "100000")
+    wait_for_step(proc, 3)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGUSR1, (proc.returncode, err[-2000:])
+    assert "nothing could be saved (no --checkpoint-dir)" in err, err
+
+
+def test_gpu_resume_auto_and_leftover_temporary_files():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "auto_run")
+    os.makedirs(ck)
+    leftover = os.path.join(ck, ".step_00000002.ckpt.tmp")  # what a save killed by kill -9 leaves
+    with open(leftover, "wb") as f:
+        f.write(b"partial")
+    auto = [*PREEMPT, "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "auto"]
+    r = run(*auto, "--max-steps", "4")
+    assert r.returncode == 0, r.stderr
+    assert "resume       auto: no checkpoint" in r.stdout, r.stdout
+    assert "removed 1 temporary file(s) of an interrupted checkpoint save" in r.stdout, r.stdout
+    assert not os.path.exists(leftover)
+    r = run(*auto, "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert "step_00000004.ckpt: 4 steps done, continues at step 5" in r.stdout, r.stdout
+    steps = [line for line in r.stdout.splitlines() if line.startswith("step ") and "| loss" in line]
+    assert [int(line.split()[1].split("/")[0]) for line in steps] == [5, 6], steps
+
+
+def test_gpu_failing_checkpoint_write_is_reported_and_the_run_goes_on():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "failing_save")
+    os.makedirs(ck)
+    # Step 2's temporary name is taken by a directory: its save fails even for root, which ignores
+    # a read-only directory's permissions.
+    os.makedirs(os.path.join(ck, ".step_00000002.ckpt.tmp"))
+    r = run(*PREEMPT, "--max-steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "1", "--keep-checkpoints", "0")
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if "checkpoint at step 2 not saved" in line]
+    n = tiny_config_params(2, 768, 12, 64)
+    assert warning and ".step_00000002.ckpt.tmp" in warning[0], r.stderr
+    assert f"needs {1024 + 14 * n} bytes" in warning[0] and "the run goes on" in warning[0], warning
+    saved = sorted(f for f in os.listdir(ck) if f.startswith("step_"))
+    assert saved == ["step_00000001.ckpt", "step_00000003.ckpt", "step_00000004.ckpt"], saved
+    if os.geteuid() != 0:  # a read-only directory (root could write there anyway)
+        ro = os.path.join(WORK, "read_only")
+        os.makedirs(ro)
+        os.chmod(ro, 0o555)
+        r = run(*PREEMPT, "--max-steps", "2", "--checkpoint-dir", ro, "--checkpoint-every", "1")
+        os.chmod(ro, 0o755)
+        assert r.returncode == 0 and r.stderr.count("not saved") == 2, r.stderr
+        assert "Permission denied" in r.stderr and "bytes" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":
