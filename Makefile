@@ -41,7 +41,7 @@ GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_g
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
-TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune
+TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -59,11 +59,40 @@ test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.install
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
-# NCCL (multi-GPU): the CUDA toolkit's, or NCCL_LIBS="-L/path/to/nccl/lib -lnccl"; at run time
-# libnccl.so.2 must be found (LD_LIBRARY_PATH), e.g. the one in PyTorch's nvidia-nccl wheel.
+# NCCL (multi-GPU): the CUDA toolkit's, or NCCL_INCLUDE="-I/path/to/nccl/include" and
+# NCCL_LIBS="-L/path/to/nccl/lib -lnccl"; at run time libnccl.so.2 must be found (LD_LIBRARY_PATH),
+# e.g. the one in PyTorch's nvidia-nccl wheel. NCCL=1 or 0 by default says whether a program
+# including nccl.h links here; without NCCL train_gpt is built for one GPU (and says so), and a
+# launch of several processes stops with a message. build/train_gpt_no_nccl is always that build
+# (the tests check it).
 NCCL_LIBS ?= -lnccl
-train_gpt: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(NCCL_LIBS)
+NCCL_INCLUDE ?=
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+ifeq ($(origin NCCL),undefined)
+NCCL := $(shell printf '\043include <nccl.h>\nint main(void) { int v; return ncclGetVersion(&v); }\n' | \
+          $(CC) -x c - -o /dev/null -I$(CUDA_HOME)/include $(NCCL_INCLUDE) -L$(CUDA_HOME)/lib64 $(NCCL_LIBS) \
+          >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(NCCL),1)
+TRAIN_GPT_NCCL := $(NCCL_INCLUDE) $(NCCL_LIBS)
+else
+TRAIN_GPT_NCCL := -DTRAIN_GPT_NO_NCCL
+$(info make: $(if $(filter command line,$(origin NCCL)),NCCL=0,NCCL not found (nccl.h and -lnccl)): train_gpt is built for one GPU; for multi-GPU install NCCL, or set NCCL_INCLUDE and NCCL_LIBS)
+endif
+# A stamp file per NCCL setting, so train_gpt is rebuilt when it changes between 1 and 0.
+NCCL_STAMP := $(BUILD)/nccl_$(NCCL)
+$(NCCL_STAMP): | $(BUILD)
+	rm -f $(BUILD)/nccl_[01]
+	touch $@
+
+train_gpt: train_gpt.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+
+# The one-GPU build, without NCCL, whatever this machine has (the tests check its refusal of a
+# multi-process launch).
+$(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MF $(BUILD)/train_gpt_no_nccl.d -o $@ $< $(ATTN_OBJS) \
+		-lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
 $(BUILD)/%.o: attention/%.cu | $(BUILD)

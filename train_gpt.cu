@@ -374,6 +374,12 @@ static void plan_launch(Plan* p, Options* opt) {
         fprintf(stderr, "error: --dump-grads needs the whole gradient on one GPU; run it without --zero 1\n");
         exit(2);
     }
+    if (p->world > 1 && !MULTI_GPU_AVAILABLE) {
+        fprintf(stderr, "error: the launcher (%s) started %d processes, but this train_gpt was built without NCCL "
+                        "and trains on one GPU only; install NCCL and rebuild (make train_gpt says whether it "
+                        "finds NCCL), or run one process\n", p->launch.source, p->world);
+        exit(2);
+    }
 }
 
 static GPTConfig plan_config(const Options* opt) {
@@ -633,7 +639,7 @@ static void plan_gpu(Plan* p) {
                p->launch.master_addr, p->launch.master_port, opt->rendezvous_timeout);
     printf("\n");
     if (!p->gpu.found) {
-        printf("gpu          none found: plan only\n");
+        printf("gpu          none found\n");
         return;
     }
     const GpuInfo* g = &p->gpu;
@@ -668,7 +674,28 @@ typedef struct {
     FILE* log;               // --log-file (rank 0)
     char last_checkpoint[CHECKPOINT_PATH_MAX + 64];
     long long last_checkpoint_step;
+    // for the ETA and the summary: this launch's steps
+    double started;            // wall clock (s) when the first step began
+    long long steps_done;
+    double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
+    double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
+    long long best_val_step;
 } Trainer;
+
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// "45s", "12m05s", "3h07m".
+static const char* format_duration(double seconds, char* buf, size_t len) {
+    const long long s = (long long)(seconds + 0.5);
+    if (s < 60) snprintf(buf, len, "%llds", s);
+    else if (s < 3600) snprintf(buf, len, "%lldm%02llds", s / 60, s % 60);
+    else snprintf(buf, len, "%lldh%02lldm", s / 3600, s / 60 % 60);
+    return buf;
+}
 
 // Linear warmup to opt->lr, then cosine decay to lr · min_lr_fraction at the last step. step from 1.
 static double learning_rate(const Options* opt, long long step, long long steps) {
@@ -787,14 +814,20 @@ static float step_ms(Trainer* t) {
     return ms;
 }
 
-// The step line, and its JSON line in --log-file.
+// The step line, and its JSON line in --log-file. The ETA: this launch's wall time per step so far
+// (validation and checkpoints included) times the steps left.
 static void log_step(const Plan* p, Trainer* t, long long step, double loss, double lr, float grad_norm, float ms) {
     const double seconds = ms / 1e3;
     const double tokens_per_s = (double)p->total_batch_tokens / seconds;
     const double tflops = p->flops_per_step / p->world / seconds / 1e12;  // per GPU
     const double mfu = p->peak_tflops > 0 ? 100.0 * tflops / p->peak_tflops : 0.0;
-    printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%%\n",
-           step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu);
+    t->steps_done++;
+    t->step_seconds += seconds;
+    char eta[32];
+    format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
+                    sizeof(eta));
+    printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
+           "ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, eta);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
@@ -821,6 +854,7 @@ static void validate(Plan* p, Trainer* t, long long step) {
     double loss = sum / (double)n;
     if (t->mg) loss = multi_gpu_sum(t->mg, loss, t->stream) / p->world;
     printf("step %5lld/%lld | val loss %.4f\n", step, p->steps, loss);
+    if (t->best_val_step == 0 || loss < t->best_val) t->best_val = loss, t->best_val_step = step;
     if (t->log) fprintf(t->log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, loss);
 }
 
@@ -881,6 +915,23 @@ static void stop_non_finite(const Plan* p, Trainer* t, long long step, DataLoade
     exit(1);
 }
 
+// What this launch did: wall time, tokens, mean TFLOP/s and MFU, the best validation loss and the
+// last checkpoint.
+static void print_summary(const Plan* p, const Trainer* t, long long last_step) {
+    char wall[32], mfu[64] = "MFU unknown (pass --peak-tflops)";
+    format_duration(wall_seconds() - t->started, wall, sizeof(wall));
+    const double tflops = t->steps_done ? p->flops_per_step / p->world * (double)t->steps_done / t->step_seconds / 1e12
+                                        : 0.0;
+    if (p->peak_tflops > 0) snprintf(mfu, sizeof(mfu), "MFU %.1f%%", 100.0 * tflops / p->peak_tflops);
+    printf("summary      steps %lld-%lld of %lld in %s (wall), %lld tokens; mean %.1f TFLOP/s per GPU, %s (over "
+           "the steps' own time)\n", last_step - t->steps_done + 1, last_step, p->steps, wall,
+           t->steps_done * p->total_batch_tokens, tflops, mfu);
+    if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
+    else printf("             no validation loss measured\n");
+    if (t->last_checkpoint[0]) printf("             last checkpoint %s\n", t->last_checkpoint);
+    else printf("             no checkpoint saved\n");
+}
+
 // Whether a stop signal reached this process or, with several GPUs, any rank (all ranks agree: one
 // all-reduce, so they stop after the same step).
 static int stop_requested(Trainer* t) {
@@ -895,6 +946,7 @@ static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
     const int sig = stop_signal_received() ? stop_signal_received() : SIGTERM;  // 0: another rank's signal
     int saved = t->last_checkpoint_step == step;
     if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&p->train)) == 0;
+    print_summary(p, t, step);
     fflush(stdout);
     if (saved) {
         printf("stopped      by %s after step %lld of %lld, saved in %s; to continue, run the same command with "
@@ -910,6 +962,7 @@ static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
 // The training loop: each optimizer step as a recipe of calls.
 static void train(Plan* p, Trainer* t) {
     const Options* opt = p->opt;
+    t->started = wall_seconds();
     for (long long step = p->start_step; step <= p->steps; step++) {
         const DataLoaderState step_data = dataloader_get_state(&p->train);  // for a rescue checkpoint
         CUDA_CHECK(cudaEventRecord(t->start, t->stream));
@@ -928,6 +981,7 @@ static void train(Plan* p, Trainer* t) {
         if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1
         fflush(stdout);
     }
+    print_summary(p, t, p->steps);
 }
 
 // Several GPUs: joins the NCCL communicator. Every rank must run the same model, batch, data and
@@ -979,7 +1033,13 @@ int main(int argc, char** argv) {
     print_plan_model(&plan);
     print_plan_run(&plan);
     plan_gpu(&plan);
-    if (plan.gpu.found && !opt.plan_only) run(&plan);
+    if (!plan.gpu.found && !opt.plan_only) {
+        fprintf(stderr, "error: no CUDA GPU found: the plan above is checked, but training needs an NVIDIA GPU of "
+                        "compute capability 8.0 or newer (check nvidia-smi and CUDA_VISIBLE_DEVICES); --plan-only "
+                        "prints the plan alone\n");
+        exit(1);
+    }
+    if (!opt.plan_only) run(&plan);
     dataloader_close(&plan.train);
     if (plan.have_val) dataloader_close(&plan.val);
     return 0;

@@ -26,6 +26,43 @@
 #ifndef MULTI_GPU_CUH
 #define MULTI_GPU_CUH
 
+#ifdef TRAIN_GPT_NO_NCCL
+// A build without NCCL (the Makefile found none, or make NCCL=0): one GPU only. MultiGpu and the calls
+// exist so the trainer compiles unchanged; the plan refuses a launch of several processes
+// (MULTI_GPU_AVAILABLE), so none of these runs.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpt_model.cuh"
+#include "launcher.h"
+
+#define MULTI_GPU_AVAILABLE 0
+
+typedef struct {
+    int rank, world, zero;
+    float* scalars;
+} MultiGpu;
+
+static void multi_gpu_unavailable(void) {
+    fprintf(stderr, "error: this train_gpt was built without NCCL: it trains on one GPU only\n");
+    exit(2);
+}
+static void multi_gpu_init(MultiGpu*, const LaunchInfo*, int, int, uint64_t, double) { multi_gpu_unavailable(); }
+static void multi_gpu_attach(MultiGpu*, const GPTModel*) { multi_gpu_unavailable(); }
+static void multi_gpu_arm_hook(MultiGpu*, GPTModel*, int) { multi_gpu_unavailable(); }
+static void multi_gpu_wait_grads(MultiGpu*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_norm_and_loss(MultiGpu*, float*, double, float*, float*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_all_gather_params(MultiGpu*, __nv_bfloat16*, cudaStream_t) { multi_gpu_unavailable(); }
+static double multi_gpu_sum(MultiGpu*, double, cudaStream_t) {
+    multi_gpu_unavailable();
+    return 0.0;
+}
+static void multi_gpu_destroy(MultiGpu*) {}
+
+#else  // NCCL
+
+#define MULTI_GPU_AVAILABLE 1
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -201,4 +238,5 @@ static void multi_gpu_destroy(MultiGpu* mg) {
     mg->comm = NULL;
 }
 
+#endif  // NCCL
 #endif  // MULTI_GPU_CUH

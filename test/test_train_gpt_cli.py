@@ -65,7 +65,7 @@ def test_help_lists_flags():
 
 
 def test_plan_on_good_data():
-    r = run(*GOOD, "--model", "gpt2-124m")
+    r = run(*GOOD, "--model", "gpt2-124m", "--plan-only")
     assert r.returncode == 0, r.stderr
     # 124,475,904 parameters at seq 1024 (llm.c's count); at seq 64 wpe has 64 rows instead of 1024.
     want_params = 124475904 - (1024 - 64) * 768
@@ -78,7 +78,7 @@ def test_plan_on_good_data():
 
 
 def test_plan_flops_and_accumulation():
-    r = run(*GOOD, "--model", "gpt3-1.3b", "--total-batch-tokens", str(4 * 64 * 8), "--attn", "naive")
+    r = run(*GOOD, "--model", "gpt3-1.3b", "--total-batch-tokens", str(4 * 64 * 8), "--attn", "naive", "--plan-only")
     assert r.returncode == 0, r.stderr
     assert "8 micro steps per optimizer step = 2048 tokens" in r.stdout, r.stdout
     assert "attention    naive" in r.stdout, r.stdout
@@ -123,6 +123,41 @@ def test_multi_gpu_flags_and_launch_environment():
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")  # ranks other than 0 print only errors
     r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
+
+
+def test_no_gpu_prints_the_plan_and_fails():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # what a machine without a GPU sees
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY], capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 1, "no CUDA GPU found")
+    assert "gpu          none found" in r.stdout and "model FLOPs" in r.stdout, r.stdout
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "gpu          none found" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+def test_build_without_nccl():
+    """build/train_gpt_no_nccl (what make builds where NCCL is missing): one GPU only, and says so."""
+    binary = os.path.join(ROOT, "build", "train_gpt_no_nccl")
+    assert os.path.exists(binary), "make builds build/train_gpt_no_nccl"
+    if shutil.which("ldd"):
+        libs = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        assert "nccl" not in libs, libs
+    r = subprocess.run([binary, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "gpus         1 (launcher: none)" in r.stdout, (r.stdout, r.stderr)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2")
+    r = subprocess.run([binary, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 2, "built without NCCL", "one GPU", "2 processes")
+
+
+def test_make_detects_missing_nccl():
+    """Where -lnccl does not link, make builds train_gpt without NCCL and says so (a dry run here)."""
+    if not shutil.which("make"):
+        raise harness.Skip("no make")
+    r = subprocess.run(["make", "-n", "-B", "NCCL_LIBS=-lno_such_nccl_library", "train_gpt"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL not found" in r.stdout and "built for one GPU" in r.stdout, r.stdout[-2000:]
+    link = [line for line in r.stdout.splitlines() if " -o train_gpt " in line]
+    assert link and "-DTRAIN_GPT_NO_NCCL" in link[0] and "nccl" not in link[0].replace("NO_NCCL", ""), link
 
 
 def test_unsupported_head_dim():
@@ -269,7 +304,7 @@ def test_init_from_checks_the_file():
     write_model_file(path, max_t=32)
     expect_error(run(*GOOD, *TINY, "--init-from", path), 2, "32 positions", ">= 64 positions")
     write_model_file(path, max_t=128)  # more positions than --seq-len: fine, the first 64 rows are used
-    r = run(*GOOD, *TINY, "--init-from", path)
+    r = run(*GOOD, *TINY, "--init-from", path, "--plan-only")
     assert r.returncode == 0 and f"init         {path}" in r.stdout, (r.stdout, r.stderr)
     with open(path, "r+b") as f:
         f.truncate(5000)
@@ -296,9 +331,15 @@ def test_gpu_trains_and_logs_every_step():
     assert r.returncode == 0, r.stderr
     steps = [line for line in r.stdout.splitlines() if line.startswith("step ") and "| loss" in line]
     assert len(steps) == 3, r.stdout  # 3 micro batches of 4 x 64 in the training shard: one epoch
-    for word in ("tok/s", "TFLOP/s", "MFU", "norm", "lr"):
+    for word in ("tok/s", "TFLOP/s", "MFU", "norm", "lr", "ETA"):
         assert word in steps[0], steps[0]
+    assert steps[-1].endswith("| ETA 0s"), steps[-1]
     assert "val loss" in r.stdout, r.stdout
+    # the summary: steps, wall time, tokens, mean TFLOP/s and MFU, best validation loss, checkpoint
+    summary = r.stdout[r.stdout.index("summary      "):]
+    assert "summary      steps 1-3 of 3 in " in summary and f"{3 * 4 * 64} tokens" in summary, summary
+    assert "TFLOP/s per GPU, MFU" in summary and "best val loss" in summary, summary
+    assert "no checkpoint saved" in summary, summary
     with open(log) as f:
         records = [json.loads(line) for line in f]
     losses = [rec["loss"] for rec in records if "loss" in rec]
