@@ -71,14 +71,13 @@ enum {
 
 typedef struct {
     const char* name;
-    const char* shape;  // for printing: "rows, cols" as written in the table
     int per_layer;      // 1: (L, rows, cols), one slice per layer
     GPTParamInit init;
     int weight_decay;   // 1: AdamW decays it
 } GPTParamSpec;
 
 static const GPTParamSpec GPT_PARAMS[NUM_PARAM_TENSORS] = {
-#define GPT_PARAM_SPEC(id, name, rows, cols, stacked, init, decay) {name, #rows ", " #cols, stacked, init, decay},
+#define GPT_PARAM_SPEC(id, name, rows, cols, stacked, init, decay) {name, stacked, init, decay},
     GPT_PARAM_TENSORS(GPT_PARAM_SPEC)
 #undef GPT_PARAM_SPEC
 };
