@@ -5,7 +5,7 @@
 #   make clean       remove build outputs (prepared data and .venv stay)
 #
 # Variables: GPU_ARCH (default "80 90a": compute capabilities to build CUDA code for),
-# NVCC, CC, PYTHON3, SHARED_DATA (offline copies of Tiny Shakespeare and the BPE ranks).
+# NVCC, CC, PYTHON3, SHARED_DATA (a folder of offline copies of Tiny Shakespeare and the BPE ranks).
 
 NVCC ?= nvcc
 CC := $(if $(filter default,$(origin CC)),gcc,$(CC))
@@ -22,9 +22,10 @@ NVCC_FLAGS := -O3 -std=c++17 -lineinfo $(GENCODE) -I. -Xcompiler -Wall,-Wextra
 TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefined -fno-omit-frame-pointer -I.
 DEPFLAGS = -MMD -MP
 
-# Offline machines: take the Tiny Shakespeare text and the GPT-2 BPE ranks from ../shared/data
-# when they are there, over any TIKTOKEN_CACHE_DIR already set (scripts/prepare_data.py downloads
-# them otherwise).
+# Offline machines: a folder SHARED_DATA (default ../shared/data, beside the checkout) holding
+# tinyshakespeare.txt and tiktoken_cache/ (tiktoken's cache of the GPT-2 BPE ranks); when it is
+# there, the dataset and the tests take them from it, over any TIKTOKEN_CACHE_DIR already set
+# (scripts/prepare_data.py downloads them otherwise).
 SHARED_DATA ?= ../shared/data
 ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache),)
 export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_DATA)/tiktoken_cache)
@@ -33,14 +34,14 @@ TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint \
-             $(BUILD)/test_launcher
+             $(BUILD)/test_launcher $(BUILD)/test_stop_signal
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
-TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune
+TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -58,11 +59,40 @@ test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.install
 	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
-# NCCL (multi-GPU): the CUDA toolkit's, or NCCL_LIBS="-L/path/to/nccl/lib -lnccl"; at run time
-# libnccl.so.2 must be found (LD_LIBRARY_PATH), e.g. the one in PyTorch's nvidia-nccl wheel.
+# NCCL (multi-GPU): the CUDA toolkit's, or NCCL_INCLUDE="-I/path/to/nccl/include" and
+# NCCL_LIBS="-L/path/to/nccl/lib -lnccl"; at run time libnccl.so.2 must be found (LD_LIBRARY_PATH),
+# e.g. the one in PyTorch's nvidia-nccl wheel. NCCL=1 or 0 by default says whether a program
+# including nccl.h links here; without NCCL train_gpt is built for one GPU (and says so), and a
+# launch of several processes stops with a message. build/train_gpt_no_nccl is always that build
+# (the tests check it).
 NCCL_LIBS ?= -lnccl
-train_gpt: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(NCCL_LIBS)
+NCCL_INCLUDE ?=
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+ifeq ($(origin NCCL),undefined)
+NCCL := $(shell printf '\043include <nccl.h>\nint main(void) { int v; return ncclGetVersion(&v); }\n' | \
+          $(CC) -x c - -o /dev/null -I$(CUDA_HOME)/include $(NCCL_INCLUDE) -L$(CUDA_HOME)/lib64 $(NCCL_LIBS) \
+          >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(NCCL),1)
+TRAIN_GPT_NCCL := $(NCCL_INCLUDE) $(NCCL_LIBS)
+else
+TRAIN_GPT_NCCL := -DTRAIN_GPT_NO_NCCL
+$(info make: $(if $(filter command line,$(origin NCCL)),NCCL=0,NCCL not found (nccl.h and -lnccl)): train_gpt is built for one GPU; for multi-GPU install NCCL, or set NCCL_INCLUDE and NCCL_LIBS)
+endif
+# A stamp file per NCCL setting, so train_gpt is rebuilt when it changes between 1 and 0.
+NCCL_STAMP := $(BUILD)/nccl_$(NCCL)
+$(NCCL_STAMP): | $(BUILD)
+	rm -f $(BUILD)/nccl_[01]
+	touch $@
+
+train_gpt: train_gpt.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+
+# The one-GPU build, without NCCL, whatever this machine has (the tests check its refusal of a
+# multi-process launch).
+$(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MF $(BUILD)/train_gpt_no_nccl.d -o $@ $< $(ATTN_OBJS) \
+		-lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
 $(BUILD)/%.o: attention/%.cu | $(BUILD)

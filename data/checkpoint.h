@@ -15,7 +15,8 @@
 // Writing is crash-safe: the payload streams to DIR/.step_XXXXXXXX.ckpt.tmp, the header goes in
 // last, the file is fsync'ed and only then renamed to its final name (rename is atomic on POSIX
 // file systems), so DIR never holds a half-written step_*.ckpt. A crash leaves at most a .tmp file,
-// which the next save of that step replaces.
+// which the next save of that step replaces and checkpoint_remove_temporaries removes (train_gpt
+// calls it when a run starts).
 //
 // Plain C11 that also compiles as C++ (nvcc). Fallible calls return -1 with one line in `err` that
 // names the file and the problem; nothing here prints or exits.
@@ -267,6 +268,31 @@ static inline void checkpoint_prune(const char* dir, int keep) {
     free(steps);
 }
 
+// Removes the temporary files a killed save leaves in DIR (regular files .step_*.ckpt.tmp, any rank's);
+// their names go to `removed` (comma-separated, cut to fit). Returns how many were removed, or -1
+// when DIR cannot be read (a DIR that does not exist has none).
+static inline int checkpoint_remove_temporaries(const char* dir, char* removed, size_t removed_len) {
+    if (removed_len) removed[0] = '\0';
+    DIR* d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    int count = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        const size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, ".step_", 6) != 0 || len < 15 || strcmp(e->d_name + len - 9, ".ckpt.tmp") != 0)
+            continue;
+        char path[CHECKPOINT_PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || unlink(path) != 0) continue;
+        const size_t used = strlen(removed);
+        if (used + 2 < removed_len) snprintf(removed + used, removed_len - used, "%s%s", count ? ", " : "", e->d_name);
+        count++;
+    }
+    closedir(d);
+    return count;
+}
+
 // Creates DIR (one level) if it does not exist.
 static inline int checkpoint_make_dir(const char* dir, char* err, size_t err_len) {
     if (mkdir(dir, 0777) == 0 || errno == EEXIST) {
@@ -292,7 +318,7 @@ static inline int checkpoint_write_fail(CheckpointWriter* w, char* err, size_t e
              strerror(errno));
     if (w->file) fclose(w->file);
     w->file = NULL;
-    remove(w->tmp_path);
+    unlink(w->tmp_path);  // a file only: never a directory that happens to have the name
     return -1;
 }
 
@@ -360,7 +386,7 @@ static inline int checkpoint_writer_commit(CheckpointWriter* w, CheckpointHeader
 static inline void checkpoint_writer_abort(CheckpointWriter* w) {
     if (w->file) fclose(w->file);
     w->file = NULL;
-    remove(w->tmp_path);
+    unlink(w->tmp_path);
 }
 
 // ---- reading ---------------------------------------------------------------------------------------

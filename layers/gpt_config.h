@@ -1,17 +1,12 @@
-// gpt_config.h: the model's shape, its parameter layout, and FLOP accounting.
+// gpt_config.h: the model's shape, its parameter tensors, and FLOP accounting.
 //
 // Plain C (no CUDA), shared by the trainer and the CPU reference, so both lay the
 // parameters out identically and count FLOPs the same way.
 //
-// Parameters are 16 tensors stored back to back in this order (llm.c's order):
-//   wte (Vp, C)      token embedding, also the LM head (tied)
-//   wpe (maxT, C)    learned position embedding
-//   per layer, stacked over L:
-//   ln1w, ln1b (L, C)          qkvw (L, 3C, C), qkvb (L, 3C)
-//   attprojw (L, C, C), attprojb (L, C)
-//   ln2w, ln2b (L, C)          fcw (L, 4C, C), fcb (L, 4C)
-//   fcprojw (L, C, 4C), fcprojb (L, C)
-//   lnfw, lnfb (C)   final LayerNorm
+// GPT_PARAM_TENSORS below is the one list of the 16 parameter tensors: their order in memory and in
+// every file (llm.c's), shapes, initialization and weight decay. The sizes (gpt_param_sizes), the
+// model (layers/gpt_model.cuh), the initialization and AdamW (layers/optimizer.cuh), the multi-GPU
+// gradient buckets (layers/multi_gpu.cuh) and the file formats (data/) all read it.
 // Linear weights are (out_features, in_features), row-major.
 #ifndef GPT_CONFIG_H
 #define GPT_CONFIG_H
@@ -23,7 +18,6 @@
 #define GPT2_VOCAB_SIZE 50257
 #define GPT2_EOT_TOKEN 50256
 #define VOCAB_PAD_MULTIPLE 128  // pad the vocab so the LM-head GEMM has friendly sizes
-#define NUM_PARAM_TENSORS 16
 
 typedef struct {
     int num_layers;         // L
@@ -33,6 +27,60 @@ typedef struct {
     int padded_vocab_size;  // Vp >= V, multiple of VOCAB_PAD_MULTIPLE; rows past V are never targets
     int max_seq_len;        // maxT, rows of wpe
 } GPTConfig;
+
+// How the GPT-2 initialization draws a tensor.
+typedef enum {
+    INIT_NORMAL,           // N(0, 0.02)
+    INIT_NORMAL_RESIDUAL,  // N(0, 0.02 / √(2L)): the projections that add into the residual stream
+    INIT_ONES,             // LayerNorm gains
+    INIT_ZEROS,            // biases
+} GPTParamInit;
+
+// The parameter tensors, in storage order. Per row: the tensor, its shape (rows, cols) for one
+// copy, how many copies are stacked (GPT_ONCE, or GPT_PER_LAYER: (L, rows, cols)), its initialization,
+// and whether AdamW decays it (the 2-D weights only). rows and cols are expressions in C (hidden),
+// Vp (padded vocab) and maxT (positions).
+#define GPT_PARAM_TENSORS(X)                                                                             \
+    /* id        name        rows   cols   stacked        init                  decay */                 \
+    X(WTE,      "wte",      Vp,    C,     GPT_ONCE,      INIT_NORMAL,          1) /* also the LM head */ \
+    X(WPE,      "wpe",      maxT,  C,     GPT_ONCE,      INIT_NORMAL,          1)                        \
+    X(LN1W,     "ln1w",     1,     C,     GPT_PER_LAYER, INIT_ONES,            0)                        \
+    X(LN1B,     "ln1b",     1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(QKVW,     "qkvw",     3 * C, C,     GPT_PER_LAYER, INIT_NORMAL,          1)                        \
+    X(QKVB,     "qkvb",     1,     3 * C, GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(ATTPROJW, "attprojw", C,     C,     GPT_PER_LAYER, INIT_NORMAL_RESIDUAL, 1)                        \
+    X(ATTPROJB, "attprojb", 1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(LN2W,     "ln2w",     1,     C,     GPT_PER_LAYER, INIT_ONES,            0)                        \
+    X(LN2B,     "ln2b",     1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(FCW,      "fcw",      4 * C, C,     GPT_PER_LAYER, INIT_NORMAL,          1)                        \
+    X(FCB,      "fcb",      1,     4 * C, GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(FCPROJW,  "fcprojw",  C,     4 * C, GPT_PER_LAYER, INIT_NORMAL_RESIDUAL, 1)                        \
+    X(FCPROJB,  "fcprojb",  1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(LNFW,     "lnfw",     1,     C,     GPT_ONCE,      INIT_ONES,            0) /* final LayerNorm */  \
+    X(LNFB,     "lnfb",     1,     C,     GPT_ONCE,      INIT_ZEROS,           0)
+
+enum { GPT_ONCE = 0, GPT_PER_LAYER = 1 };
+
+// GPT_WTE, GPT_WPE, ...: a tensor's index in the table.
+enum {
+#define GPT_PARAM_ENUM(id, name, rows, cols, stacked, init, decay) GPT_##id,
+    GPT_PARAM_TENSORS(GPT_PARAM_ENUM)
+#undef GPT_PARAM_ENUM
+    NUM_PARAM_TENSORS
+};
+
+typedef struct {
+    const char* name;
+    int per_layer;      // 1: (L, rows, cols), one slice per layer
+    GPTParamInit init;
+    int weight_decay;   // 1: AdamW decays it
+} GPTParamSpec;
+
+static const GPTParamSpec GPT_PARAMS[NUM_PARAM_TENSORS] = {
+#define GPT_PARAM_SPEC(id, name, rows, cols, stacked, init, decay) {name, stacked, init, decay},
+    GPT_PARAM_TENSORS(GPT_PARAM_SPEC)
+#undef GPT_PARAM_SPEC
+};
 
 typedef struct {
     const char* name;
@@ -95,26 +143,14 @@ static inline int gpt_config_check(const GPTConfig* c, char* err, size_t err_len
     return 0;
 }
 
-// Element counts of the 16 parameter tensors, in storage order (see top of file).
+// Element counts of the parameter tensors, in storage order (GPT_PARAM_TENSORS).
 static inline void gpt_param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
-    size_t Vp = (size_t)c->padded_vocab_size, C = (size_t)c->channels, L = (size_t)c->num_layers;
-    size_t maxT = (size_t)c->max_seq_len;
-    sizes[0] = Vp * C;         // wte
-    sizes[1] = maxT * C;       // wpe
-    sizes[2] = L * C;          // ln1w
-    sizes[3] = L * C;          // ln1b
-    sizes[4] = L * 3 * C * C;  // qkvw
-    sizes[5] = L * 3 * C;      // qkvb
-    sizes[6] = L * C * C;      // attprojw
-    sizes[7] = L * C;          // attprojb
-    sizes[8] = L * C;          // ln2w
-    sizes[9] = L * C;          // ln2b
-    sizes[10] = L * 4 * C * C; // fcw
-    sizes[11] = L * 4 * C;     // fcb
-    sizes[12] = L * C * 4 * C; // fcprojw
-    sizes[13] = L * C;         // fcprojb
-    sizes[14] = C;             // lnfw
-    sizes[15] = C;             // lnfb
+    const size_t Vp = (size_t)c->padded_vocab_size, C = (size_t)c->channels, L = (size_t)c->num_layers;
+    const size_t maxT = (size_t)c->max_seq_len;
+#define GPT_PARAM_SIZE(id, name, rows, cols, stacked, init, decay) \
+    sizes[GPT_##id] = (stacked == GPT_PER_LAYER ? L : 1) * (size_t)(rows) * (size_t)(cols);
+    GPT_PARAM_TENSORS(GPT_PARAM_SIZE)
+#undef GPT_PARAM_SIZE
 }
 
 static inline size_t gpt_num_params(const GPTConfig* c) {

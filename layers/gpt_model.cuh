@@ -30,10 +30,10 @@
 // micro-step with grad_scale = 1/(B·T·accum_steps).
 //
 // Memory: three device allocations.
-//   params (bf16)  the 16 tensors of gpt_config.h back to back (llm.c order), one cudaMalloc
+//   params (bf16)  the 16 tensors of gpt_config.h's GPT_PARAM_TENSORS back to back, one cudaMalloc
 //   grads  (bf16)  same layout
 //   acts           every activation, activation gradient and scratch buffer, one cudaMalloc cut into
-//                  the named tensors of gpt_model_act_table (each 256-byte aligned); see
+//                  the named tensors of GPT_ACTIVATIONS (each 256-byte aligned); see
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
@@ -62,44 +62,46 @@
 #include "layernorm.cuh"
 #include "matmul.cuh"
 
-// Parameter tensor indices, in gpt_config.h's order.
-enum {
-    GPT_WTE, GPT_WPE, GPT_LN1W, GPT_LN1B, GPT_QKVW, GPT_QKVB, GPT_ATTPROJW, GPT_ATTPROJB,
-    GPT_LN2W, GPT_LN2B, GPT_FCW, GPT_FCB, GPT_FCPROJW, GPT_FCPROJB, GPT_LNFW, GPT_LNFB
-};
+// Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
+// the given element type), its shape as printed in the memory plan, and its size in bytes, an
+// expression in L, N = B·T, C, NH, Vp, bf = 2 and f4 = 4 (evaluated in gpt_model_plan_acts).
+#define GPT_ACTIVATIONS(X)                                                                                         \
+    X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
+    X(ln1,       __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
+    X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
+    X(qkv,       __nv_bfloat16, "(L, B, T, 3, NH, HD) bf16",  L * N * 3 * C * bf)                                  \
+    X(atty,      __nv_bfloat16, "(L, B, T, NH, HD) bf16",     L * N * C * bf)                                      \
+    X(att_lse,   float,         "(L, B, NH, T) fp32",         L * NH * N * f4)                                     \
+    /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
+    X(att_saved, char,          "(L, backend saved bytes)",   L * layer_align256(m->att_saved_bytes))              \
+    X(residual2, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(ln2,       __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(ln2_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
+    X(ln2_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
+    X(fch,       __nv_bfloat16, "(L, B, T, 4C) bf16",         L * N * 4 * C * bf) /* before GELU */                \
+    X(fch_gelu,  __nv_bfloat16, "(L, B, T, 4C) bf16",         L * N * 4 * C * bf)                                  \
+    X(residual3, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(lnf,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
+    X(lnf_mean,  float,         "(B, T) fp32",                N * f4)                                              \
+    X(lnf_rstd,  float,         "(B, T) fp32",                N * f4)                                              \
+    /* dlogits in place after the backward's cross-entropy */                                                      \
+    X(logits,    __nv_bfloat16, "(B, T, Vp) bf16",            N * Vp * bf)                                         \
+    X(losses,    float,         "(B, T) fp32",                N * f4)                                              \
+    X(mean_loss, float,         "(1) fp32",                   f4)                                                  \
+    /* attproj / fcproj output before its residual add */                                                          \
+    X(proj,      __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
+    X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
+    X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
+    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, 3C) */ \
+    /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
+    X(scratch,   void,          "(bytes)",                    m->scratch_bytes)
 
-static const char* const GPT_PARAM_NAMES[NUM_PARAM_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
-
-// Named tensors of the activation allocation.
+// GPT_ACT_encoded, GPT_ACT_ln1, ...: a tensor's index in the table.
 enum {
-    GPT_ACT_ENCODED,    // (B, T, C) bf16
-    GPT_ACT_LN1,        // (L, B, T, C) bf16
-    GPT_ACT_LN1_MEAN,   // (L, B, T) fp32
-    GPT_ACT_LN1_RSTD,   // (L, B, T) fp32
-    GPT_ACT_QKV,        // (L, B, T, 3, NH, HD) bf16
-    GPT_ACT_ATTY,       // (L, B, T, NH, HD) bf16
-    GPT_ACT_ATT_LSE,    // (L, B, NH, T) fp32
-    GPT_ACT_ATT_SAVED,  // (L, saved bytes) the backend's `saved` per layer (naive: P; flash: empty)
-    GPT_ACT_RESIDUAL2,  // (L, B, T, C) bf16
-    GPT_ACT_LN2,        // (L, B, T, C) bf16
-    GPT_ACT_LN2_MEAN,   // (L, B, T) fp32
-    GPT_ACT_LN2_RSTD,   // (L, B, T) fp32
-    GPT_ACT_FCH,        // (L, B, T, 4C) bf16, before GELU
-    GPT_ACT_FCH_GELU,   // (L, B, T, 4C) bf16
-    GPT_ACT_RESIDUAL3,  // (L, B, T, C) bf16
-    GPT_ACT_LNF,        // (B, T, C) bf16
-    GPT_ACT_LNF_MEAN,   // (B, T) fp32
-    GPT_ACT_LNF_RSTD,   // (B, T) fp32
-    GPT_ACT_LOGITS,     // (B, T, Vp) bf16; dlogits in place after the backward's cross-entropy
-    GPT_ACT_LOSSES,     // (B, T) fp32
-    GPT_ACT_MEAN_LOSS,  // (1) fp32
-    GPT_ACT_PROJ,       // (B, T, C) bf16: attproj / fcproj output before its residual add
-    GPT_ACT_DRESIDUAL,  // (B, T, C) bf16: gradient of the residual stream
-    GPT_ACT_DLN,        // (B, T, C) bf16: gradient of an LN output / of atty
-    GPT_ACT_DWIDE,      // (B, T, 4C) bf16: gradient of fch (N, 4C) or of qkv (N, 3C)
-    GPT_ACT_SCRATCH,    // bytes: max of encoder/LN/dbias backward scratch and attention workspace
+#define GPT_ACT_ENUM(member, type, shape, bytes) GPT_ACT_##member,
+    GPT_ACTIVATIONS(GPT_ACT_ENUM)
+#undef GPT_ACT_ENUM
     GPT_NUM_ACTS
 };
 
@@ -129,11 +131,9 @@ typedef struct {
     GPTActTensor act_table[GPT_NUM_ACTS];
     size_t act_bytes;
     void* acts_memory;
-    __nv_bfloat16 *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf, *logits;
-    float *ln1_mean, *ln1_rstd, *att_lse, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *mean_loss;
-    __nv_bfloat16 *proj, *dresidual, *dln, *dwide;
-    char* att_saved;  // L slices of att_saved_bytes
-    void* scratch;
+#define GPT_ACT_MEMBER(member, type, shape, bytes) type* member;
+    GPT_ACTIVATIONS(GPT_ACT_MEMBER)  // pointers into acts_memory (att_saved: L slices of att_saved_bytes)
+#undef GPT_ACT_MEMBER
     size_t att_saved_bytes;  // per layer
     size_t scratch_bytes;
 
@@ -159,34 +159,10 @@ static void gpt_model_plan_acts(GPTModel* m) {
     const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp;
     const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
     GPTActTensor* t = m->act_table;
-#define GPT_ACT(idx, nm, shp, nbytes) t[idx].name = nm, t[idx].shape = shp, t[idx].bytes = (nbytes)
-    GPT_ACT(GPT_ACT_ENCODED, "encoded", "(B, T, C) bf16", N * C * bf);
-    GPT_ACT(GPT_ACT_LN1, "ln1", "(L, B, T, C) bf16", L * N * C * bf);
-    GPT_ACT(GPT_ACT_LN1_MEAN, "ln1_mean", "(L, B, T) fp32", L * N * f4);
-    GPT_ACT(GPT_ACT_LN1_RSTD, "ln1_rstd", "(L, B, T) fp32", L * N * f4);
-    GPT_ACT(GPT_ACT_QKV, "qkv", "(L, B, T, 3, NH, HD) bf16", L * N * 3 * C * bf);
-    GPT_ACT(GPT_ACT_ATTY, "atty", "(L, B, T, NH, HD) bf16", L * N * C * bf);
-    GPT_ACT(GPT_ACT_ATT_LSE, "att_lse", "(L, B, NH, T) fp32", L * NH * N * f4);
-    GPT_ACT(GPT_ACT_ATT_SAVED, "att_saved", "(L, backend saved bytes)", L * layer_align256(m->att_saved_bytes));
-    GPT_ACT(GPT_ACT_RESIDUAL2, "residual2", "(L, B, T, C) bf16", L * N * C * bf);
-    GPT_ACT(GPT_ACT_LN2, "ln2", "(L, B, T, C) bf16", L * N * C * bf);
-    GPT_ACT(GPT_ACT_LN2_MEAN, "ln2_mean", "(L, B, T) fp32", L * N * f4);
-    GPT_ACT(GPT_ACT_LN2_RSTD, "ln2_rstd", "(L, B, T) fp32", L * N * f4);
-    GPT_ACT(GPT_ACT_FCH, "fch", "(L, B, T, 4C) bf16", L * N * 4 * C * bf);
-    GPT_ACT(GPT_ACT_FCH_GELU, "fch_gelu", "(L, B, T, 4C) bf16", L * N * 4 * C * bf);
-    GPT_ACT(GPT_ACT_RESIDUAL3, "residual3", "(L, B, T, C) bf16", L * N * C * bf);
-    GPT_ACT(GPT_ACT_LNF, "lnf", "(B, T, C) bf16", N * C * bf);
-    GPT_ACT(GPT_ACT_LNF_MEAN, "lnf_mean", "(B, T) fp32", N * f4);
-    GPT_ACT(GPT_ACT_LNF_RSTD, "lnf_rstd", "(B, T) fp32", N * f4);
-    GPT_ACT(GPT_ACT_LOGITS, "logits", "(B, T, Vp) bf16", N * Vp * bf);
-    GPT_ACT(GPT_ACT_LOSSES, "losses", "(B, T) fp32", N * f4);
-    GPT_ACT(GPT_ACT_MEAN_LOSS, "mean_loss", "(1) fp32", f4);
-    GPT_ACT(GPT_ACT_PROJ, "proj", "(B, T, C) bf16", N * C * bf);
-    GPT_ACT(GPT_ACT_DRESIDUAL, "dresidual", "(B, T, C) bf16", N * C * bf);
-    GPT_ACT(GPT_ACT_DLN, "dln", "(B, T, C) bf16", N * C * bf);
-    GPT_ACT(GPT_ACT_DWIDE, "dwide", "(B, T, 4C) bf16", N * 4 * C * bf);
-    GPT_ACT(GPT_ACT_SCRATCH, "scratch", "(bytes)", m->scratch_bytes);
-#undef GPT_ACT
+#define GPT_ACT_PLAN(member, type, shp, nbytes) \
+    t[GPT_ACT_##member].name = #member, t[GPT_ACT_##member].shape = shp, t[GPT_ACT_##member].bytes = (nbytes);
+    GPT_ACTIVATIONS(GPT_ACT_PLAN)
+#undef GPT_ACT_PLAN
     size_t offset = 0;
     for (int i = 0; i < GPT_NUM_ACTS; i++) {
         t[i].offset = offset;
@@ -203,7 +179,7 @@ static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
     fprintf(f, "  parameters: %zu (bf16 %.1f MiB; gradients the same)\n", m->num_params,
             m->num_params * sizeof(__nv_bfloat16) / MiB);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        fprintf(f, "    %-10s %12zu elements at %12zu\n", GPT_PARAM_NAMES[i], m->param_sizes[i], m->param_offsets[i]);
+        fprintf(f, "    %-10s %12zu elements at %12zu\n", GPT_PARAMS[i].name, m->param_sizes[i], m->param_offsets[i]);
     fprintf(f, "  activations: %.1f MiB in one allocation\n", m->act_bytes / MiB);
     for (int i = 0; i < GPT_NUM_ACTS; i++)
         fprintf(f, "    %-10s %-28s %10.2f MiB at %12zu\n", m->act_table[i].name, m->act_table[i].shape,
@@ -289,34 +265,9 @@ static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, 
              backend == ATTN_NAIVE ? ", or use --attn naive-recompute or flash2" : "");
     cuda_malloc_or_explain(&m->acts_memory, m->act_bytes, acts_what, acts_hint);
     char* base = (char*)m->acts_memory;
-#define GPT_PTR(type, idx) (type)(base + m->act_table[idx].offset)
-    m->encoded = GPT_PTR(__nv_bfloat16*, GPT_ACT_ENCODED);
-    m->ln1 = GPT_PTR(__nv_bfloat16*, GPT_ACT_LN1);
-    m->ln1_mean = GPT_PTR(float*, GPT_ACT_LN1_MEAN);
-    m->ln1_rstd = GPT_PTR(float*, GPT_ACT_LN1_RSTD);
-    m->qkv = GPT_PTR(__nv_bfloat16*, GPT_ACT_QKV);
-    m->atty = GPT_PTR(__nv_bfloat16*, GPT_ACT_ATTY);
-    m->att_lse = GPT_PTR(float*, GPT_ACT_ATT_LSE);
-    m->att_saved = GPT_PTR(char*, GPT_ACT_ATT_SAVED);
-    m->residual2 = GPT_PTR(__nv_bfloat16*, GPT_ACT_RESIDUAL2);
-    m->ln2 = GPT_PTR(__nv_bfloat16*, GPT_ACT_LN2);
-    m->ln2_mean = GPT_PTR(float*, GPT_ACT_LN2_MEAN);
-    m->ln2_rstd = GPT_PTR(float*, GPT_ACT_LN2_RSTD);
-    m->fch = GPT_PTR(__nv_bfloat16*, GPT_ACT_FCH);
-    m->fch_gelu = GPT_PTR(__nv_bfloat16*, GPT_ACT_FCH_GELU);
-    m->residual3 = GPT_PTR(__nv_bfloat16*, GPT_ACT_RESIDUAL3);
-    m->lnf = GPT_PTR(__nv_bfloat16*, GPT_ACT_LNF);
-    m->lnf_mean = GPT_PTR(float*, GPT_ACT_LNF_MEAN);
-    m->lnf_rstd = GPT_PTR(float*, GPT_ACT_LNF_RSTD);
-    m->logits = GPT_PTR(__nv_bfloat16*, GPT_ACT_LOGITS);
-    m->losses = GPT_PTR(float*, GPT_ACT_LOSSES);
-    m->mean_loss = GPT_PTR(float*, GPT_ACT_MEAN_LOSS);
-    m->proj = GPT_PTR(__nv_bfloat16*, GPT_ACT_PROJ);
-    m->dresidual = GPT_PTR(__nv_bfloat16*, GPT_ACT_DRESIDUAL);
-    m->dln = GPT_PTR(__nv_bfloat16*, GPT_ACT_DLN);
-    m->dwide = GPT_PTR(__nv_bfloat16*, GPT_ACT_DWIDE);
-    m->scratch = GPT_PTR(void*, GPT_ACT_SCRATCH);
-#undef GPT_PTR
+#define GPT_ACT_POINTER(member, type, shape, bytes) m->member = (type*)(base + m->act_table[GPT_ACT_##member].offset);
+    GPT_ACTIVATIONS(GPT_ACT_POINTER)
+#undef GPT_ACT_POINTER
 
     // compute contexts
     matmul_context_create(&m->matmul, stream);

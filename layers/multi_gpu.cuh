@@ -6,15 +6,16 @@
 // joins the communicator. World 1 never comes here: the single-GPU path has no NCCL at all.
 //
 // The flat parameter vector (the model's params / grads allocations, num_params padded with zeros
-// to P' = world · S, S a multiple of 1024) is cut into world contiguous shards: rank r owns
-// elements [r·S, (r+1)·S).
+// to P' = world · S, S a multiple of 1024: layers/optimizer.cuh) is cut into world contiguous
+// shards: rank r owns elements [r·S, (r+1)·S).
 //
 // Gradients: on the last micro step of an optimizer step the model's backward hook
 // (GPTModel.grads_ready) calls multi_gpu_grads_ready for each layer as soon as its gradients are
 // final; it records an event on the compute stream, the communication stream waits for it and
-// reduces that layer's 12 tensor slices (not contiguous: the layout is per tensor, all layers
-// together) in one NCCL group, while the backward goes on with the layers below. The last bucket
-// (l = −1) holds wte, wpe, lnfw, lnfb. Earlier micro steps only accumulate (as DDP's no_sync).
+// reduces that layer's slices of the per-layer tensors (gpt_config.h's table; not contiguous: the
+// layout is per tensor, all layers together) in one NCCL group, while the backward goes on with the
+// layers below. The last bucket (l = −1) holds the other tensors: wte, wpe, lnfw, lnfb. Earlier
+// micro steps only accumulate (as DDP's no_sync).
 //   --zero 0: ncclAllReduce(avg) in place: every rank ends with the mean gradient (bf16).
 //   --zero 1: ncclReduce(avg) of each slice's intersection with each rank's shard to that rank
 //             (a reduce-scatter over the non-contiguous slices): only the owned shard is valid.
@@ -24,6 +25,43 @@
 // the shard (the caller), then multi_gpu_all_gather_params gathers the bf16 weights in place.
 #ifndef MULTI_GPU_CUH
 #define MULTI_GPU_CUH
+
+#ifdef TRAIN_GPT_NO_NCCL
+// A build without NCCL (the Makefile found none, or make NCCL=0): one GPU only. MultiGpu and the calls
+// exist so the trainer compiles unchanged; the plan refuses a launch of several processes
+// (MULTI_GPU_AVAILABLE), so none of these runs.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpt_model.cuh"
+#include "launcher.h"
+
+#define MULTI_GPU_AVAILABLE 0
+
+typedef struct {
+    int rank, world, zero;
+    float* scalars;
+} MultiGpu;
+
+static void multi_gpu_unavailable(void) {
+    fprintf(stderr, "error: this train_gpt was built without NCCL: it trains on one GPU only\n");
+    exit(2);
+}
+static void multi_gpu_init(MultiGpu*, const LaunchInfo*, int, int, uint64_t, double) { multi_gpu_unavailable(); }
+static void multi_gpu_attach(MultiGpu*, const GPTModel*) { multi_gpu_unavailable(); }
+static void multi_gpu_arm_hook(MultiGpu*, GPTModel*, int) { multi_gpu_unavailable(); }
+static void multi_gpu_wait_grads(MultiGpu*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_norm_and_loss(MultiGpu*, float*, double, float*, float*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_all_gather_params(MultiGpu*, __nv_bfloat16*, cudaStream_t) { multi_gpu_unavailable(); }
+static double multi_gpu_sum(MultiGpu*, double, cudaStream_t) {
+    multi_gpu_unavailable();
+    return 0.0;
+}
+static void multi_gpu_destroy(MultiGpu*) {}
+
+#else  // NCCL
+
+#define MULTI_GPU_AVAILABLE 1
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -67,8 +105,6 @@ static inline void nccl_check(ncclResult_t r, const char* file, int line) {
 }
 #define NCCL_CHECK(call) nccl_check((call), __FILE__, __LINE__)
 
-#define MULTI_GPU_SHARD_ALIGN 1024  // elements; S is a multiple of it
-
 typedef struct {
     int rank, world, device, zero;
     ncclComm_t comm;
@@ -78,10 +114,6 @@ typedef struct {
     size_t shard_offset, shard_size;  // this rank's elements of the padded flat parameter vector
     const GPTModel* model;      // for the backward hook
 } MultiGpu;
-
-static inline size_t multi_gpu_pad_multiple(int world) {
-    return world > 1 ? (size_t)world * MULTI_GPU_SHARD_ALIGN : 1;
-}
 
 // Joins the run's communicator on GPU `device` (already cudaSetDevice'd). `tag` hashes the options
 // every rank must share. Exits with a message when the rendezvous or NCCL fails.
@@ -137,14 +169,11 @@ static void multi_gpu_grads_ready(void* user, int layer) {
     CUDA_CHECK(cudaEventRecord(mg->ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(mg->comm_stream, mg->ready, 0));
     NCCL_CHECK(ncclGroupStart());
-    if (layer >= 0) {
-        for (int i = GPT_LN1W; i <= GPT_FCPROJB; i++) {  // the 12 per-layer tensors, (L, ...) each
-            const size_t per_layer = m->param_sizes[i] / (size_t)m->L;
-            multi_gpu_reduce_range(mg, m->grads, m->param_offsets[i] + (size_t)layer * per_layer, per_layer);
-        }
-    } else {
-        const int last[4] = {GPT_WTE, GPT_WPE, GPT_LNFW, GPT_LNFB};
-        for (int k = 0; k < 4; k++) multi_gpu_reduce_range(mg, m->grads, m->param_offsets[last[k]], m->param_sizes[last[k]]);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {  // per-layer tensors: layer l's slice; the others at l = -1
+        const int per_layer = GPT_PARAMS[i].per_layer;
+        if (per_layer != (layer >= 0)) continue;
+        const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
+        multi_gpu_reduce_range(mg, m->grads, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
     }
     NCCL_CHECK(ncclGroupEnd());
     if (layer < 0) CUDA_CHECK(cudaEventRecord(mg->done, mg->comm_stream));
@@ -209,4 +238,5 @@ static void multi_gpu_destroy(MultiGpu* mg) {
     mg->comm = NULL;
 }
 
+#endif  // NCCL
 #endif  // MULTI_GPU_CUH

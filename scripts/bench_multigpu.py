@@ -1,6 +1,7 @@
 """bench_multigpu.py: multi-GPU checks and the data-parallel benchmark of ./train_gpt (GPU machine).
 
-Called by scripts/run_multigpu_on_gpu.sh; Python standard library only (plus scripts/train_runs.py).
+Called by scripts/run_multigpu_on_gpu.sh; Python standard library only (plus scripts/train_runs.py,
+results_common.py).
 
   compare A.jsonl B.jsonl --tol X [--steps FIRST-LAST] [--name NAME]
       per-step losses of two train_gpt logs: prints max |Δloss| (and step 1's), PASS/FAIL against X;
@@ -9,7 +10,7 @@ Called by scripts/run_multigpu_on_gpu.sh; Python standard library only (plus scr
       GPT3-1.3B at seq 2048, micro batch 8, 131072 tokens per step: one GPU (accumulating 8
       micro steps), two GPUs (4 each) without and with --zero 1, in the same run. Two-GPU runs are
       two processes with torchrun-style variables, so each one's peak GPU memory is polled by its pid
-      (train_runs.poll_peak_memory). Writes scripts/results/multigpu_<gpu>.json and .md: tokens/s,
+      (train_runs.MemoryPoller). Writes scripts/results/multigpu_<gpu>.json and .md: tokens/s,
       TFLOP/s and MFU per GPU (median of the steps after the warm-up), peak memory per rank, and the
       ratios 2 GPUs / 1 GPU.
 """
@@ -20,6 +21,7 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_common  # noqa: E402
 import train_runs  # noqa: E402
 
 REPO = train_runs.REPO_ROOT
@@ -81,15 +83,14 @@ def bench(args):
             rec["tflops_per_gpu_ratio_vs_1gpu"] = round(rec["tflops_per_gpu"] / base["tflops_per_gpu"], 4)
         if rec["peak_mem_gb"] and base["peak_mem_gb"] and base["peak_mem_gb"][0] > 0:
             rec["peak_mem_ratio_vs_1gpu"] = round(max(rec["peak_mem_gb"]) / base["peak_mem_gb"][0], 4)
-    meta = train_runs.run_metadata()
-    slug = train_runs.gpu_slug(meta["device"])
+    meta = results_common.run_metadata()
+    slug = results_common.gpu_slug(meta["device"])
     result = dict(meta, what="data-parallel train_gpt: GPT3-1.3B seq 2048, micro batch 8, 131072 tokens per step; "
                   "1 GPU vs 2 GPUs (NCCL, NCCL_NVLS_ENABLE=0), without and with --zero 1; median of the steps "
                   f"after {args.skip} warm-up steps; peak memory per rank from nvidia-smi", records=records)
     os.makedirs(args.results, exist_ok=True)
     json_path = os.path.join(args.results, f"multigpu_{slug}.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
+    results_common.write_json(json_path, result)
     lines = [f"# Data-parallel train_gpt on {meta['device']}", "",
              f"{meta['date']}, commit {meta['commit']}: `{meta['command']}`", "",
              "GPT3-1.3B, seq 2048, micro batch 8 per GPU, 131072 tokens per optimizer step, flash2, "
@@ -102,8 +103,7 @@ def bench(args):
                      f"{r.get('tflops_per_gpu_ratio_vs_1gpu', '1' if r is base else 'n/a')} | "
                      f"{', '.join(str(m) for m in r['peak_mem_gb'])} | "
                      f"{r.get('peak_mem_ratio_vs_1gpu', '1' if r is base else 'n/a')} |")
-    with open(json_path[:-5] + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    results_common.write_text(json_path[:-5] + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines[6:]))
     print(f"wrote {json_path} and {json_path[:-5]}.md")
     ok = all("tflops_per_gpu" in r for r in records)

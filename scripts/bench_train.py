@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""bench_train.py: end-to-end training speed and memory of train_gpt against PyTorch, in one run (issue 4).
+"""bench_train.py: end-to-end training speed and memory of train_gpt against PyTorch, in one run.
 
 For each config, in this order and in processes of their own:
   train_gpt  ./train_gpt --model M --attn flash2 --batch-size b --seq-len T --total-batch-tokens N
                          --max-steps S --train-data D --val-data "" --log-file L
-  torch      python3 scripts/torch_gpt.py bench ... : ANCHORS.md's PyTorch reference, the same architecture
+  torch      python3 scripts/torch_gpt.py bench ... : the PyTorch reference, the same architecture
              (scripts/torch_gpt.py), fp32 parameters under bf16 autocast, fused AdamW, torch.compile of the
              whole model, SDPA with the FlashAttention-2 backend forced (sdpa_kernel(FLASH_ATTENTION)),
-             the same micro batch, sequence length, gradient accumulation, schedule and clipping.
+             the same micro batch, sequence length, gradient accumulation, schedule and clipping: what a
+             PyTorch user would run.
 Configs (the FlashAttention-2 paper's Table 1 on one GPU; any MODEL:SEQ:MICRO works too):
   1.3b-2k  gpt3-1.3b       seq 2048, micro 8        2.7b-2k  gpt3-2.7b-d128  seq 2048, micro 4
   1.3b-8k  gpt3-1.3b       seq 8192, micro 2        2.7b-8k  gpt3-2.7b-d128  seq 8192, micro 1
@@ -19,12 +20,14 @@ Method, the same for both:
   time        a whole optimizer step (all micro steps, clipping, AdamW): train_gpt's JSONL "ms" (CUDA
               events around the step), PyTorch's wall time from one torch.cuda.synchronize() to the next;
               the median over the --timed steps after --warmup steps (the first includes torch.compile)
-  throughput  tokens/s = N / step time; TFLOP/s per GPU = (6·s·P + 12·L·h·s²) · N/s / step time (DESIGN.md;
-              P all parameters, padded wte and wpe included); MFU against --peak-tflops (default by GPU
-              name: H100/H200 SXM 989.4)
+  throughput  tokens/s = N / step time; TFLOP/s per GPU = (6·s·P + 12·L·h·s²) · N/s / step time (the
+              FlashAttention-2 paper's formula, as train_gpt reports it; P all parameters, padded wte and
+              wpe included); MFU against --peak-tflops (default by GPU name, results_common.peak_tflops:
+              H100/H200 SXM 989.4; an unknown GPU counts as 989.4)
   memory      the peak of the child process's GPU memory, polled every 0.2 s with `nvidia-smi
-              --query-compute-apps=pid,used_memory`; where nvidia-smi does not list the child's pid (a
-              container's own pid namespace), the whole GPU's used memory instead ("mem_source" says which)
+              --query-compute-apps=pid,used_memory` (train_runs.MemoryPoller); where nvidia-smi does not
+              list the child's pid (a container's own pid namespace), the whole GPU's used memory instead
+              ("mem_source" says which)
   data        --train-data (default: Tiny Shakespeare, `make train`); a random-token shard when no file
               matches (the speed does not depend on the tokens)
 A PyTorch or train_gpt failure (out of memory, a crash, a time-out) becomes a record with its status and
@@ -52,15 +55,14 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_common  # noqa: E402  (device, commit, peak, results files)
 import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch itself runs in the child)
+import train_runs  # noqa: E402  (running a child, its memory, its log)
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = results_common.REPO_ROOT
 CONFIGS = {  # name: (model, seq len, micro batch)
     "1.3b-2k": ("gpt3-1.3b", 2048, 8), "1.3b-8k": ("gpt3-1.3b", 8192, 2),
     "2.7b-2k": ("gpt3-2.7b-d128", 2048, 4), "2.7b-8k": ("gpt3-2.7b-d128", 8192, 1),
@@ -127,86 +129,8 @@ def parse_config(text):
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU facts through nvidia-smi (this process never touches CUDA, so it holds no GPU memory itself)
-
-def nvidia_smi(query):
-    """Rows (lists of fields) of an nvidia-smi csv query; None when nvidia-smi is missing or fails."""
-    try:
-        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return [[field.strip() for field in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
-
-
-def gpu_index():
-    """The GPU the children use: the first of CUDA_VISIBLE_DEVICES when it is a plain index, else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return first if first.isdigit() else "0"
-
-
-def gpu_name():
-    rows = nvidia_smi(["--query-gpu=name", "-i", gpu_index()])
-    return rows[0][0] if rows else "unknown GPU"
-
-
-def peak_tflops_for(name):
-    """Dense bf16 peak by GPU name, as layers/gpt_config.h's gpu_peak_bf16_tflops; 989.4 when unknown."""
-    if "H100" in name or "H200" in name:
-        return 756.0 if "PCIe" in name else 835.0 if "NVL" in name else 989.4
-    return 312.0 if "A100" in name else 989.4
-
-
-class MemoryPoller:
-    """Peak GPU memory of one process, polled every `interval` seconds on a thread: the process's own
-    (nvidia-smi --query-compute-apps) and the whole GPU's (--query-gpu=memory.used), in MiB."""
-
-    def __init__(self, pid, interval=0.2):
-        self.pid, self.interval = str(pid), interval
-        self.process_mib = None  # None: nvidia-smi never listed the pid
-        self.gpu_mib = None      # None: nvidia-smi is not there
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while True:
-            apps = nvidia_smi(["--query-compute-apps=pid,used_memory"])
-            for row in apps or []:
-                if len(row) == 2 and row[0] == self.pid and row[1].isdigit():
-                    self.process_mib = max(self.process_mib or 0, int(row[1]))
-            gpu = nvidia_smi(["--query-gpu=memory.used", "-i", gpu_index()])
-            if gpu and gpu[0][0].isdigit():
-                self.gpu_mib = max(self.gpu_mib or 0, int(gpu[0][0]))
-            if self._stop.wait(self.interval):
-                return
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
-
-
-def run_child(cmd, log_path, timeout, env=None):
-    """Runs cmd with its output in log_path, polling its GPU memory. Returns (exit code or "timeout",
-    wall seconds, poller)."""
-    start = time.time()
-    with open(log_path, "w") as log:
-        log.write(f"$ {shlex.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
-        poller = MemoryPoller(proc.pid)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            rc = "timeout"
-        finally:
-            poller.stop()
-    return rc, time.time() - start, poller
-
+# Children: run by train_runs.run_child (output in a log file, peak GPU memory polled by nvidia-smi;
+# this process never touches CUDA, so it holds no GPU memory itself)
 
 def log_tail(path, lines=4):
     """The last non-empty lines of a child's log (not its "$ command" line), joined with " / "."""
@@ -268,17 +192,8 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
     record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(jsonl):
         os.unlink(jsonl)
-    rc, wall, poller = run_child(cmd, log_path, args.timeout)
-    step_ms = []
-    if os.path.exists(jsonl):
-        with open(jsonl) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if "ms" in rec and "val_loss" not in rec:
-                    step_ms.append(float(rec["ms"]))
+    rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout)
+    step_ms = [float(rec["ms"]) for rec in train_runs.read_step_records(jsonl)]
     if rc != 0:
         text = log_tail(log_path)
         oom = re.search(r"out of (gpu )?memory|GiB free|cudaErrorMemoryAllocation", text, re.IGNORECASE)
@@ -301,7 +216,7 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
     record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(result_path):
         os.unlink(result_path)
-    rc, wall, poller = run_child(cmd, log_path, args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     result = {}
     try:
         with open(result_path) as f:
@@ -323,30 +238,6 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
 
 # ---------------------------------------------------------------------------------------------
 # Results: merge, JSON, markdown, the printed table
-
-def gpu_slug(name):
-    """A short name for the GPU, as bench_attention.py's: "NVIDIA H100 80GB HBM3" -> "h100"."""
-    tokens = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
-    for token in tokens:
-        if re.fullmatch(r"[a-z]+\d+[a-z]*", token):
-            return token
-    return "-".join(t for t in tokens if t) or "gpu"
-
-
-def git_commit():
-    """$GIT_COMMIT when set (a copy of the tree with stale git metadata, as on the lent GPU machines);
-    else git rev-parse HEAD, "-dirty" when tracked files have changes; "unknown" without git."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("-dirty" if status else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def load_previous(json_path, device, fresh):
     """Records of an existing results file of the same device (none with --fresh or another device)."""
@@ -420,14 +311,10 @@ def notes(records):
 
 def write_results(meta, records, json_path, md_path):
     """The JSON (every record) and the markdown table, each through a .tmp file and a rename."""
-    os.makedirs(os.path.dirname(json_path), exist_ok=True)
-    with open(json_path + ".tmp", "w") as f:
-        json.dump({**meta, "records": records}, f, indent=1)
-        f.write("\n")
-    os.replace(json_path + ".tmp", json_path)
+    results_common.write_json(json_path, {**meta, "records": records})
     runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
     md = [f"# End-to-end training benchmark on {meta['device']}", "",
-          "train_gpt (`--attn flash2`) against the PyTorch reference of ANCHORS.md (`scripts/torch_gpt.py`: "
+          "train_gpt (`--attn flash2`) against the PyTorch reference (`scripts/torch_gpt.py`: "
           "bf16 autocast, fused AdamW, torch.compile, SDPA FlashAttention-2 backend), measured in the same run "
           "on the same GPU.", "",
           f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
@@ -436,9 +323,7 @@ def write_results(meta, records, json_path, md_path):
     md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
     if notes(records):
         md += ["", "Notes:", ""] + [f"- {n}" for n in notes(records)]
-    with open(md_path + ".tmp", "w") as f:
-        f.write("\n".join(md) + "\n")
-    os.replace(md_path + ".tmp", md_path)
+    results_common.write_text(md_path, "\n".join(md) + "\n")
 
 
 def summary_line(r):
@@ -455,8 +340,8 @@ def main():
     if "train_gpt" in args.impls and not os.path.exists(args.train_gpt):
         sys.exit(f"bench_train.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
     os.makedirs(args.out, exist_ok=True)
-    device = gpu_name()
-    peak = args.peak_tflops or peak_tflops_for(device)
+    device = results_common.gpu_name()
+    peak = args.peak_tflops or results_common.peak_tflops(device) or 989.4  # unknown GPU: MFU against an H100
     data = args.train_data
     try:
         tg.shard_paths(data)
@@ -465,11 +350,12 @@ def main():
         tokens = max(2 * args.total_batch_tokens + 1, 1 << 20)
         tg.write_random_shard(data, tokens, seed=0)
         print(f"no file matches {args.train_data}: timing on {tokens} random tokens ({data})", flush=True)
-    json_path = os.path.join(args.results_dir, f"train_{gpu_slug(device)}.json")
-    md_path = os.path.join(args.results_dir, f"train_{gpu_slug(device)}.md")
+    slug = results_common.gpu_slug(device)
+    json_path = os.path.join(args.results_dir, f"train_{slug}.json")
+    md_path = os.path.join(args.results_dir, f"train_{slug}.md")
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = shlex.join(["python3"] + sys.argv)
-    commit = git_commit()
+    commit = results_common.git_commit()
     meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
             "method": f"median time of a whole optimizer step over {args.timed} steps after {args.warmup} "
                       "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize() calls)",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_vs_torch.py: train_gpt against an fp32 PyTorch model on the same weights and batches (issue 4).
+"""check_vs_torch.py: train_gpt against an fp32 PyTorch model on the same weights and batches.
 
 Run on a GPU machine with PyTorch, from the repository root, after `make train_gpt`:
     python3 scripts/check_vs_torch.py                       # naive and flash2, gpt2-124m shape with 2 layers

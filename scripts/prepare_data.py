@@ -11,8 +11,8 @@ ordinary text (encode_ordinary). The token stream is written as shards in llm.c'
 
 Examples:
     python scripts/prepare_data.py                       # Tiny Shakespeare (downloaded if online)
-    TIKTOKEN_CACHE_DIR=../shared/data/tiktoken_cache \\
-    python scripts/prepare_data.py --input ../shared/data/tinyshakespeare.txt --paragraph-docs
+    TIKTOKEN_CACHE_DIR=OFFLINE/tiktoken_cache \\
+    python scripts/prepare_data.py --input OFFLINE/tinyshakespeare.txt --paragraph-docs   # offline copies
     python scripts/prepare_data.py --input a.txt b.txt --name mydata --val-fraction 0.05
 
 Everything is held in memory (the text plus 2 bytes per token); fine up to a few GB of text.
@@ -84,8 +84,8 @@ def download_shakespeare(dest):
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         raise Fail(f"could not download {SHAKESPEARE_URL} ({reason}); this machine seems offline: "
-                   f"pass --input PATH --paragraph-docs with a local copy of Tiny Shakespeare "
-                   f"(e.g. ../shared/data/tinyshakespeare.txt), or save it as {show(dest)}")
+                   f"pass --input PATH --paragraph-docs with a local copy of Tiny Shakespeare, "
+                   f"or save it as {show(dest)}")
     tmp = dest + ".download"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -115,8 +115,8 @@ def get_encoding():
         enc = tiktoken.get_encoding(ENCODING)
     except Exception as err:  # network errors, hash mismatch, missing plugin: all mean the same here
         raise Fail(f"tiktoken cannot load {ENCODING} ({type(err).__name__}). Offline, set "
-                   f"TIKTOKEN_CACHE_DIR to a folder holding the {ENCODING} ranks "
-                   f"(see ../shared/data/README.md: ../shared/data/tiktoken_cache)")
+                   f"TIKTOKEN_CACHE_DIR to a folder holding the {ENCODING} ranks, as tiktoken caches them "
+                   f"(`make SHARED_DATA=DIR` uses DIR/tiktoken_cache)")
     assert enc.eot_token == EOT and enc.n_vocab <= 2**16, "r50k_base no longer fits uint16 shards"
     return enc
 

@@ -43,9 +43,10 @@ if ldd ./train_gpt | grep -q "not found"; then
     exit 1
 fi
 DATA=data/tinyshakespeare
-if [ ! -f "$DATA/tinyshakespeare_val_000000.bin" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
-    TIKTOKEN_CACHE_DIR=$(cd ../shared/data/tiktoken_cache 2>/dev/null && pwd) \
-        $PYTHON scripts/prepare_data.py --input ../shared/data/tinyshakespeare.txt --paragraph-docs \
+SHARED_DATA=${SHARED_DATA:-../shared/data}  # offline copies (the Makefile's SHARED_DATA)
+if [ ! -f "$DATA/tinyshakespeare_val_000000.bin" ] && [ -f "$SHARED_DATA/tinyshakespeare.txt" ]; then
+    TIKTOKEN_CACHE_DIR=$(cd "$SHARED_DATA/tiktoken_cache" 2>/dev/null && pwd) \
+        $PYTHON scripts/prepare_data.py --input "$SHARED_DATA/tinyshakespeare.txt" --paragraph-docs \
         --name tinyshakespeare >"$OUT/prepare_data.txt" 2>&1
 fi
 if [ ! -f "$DATA/tinyshakespeare_val_000000.bin" ]; then

@@ -42,6 +42,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_common  # noqa: E402
 import train_runs  # noqa: E402
 
 # (name, model, seqlen, the paper's micro batch, the paper's A100 TFLOP/s: naive, flash1, flash2)
@@ -53,7 +54,7 @@ CONFIGS = [
 ]
 ATTNS = ("naive", "flash1", "flash2")
 PAPER_GPU = "8×A100 80GB"
-PAPER_SPEEDUP_MIN = {2048: 1.38, 8192: 2.8}  # the bar for flash2 / naive, from the paper
+PAPER_SPEEDUP_MIN = {2048: 1.38, 8192: 2.8}  # the paper's flash2 / naive speedups, the bar to reach
 
 
 def parse_args():
@@ -207,8 +208,8 @@ def markdown(result, single=None):
 
 def main():
     args = parse_args()
-    meta = train_runs.run_metadata()
-    slug = train_runs.gpu_slug(meta["device"])
+    meta = results_common.run_metadata()
+    slug = results_common.gpu_slug(meta["device"])
     tag = slug if args.gpus == 1 else f"{args.gpus}x{slug}"
     json_path = os.path.join(args.out_dir, f"table1_{tag}.json")
     md_path = os.path.join(args.out_dir, f"table1_{tag}.md")
@@ -231,10 +232,8 @@ def main():
                                  if (r["model"], r["seqlen"], r["attn"]) != (model, seqlen, attn)] + [rec]
             order = {(c[1], c[2], a): i * 3 + j for i, c in enumerate(CONFIGS) for j, a in enumerate(ATTNS)}
             result["records"].sort(key=lambda r: order.get((r["model"], r["seqlen"], r["attn"]), 99))
-            with open(json_path, "w") as f:  # after every cell, so a crash keeps what was measured
-                json.dump(result, f, indent=1)
-            with open(md_path, "w") as f:
-                f.write(markdown(result, single))
+            results_common.write_json(json_path, result)  # after every cell, so a crash keeps what was measured
+            results_common.write_text(md_path, markdown(result, single))
             if rec["tflops_per_gpu"] is not None:
                 print(f"  {rec['tflops_per_gpu']:.1f} TFLOP/s, {rec['tokens_per_s']:.0f} tok/s, MFU "
                       f"{100 * rec['mfu']:.1f}%, micro batch {rec['micro_batch']}, peak {rec['peak_mem_gb']:.1f} GB",

@@ -3,7 +3,8 @@
 
 Shared helpers (numpy only; usable without PyTorch):
   configs      the named shapes of layers/gpt_config.h, overrides, parameter shapes and counts, and the
-               FLOPs formula of DESIGN.md (6·s·P + 12·L·h·s² per sequence, P all parameters)
+               FLOPs formula of the FlashAttention-2 paper's Table 1 (6·s·P + 12·L·h·s² per sequence,
+               P all parameters)
   model files  llm.c's format, which `train_gpt --init-from PATH` reads and `--dump-grads PATH` writes:
                a header of 256 little-endian int32, [0] = 20240326 (magic), [1] = 3 (fp32 values) or
                5 (bf16 values), [2] = maxT, [3] = V (50257), [4] = L, [5] = NH, [6] = C, [7] = Vp (50304),
@@ -24,8 +25,9 @@ tensors wte, wpe, qkvw, attprojw, fcw, fcprojw only), global-norm clipping (clip
 min(1, max_norm / (norm + 1e-6)) factor as layers/global_norm.cuh), and gradient accumulation with each
 micro step's mean loss divided by the number of micro steps.
 
-Command line: the PyTorch side of scripts/bench_train.py, ANCHORS.md's reference (fp32 parameters,
-bf16 autocast, fused AdamW, torch.compile, SDPA with one backend forced), timing whole optimizer steps:
+Command line: the PyTorch side of scripts/bench_train.py, the reference a PyTorch user would run (fp32
+parameters, bf16 autocast, fused AdamW, torch.compile, SDPA with one backend forced), timing whole
+optimizer steps:
     python3 scripts/torch_gpt.py bench --model gpt3-1.3b --seq-len 2048 --batch-size 8 \\
         --total-batch-tokens 131072 --steps 6 --result-json build/torch_bench.json
 It prints one line per step and writes a JSON result (status "ok", "oom" or "error"; the time of every
@@ -116,7 +118,7 @@ def num_params(cfg):
 
 
 def flops_per_sequence(cfg, seq_len):
-    """Model FLOPs of forward + backward on one sequence: 6·s·P + 12·L·h·s² (DESIGN.md, FA2 Table 1)."""
+    """Model FLOPs of forward + backward on one sequence: 6·s·P + 12·L·h·s² (the FlashAttention-2 paper's Table 1)."""
     s = float(seq_len)
     return 6.0 * s * num_params(cfg) + 12.0 * cfg.num_layers * cfg.channels * s * s
 
@@ -442,7 +444,7 @@ def train_step(model, optimizer, batches, accum, lr, grad_clip, device, autocast
 
 
 # ---------------------------------------------------------------------------------------------
-# bench: ANCHORS.md's PyTorch reference, timed (run by scripts/bench_train.py in a process of its own)
+# bench: the PyTorch reference, timed (run by scripts/bench_train.py in a process of its own)
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")
 
@@ -523,7 +525,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="The PyTorch reference GPT (see the module doc).",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="time optimizer steps of ANCHORS.md's PyTorch reference")
+    b = sub.add_parser("bench", help="time optimizer steps of the PyTorch reference")
     b.add_argument("--model", default="gpt2-124m", choices=sorted(NAMED_SHAPES))
     b.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = the model's)")
     b.add_argument("--hidden", type=int, default=0, help="override the hidden size (0 = the model's)")
@@ -543,7 +545,7 @@ def main(argv=None):
     b.add_argument("--seed", type=int, default=1337, help="seed of the GPT-2 init (default 1337)")
     b.add_argument("--sdpa", default="flash", choices=SDPA_BACKENDS, help="SDPA backend, forced (default flash)")
     b.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
-                   help="torch.compile the whole model (default, as ANCHORS.md), each block, or nothing")
+                   help="torch.compile the whole model (default), each block, or nothing")
     b.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
                    help="bf16: fp32 parameters under bf16 autocast (default); fp32: no autocast")
     b.add_argument("--device", default="cuda", help="torch device (default cuda; cpu only to test the script)")

@@ -1,6 +1,7 @@
 """train_runs.py: run ./train_gpt as a benchmark child and read back what it measured.
 
-Shared by scripts/table1.py, scripts/bench_train.py and scripts/bench_multigpu.py. Numpy and PyTorch are not needed.
+Shared by scripts/table1.py, scripts/bench_train.py and scripts/bench_multigpu.py. Numpy and PyTorch are
+not needed.
 
 run_train_gpt(args, log_path) runs `./train_gpt args --log-file log_path`, polls nvidia-smi for the
 child's GPU memory while it runs, and returns a TrainRun: the exit status, the output, the per-step
@@ -8,10 +9,11 @@ JSON records of the log, the peak memory, and whether it ran out of GPU memory.
 run_train_gpt_ranks(args, log_path, world) does the same for one process per GPU (data parallel).
 steady_state(records, skip) summarizes the steps after the first `skip` (warm-up: cuBLASLt
 heuristics, first-touch allocation) by their median step time.
-run_metadata(command) gives the device, date, commit and command every results file records.
+run_child(command, log_path, timeout_s, env) runs any child (train_gpt or the PyTorch reference) with its
+output in a log file while a MemoryPoller records its peak GPU memory.
+The device, date, commit and results files: scripts/results_common.py.
 """
 import dataclasses
-import datetime
 import json
 import os
 import random
@@ -22,7 +24,10 @@ import sys
 import threading
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_common  # noqa: E402
+
+REPO_ROOT = results_common.REPO_ROOT
 TRAIN_GPT = os.path.join(REPO_ROOT, "train_gpt")
 
 
@@ -38,46 +43,67 @@ class TrainRun:
     seconds: float
 
 
-def _query_memory(pid):
-    """MiB the process `pid` holds on the GPU, or None when nvidia-smi cannot tell."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid):
-            try:
-                return float(parts[1])
-            except ValueError:
-                return None
-    return None
+class MemoryPoller:
+    """Peak GPU memory of one process, polled every `interval` seconds on a thread: the process's own
+    (nvidia-smi --query-compute-apps; None where nvidia-smi never lists its pid, e.g. in a container's
+    pid namespace) and the whole GPU's (--query-gpu=memory.used; None without nvidia-smi), in MiB."""
+
+    def __init__(self, pid, interval=0.2):
+        self.pid, self.interval = str(pid), interval
+        self.process_mib = None
+        self.gpu_mib = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            apps = results_common.nvidia_smi(["--query-compute-apps=pid,used_memory"])
+            for row in apps or []:
+                if len(row) == 2 and row[0] == self.pid and row[1].isdigit():
+                    self.process_mib = max(self.process_mib or 0, int(row[1]))
+            gpu = results_common.nvidia_smi(["--query-gpu=memory.used", "-i", results_common.gpu_index()])
+            if gpu and gpu[0][0].isdigit():
+                self.gpu_mib = max(self.gpu_mib or 0, int(gpu[0][0]))
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
 
 
-def poll_peak_memory(proc, interval_s=0.2):
-    """Starts a thread that records the child's peak GPU memory (MiB) into the returned dict's "peak"."""
-    peak = {"peak": 0.0}
-
-    def loop():
-        while proc.poll() is None:
-            mib = _query_memory(proc.pid)
-            if mib is not None and mib > peak["peak"]:
-                peak["peak"] = mib
-            time.sleep(interval_s)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    peak["thread"] = thread
-    return peak
+def run_child(command, log_path, timeout_s, env=None):
+    """Runs `command` from the repository root with its output (after a "$ command" line) in log_path,
+    polling its GPU memory. Returns (exit status or "timeout", wall seconds, the stopped MemoryPoller)."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+        poller = MemoryPoller(proc.pid)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = "timeout"
+        finally:
+            poller.stop()
+    return rc, time.time() - start, poller
 
 
 def read_step_records(path):
     """The step records ({"step", "loss", ...}) of a train_gpt JSON-lines log; validation lines skipped."""
     if not os.path.exists(path):
         return []
+    records = []
     with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # blank, or the torn last line of a killed run
+                continue
     return [r for r in records if "loss" in r]
 
 
@@ -91,16 +117,16 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
     start = time.time()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             env=env)
-    peak = poll_peak_memory(proc)
+    poller = MemoryPoller(proc.pid)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         stdout, stderr = proc.communicate()
         stderr += f"\n(killed after {timeout_s} s)"
-    peak["thread"].join(timeout=5)
+    poller.stop()
     return TrainRun(command=command, returncode=proc.returncode, stdout=stdout, stderr=stderr,
-                    records=read_step_records(log_path), peak_mem_mib=peak["peak"],
+                    records=read_step_records(log_path), peak_mem_mib=poller.process_mib or 0.0,
                     out_of_memory="out of GPU memory" in stderr or "out of memory" in stderr.lower(),
                     seconds=time.time() - start)
 
@@ -116,7 +142,7 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
     port = 29500 + random.randrange(2000)
     if os.path.exists(log_path):
         os.remove(log_path)
-    procs, peaks, out_paths = [], [], []
+    procs, pollers, out_paths = [], [], []
     start = time.time()
     for rank in range(world):
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
@@ -132,7 +158,7 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
         out_paths.append(f"{out_prefix}.rank{rank}.out")
         with open(out_paths[-1], "w") as out:
             procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env))
-        peaks.append(poll_peak_memory(procs[-1]))
+        pollers.append(MemoryPoller(procs[-1].pid))
     deadline = time.time() + timeout_s
     codes, killed = [], False
     for p in procs:
@@ -143,8 +169,8 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
             for q in procs:
                 q.kill()
             codes.append(p.wait())
-    for peak in peaks:
-        peak["thread"].join(timeout=5)
+    for poller in pollers:
+        poller.stop()
     outputs = []
     for path in out_paths:
         with open(path) as f:
@@ -154,10 +180,10 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
         stderr += f"\n(killed after {timeout_s} s)"
     run = TrainRun(command=[TRAIN_GPT, *[str(a) for a in args]], returncode=next((c for c in codes if c), 0),
                    stdout=outputs[0], stderr=stderr, records=read_step_records(log_path),
-                   peak_mem_mib=max(pk["peak"] for pk in peaks),
+                   peak_mem_mib=max(pl.process_mib or 0.0 for pl in pollers),
                    out_of_memory=any("out of gpu memory" in o.lower() or "out of memory" in o.lower() for o in outputs),
                    seconds=time.time() - start)
-    run.peak_mem_mib_per_rank = [pk["peak"] for pk in peaks]
+    run.peak_mem_mib_per_rank = [pl.process_mib or 0.0 for pl in pollers]
     return run
 
 
@@ -172,37 +198,3 @@ def steady_state(records, skip):
             "tokens_per_s": ref["tokens_per_s"] * ref["ms"] / ms,
             "tflops_per_gpu": ref["tflops_per_gpu"] * ref["ms"] / ms,
             "mfu": ref["mfu"] * ref["ms"] / ms}
-
-
-def git_commit():
-    """GIT_COMMIT from the environment (a copied tree's git metadata may be stale), else git rev-parse."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=REPO_ROOT, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def gpu_name():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout
-        return out.splitlines()[0].strip() if out.strip() else "unknown GPU"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown GPU"
-
-
-def gpu_slug(name):
-    """A short file-name tag for a GPU: h100, h200, a100, else the name's letters and digits."""
-    lower = name.lower()
-    for tag in ("h200", "h100", "a100", "b200"):
-        if tag in lower:
-            return tag
-    return "".join(c for c in lower if c.isalnum())[:16] or "gpu"
-
-
-def run_metadata():
-    return {"device": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "command": " ".join(shlex.quote(a) for a in ["python3"] + sys.argv)}

@@ -1,7 +1,10 @@
-// gpu_test_util.h: small helpers every GPU test program shares (built by nvcc as C++).
+// gpu_test_util.h: the helpers every GPU test program shares (built by nvcc as C++): the seed of
+// the random inputs, whether there is a GPU to test on, host and device allocation, poison checks,
+// and naming the running case when a failed CUDA call ends the program.
 #ifndef GPU_TEST_UTIL_H
 #define GPU_TEST_UTIL_H
 
+#include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,14 +13,36 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../layers/cuda_common.h"
+#include "test_harness.h"
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 // The seed of a run's random inputs: $TEST_SEED when set (to repeat a run), else fresh from the
-// clock and the process id, so every run draws new inputs. Tests print it.
+// clock and the process id, so every run draws new inputs. Tests print it (print_seed).
 static inline uint64_t pick_seed(void) {
     const char* env = getenv("TEST_SEED");
     if (env && *env) return strtoull(env, NULL, 0);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+}
+
+static inline uint64_t pick_and_print_seed(void) {
+    const uint64_t seed = pick_seed();
+    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    return seed;
+}
+
+// Why the GPU cases cannot run here (NULL: they can): no GPU, or one older than sm_80 (bf16).
+// `what` names what needs sm_80, e.g. "the attention kernels".
+static inline const char* gpu_skip_reason(const GpuInfo* gpu, const char* what) {
+    static char why[256];
+    if (!gpu->found) return "no CUDA GPU found";
+    if (gpu->major >= 8) return NULL;
+    snprintf(why, sizeof(why), "%s need compute capability 8.0 or newer (bf16)", what);
+    return why;
 }
 
 // Appends "; <message>" (or the first message) to a case's list of problems.
@@ -32,6 +57,52 @@ static inline void add_problem(char* buf, size_t size, const char* fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf + used, size - used, fmt, ap);
     va_end(ap);
+}
+
+// The case running now, so that an exit from inside the code under test (a failed CUDA call) still
+// names it: set it before a case, clear it after, and atexit(report_exit_during_case).
+static char g_running_case[160] __attribute__((unused));
+
+static inline void report_exit_during_case(void) {
+    if (g_running_case[0])
+        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
+}
+
+// Waits for `stream` (NULL: the whole device). A failed kernel leaves the CUDA context unusable, so
+// the case fails and the program ends there (later cases could not run).
+static inline void sync_or_die(cudaStream_t stream, const char* name, const char* what) {
+    cudaError_t err = stream ? cudaStreamSynchronize(stream) : cudaDeviceSynchronize();
+    if (err == cudaSuccess) return;
+    g_running_case[0] = 0;
+    test_fail(name, "the %s failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access", what,
+              cudaGetErrorString(err), cudaGetErrorName(err));
+    exit(test_end());
+}
+
+static inline void* host_alloc(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+// cudaMalloc of `bytes`; NULL for 0 bytes.
+static inline void* device_alloc(size_t bytes) {
+    void* p = NULL;
+    if (bytes) CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+}
+
+static inline int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
+
+// Bytes in [p, p + nbytes) that are no longer the poison 0xFF.
+static inline size_t changed_poison_bytes(const void* p, size_t nbytes) {
+    const unsigned char* c = (const unsigned char*)p;
+    size_t changed = 0;
+    for (size_t i = 0; i < nbytes; i++) changed += c[i] != 0xFFu;
+    return changed;
 }
 
 #endif  // GPU_TEST_UTIL_H

@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, opendir, unlink under -std=c11
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -380,6 +381,29 @@ static void test_abort_leaves_nothing(void) {
                 "err: %s", err);
 }
 
+// A killed save leaves .step_*.ckpt.tmp files: they are removed (every rank's, regular files only),
+// named, and nothing else in the directory is touched.
+static void test_remove_temporaries(void) {
+    const char* name = "checkpoint_leftover_temporaries_are_removed";
+    touch(g_dir, "step_00000010.ckpt");
+    touch(g_dir, ".step_00000020.ckpt.tmp");
+    touch(g_dir, ".step_00000020.rank01of02.ckpt.tmp");
+    touch(g_dir, "notes.tmp");
+    char blocker[CHECKPOINT_PATH_MAX + 64], removed[512];
+    snprintf(blocker, sizeof(blocker), "%s/.step_00000030.ckpt.tmp", g_dir);  // a directory: left alone
+    mkdir(blocker, 0777);
+    int n = checkpoint_remove_temporaries(g_dir, removed, sizeof(removed));
+    int ok = n == 2 && count_files(g_dir, ".step_00000020") == 0 && count_files(g_dir, "step_00000010.ckpt") == 1 &&
+             count_files(g_dir, "notes.tmp") == 1 && count_files(g_dir, ".step_00000030") == 1 &&
+             strstr(removed, ".step_00000020.ckpt.tmp") && strstr(removed, ".step_00000020.rank01of02.ckpt.tmp");
+    char missing[CHECKPOINT_PATH_MAX + 32];
+    snprintf(missing, sizeof(missing), "%s/absent", g_dir);
+    ok = ok && checkpoint_remove_temporaries(missing, removed, sizeof(removed)) == 0;
+    test_report(name, ok, "removed %d (%s)", n, removed);
+    rmdir(blocker);
+    remove_all(g_dir);
+}
+
 // A tiny model file written by hand (the format's definition), read back through model_file.h.
 static void test_model_file(void) {
     const char* name = "model_file_round_trip_fp32_and_bf16";
@@ -456,6 +480,7 @@ int main(void) {
     test_names();
     test_sharded();
     test_abort_leaves_nothing();
+    test_remove_temporaries();
     test_model_file();
     rmdir(g_dir);
     return test_end();

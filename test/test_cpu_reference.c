@@ -430,7 +430,7 @@ static void fill_tokens(TestRng* rng, int* tokens, int n, int vocab) {
 // weights) carries gradient; LayerNorm weights near 1.
 static void fill_params(TestRng* rng, CpuGPT* model, double weight_scale) {
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        int is_ln_weight = t == 2 || t == 8 || t == 14;
+        int is_ln_weight = GPT_PARAMS[t].init == INIT_ONES;
         for (size_t i = 0; i < model->param_sizes[t]; i++)
             model->param_tensors[t][i] = (is_ln_weight ? 1.0 : 0.0) + weight_scale * test_rng_normal(rng);
     }
@@ -477,9 +477,6 @@ static void test_model(TestRng* rng) {
         cpu_gpt_destroy(&model);
         return;
     }
-    const char* names[NUM_PARAM_TENSORS] = {"wte",  "wpe",  "ln1w", "ln1b",    "qkvw",    "qkvb",
-                                            "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
-                                            "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
     enum { SAMPLES = 12 };
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         double analytic[SAMPLES], numeric[SAMPLES];
@@ -489,7 +486,7 @@ static void test_model(TestRng* rng) {
             finite_differences(&numeric[s], model_loss, &mc, &model.param_tensors[t][i], 1);
         }
         char name[64];
-        snprintf(name, sizeof(name), "model_backward_d%s", names[t]);
+        snprintf(name, sizeof(name), "model_backward_d%s", GPT_PARAMS[t].name);
         double err = test_rel_error(analytic, numeric, SAMPLES);
         test_report(name, err <= FD_TOLERANCE, "relative error %.3e > %.0e on %d sampled elements", err,
                     FD_TOLERANCE, SAMPLES);

@@ -59,7 +59,7 @@ int main(void) {
     double flops = gpt_flops_per_sequence(&tiny, 16), want = 6.0 * 16 * 109312 + 12.0 * 2 * 64 * 16 * 16;
     test_report("flops_per_sequence_formula", flops == want, "got %.0f, want %.0f", flops, want);
 
-    // Peaks: the dense bf16 datasheet numbers DESIGN.md names.
+    // Peaks: the dense bf16 datasheet numbers (SXM parts; scripts/results_common.py has the same table).
     test_report("peak_h100_sxm", gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4, "wrong peak");
     test_report("peak_h200", gpu_peak_bf16_tflops("NVIDIA H200") == 989.4, "wrong peak");
     test_report("peak_a100", gpu_peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0, "wrong peak");

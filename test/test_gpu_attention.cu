@@ -50,7 +50,6 @@ static const int SEQ_LENS[] = {1, 17, 64, 127, 1000};
 static const double INPUT_SCALES[] = {1.0, 8.0};
 static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2, ATTN_NAIVE_RECOMPUTE};
 static const AttentionBackend FLASH_BACKENDS[] = {ATTN_FLASH1, ATTN_FLASH2};
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 #define TOLERANCE 1e-2
 #define ABS_FLOOR 1e-3  // rms below which a reference counts as zero (see the top comment)
@@ -80,14 +79,6 @@ static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, 
 static int g_flash2_deterministic = 1;  // 0 where flash2 runs its mma.sync kernels (not deterministic)
 static int deterministic_case(AttentionBackend backend, int T, double scale) {
     return backend == ATTN_FLASH2 && g_flash2_deterministic && scale == 1.0 && (T == 1000 || T == 127);
-}
-
-// The case running now, so that an exit from inside a backend (a failed CUDA call) still names it.
-static char g_running_case[160];
-
-static void report_exit_during_case(void) {
-    if (g_running_case[0])
-        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
 }
 
 // ---- inputs and the reference ----------------------------------------------------------------------
@@ -162,16 +153,7 @@ static double floored_rel_error(const double* x, const double* ref, size_t n, in
     return sqrt(num / (den < floor2 ? floor2 : den));
 }
 
-static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
 static int f32_bits_is_finite(uint32_t u) { return (u & 0x7F800000u) != 0x7F800000u; }
-
-// Bytes in [p, p + nbytes) that are no longer the poison 0xFF.
-static size_t changed_poison_bytes(const void* p, size_t nbytes) {
-    const unsigned char* c = (const unsigned char*)p;
-    size_t changed = 0;
-    for (size_t i = 0; i < nbytes; i++) changed += c[i] != 0xFFu;
-    return changed;
-}
 
 // Element offset of row (b, t, h) for a tensor with rows at `stride` (attention.h's layout rule).
 static size_t row_offset(const AttentionShape* s, int b, int t, int h, long stride) {
@@ -223,12 +205,6 @@ typedef struct {
     size_t dq_at, dk_at, dv_at;  // element offsets of dq, dk, dv in dqkv_buf
     AttentionArgs args;
 } CaseBuffers;
-
-static void* device_alloc(size_t bytes) {
-    void* p = NULL;
-    if (bytes) CUDA_CHECK(cudaMalloc(&p, bytes));
-    return p;
-}
 
 static CaseBuffers case_alloc(const InputSet* in, AttentionBackend backend, Layout layout,
                               const uint16_t* qkv_upload) {
@@ -293,17 +269,6 @@ static void case_free(CaseBuffers* c) {
     CUDA_CHECK(cudaFree(c->dqkv_buf));
     if (c->saved) CUDA_CHECK(cudaFree(c->saved));
     if (c->workspace) CUDA_CHECK(cudaFree(c->workspace));
-}
-
-// Waits for the stream; a failed kernel leaves the CUDA context unusable, so the case fails and the
-// program ends there (later cases could not run).
-static void sync_or_die(cudaStream_t stream, const char* name, const char* what) {
-    cudaError_t err = cudaStreamSynchronize(stream);
-    if (err == cudaSuccess) return;
-    g_running_case[0] = 0;
-    test_fail(name, "the %s failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access", what,
-              cudaGetErrorString(err), cudaGetErrorName(err));
-    exit(test_end());
 }
 
 static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
@@ -597,16 +562,12 @@ static void select_backends(int argc, char** argv) {
 int main(int argc, char** argv) {
     test_begin();
     select_backends(argc, argv);
-    uint64_t seed = pick_seed();
-    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    uint64_t seed = pick_and_print_seed();
 
     cpu_cases();
 
     GpuInfo gpu = gpu_info(0);
-    const char* skip_why = NULL;
-    if (!gpu.found) skip_why = "no CUDA GPU found";
-    else if (gpu.major < 8) skip_why = "the attention kernels need compute capability 8.0 or newer";
+    const char* skip_why = gpu_skip_reason(&gpu, "the attention kernels");
     if (skip_why) {
         char name[160];
         for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)

@@ -58,7 +58,7 @@ static void problem_make(Problem* pb, uint64_t seed) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         double* x = pb->params + pb->offsets[i];
         const size_t n = pb->sizes[i];
-        int ln_weight = i == GPT_LN1W || i == GPT_LN2W || i == GPT_LNFW;
+        int ln_weight = GPT_PARAMS[i].init == INIT_ONES;
         int ln_bias = i == GPT_LN1B || i == GPT_LN2B || i == GPT_LNFB;
         double scale = (i == GPT_ATTPROJW || i == GPT_FCPROJW) ? proj_scale : ln_weight ? 0.1 : ln_bias ? 0.05 : 0.02;
         test_fill_normal(&rng, x, n, scale);
@@ -114,8 +114,8 @@ static void check_grads(const Problem* pb, GPTModel* m, double scale, const char
     if (bad) add_problem(problems, size, "%s: %zu non-finite gradient values", label, bad);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         double e = test_rel_error(g + pb->offsets[i], ref + pb->offsets[i], pb->sizes[i]);
-        printf("  %s d%-9s rel err %.3e\n", label, GPT_PARAM_NAMES[i], e);
-        if (!(e <= TOL_GRAD)) add_problem(problems, size, "%s d%s rel err %.3e > %.0e", label, GPT_PARAM_NAMES[i], e,
+        printf("  %s d%-9s rel err %.3e\n", label, GPT_PARAMS[i].name, e);
+        if (!(e <= TOL_GRAD)) add_problem(problems, size, "%s d%s rel err %.3e > %.0e", label, GPT_PARAMS[i].name, e,
                                           TOL_GRAD);
     }
     free(g), free(ref);
@@ -194,15 +194,11 @@ static void reject_head_dim_case(void) {
 
 int main(void) {
     test_begin();
-    uint64_t seed = pick_seed();
-    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    uint64_t seed = pick_and_print_seed();
     reject_head_dim_case();
 
-    const char* skip_why = NULL;
     GpuInfo gpu = gpu_info(0);
-    if (!gpu.found) skip_why = "no CUDA GPU found";
-    else if (gpu.major < 8) skip_why = "the model needs compute capability 8.0 or newer (bf16)";
+    const char* skip_why = gpu_skip_reason(&gpu, "the model");
 
     Problem pb;
     memset(&pb, 0, sizeof(pb));

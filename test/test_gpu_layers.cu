@@ -47,7 +47,6 @@
 #include "gpu_test_util.h"
 #include "test_harness.h"
 
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-4
 #define GUARD_BYTES 256
@@ -59,12 +58,6 @@ static uint64_t g_seed;
 static uint64_t g_set_index;
 static const char* g_skip_why;  // non-NULL: no usable GPU, every GPU case is skipped
 static cudaStream_t g_stream;
-static char g_running_case[160];
-
-static void report_exit_during_case(void) {
-    if (g_running_case[0])
-        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
-}
 
 // Starts a GPU case: returns 0 (after printing SKIP) where there is no GPU.
 static int case_begin(const char* name) {
@@ -87,15 +80,6 @@ static TestRng case_rng(void) {
     return rng;
 }
 
-static void* host_alloc(size_t bytes) {
-    void* p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of host memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
-
 static uint16_t* host_bf16(size_t n) { return (uint16_t*)host_alloc(n * sizeof(uint16_t)); }
 
 // ---- host values ------------------------------------------------------------------------------------
@@ -114,8 +98,6 @@ static void fill_bf16_normal(TestRng* rng, uint16_t* bits, double* val, size_t n
 static void bits_to_double(double* out, const uint16_t* bits, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = bf16_value(bits[i]);
 }
-
-static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
 
 // ‖x − ref‖/‖ref‖ for bf16 x; *nonfinite counts NaN/Inf elements of x (unwritten: poison is NaN).
 static double rel_error_bf16(const uint16_t* x, const double* ref, size_t n, size_t* nonfinite) {
@@ -194,17 +176,6 @@ static void check_guards(char* problems, size_t size, DevBuf b, const char* what
         }
 }
 
-// Waits for the stream; a failed kernel leaves the CUDA context unusable, so the case fails and the
-// program ends there (later cases could not run).
-static void sync_or_die(const char* name) {
-    cudaError_t err = cudaStreamSynchronize(g_stream);
-    if (err == cudaSuccess) return;
-    g_running_case[0] = 0;
-    test_fail(name, "a kernel failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access",
-              cudaGetErrorString(err), cudaGetErrorName(err));
-    exit(test_end());
-}
-
 // ---- encoder ----------------------------------------------------------------------------------------
 
 typedef enum { TOKENS_UNIFORM = 0, TOKENS_SKEWED = 1 } TokenMix;
@@ -252,7 +223,7 @@ static void encoder_forward_case(int N, int C, int V, int Vp) {
     dev_upload(d_tok, tokens, N * sizeof(int));
     encoder_forward((__nv_bfloat16*)dptr(d_out), (const int*)dptr(d_tok), (const __nv_bfloat16*)dptr(d_wte),
                     (const __nv_bfloat16*)dptr(d_wpe), B, T, C, g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     dev_download(out, d_out, n_out * 2);
 
     char problems[1024] = "";
@@ -311,7 +282,7 @@ static void encoder_backward_case(const char* prefix, int N, int C, int V, int V
         dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
         encoder_backward((__nv_bfloat16*)dptr(d_wte), (__nv_bfloat16*)dptr(d_wpe), dptr(d_scratch), scratch_bytes,
                          (const __nv_bfloat16*)dptr(d_dout), (const int*)dptr(d_tok), B, T, C, Vp, g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         dev_download(run == 0 ? dwte : dwte_again, d_wte, n_wte * 2);
         dev_download(run == 0 ? dwpe : dwpe_again, d_wpe, n_wpe * 2);
         if (run > 0 && (memcmp(dwte, dwte_again, n_wte * 2) != 0 || memcmp(dwpe, dwpe_again, n_wpe * 2) != 0)) {
@@ -395,7 +366,7 @@ static void layernorm_forward_case(int N, int C, int fused) {
                                      fused ? (const __nv_bfloat16*)dptr(d_inp2) : NULL,
                                      (const __nv_bfloat16*)dptr(d_w), (const __nv_bfloat16*)dptr(d_b), N, C,
                                      g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     dev_download(out, d_out, n * 2);
     dev_download(mean, d_mean, N * 4);
     dev_download(rstd, d_rstd, N * 4);
@@ -486,7 +457,7 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
                            (float*)dptr(d_scratch), scratch_bytes, (const __nv_bfloat16*)dptr(d_dout),
                            (const __nv_bfloat16*)dptr(d_inp), (const __nv_bfloat16*)dptr(d_w),
                            (const float*)dptr(d_mean), (const float*)dptr(d_rstd), N, C, g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         dev_download(run == 0 ? dinp : dinp2, d_dinp, n * 2);
         dev_download(run == 0 ? dw : dw2, d_dw, C * 2);
         dev_download(run == 0 ? db : db2, d_db, C * 2);
@@ -554,7 +525,7 @@ static void gelu_case(size_t n, GeluMode mode, int offset) {
     } else {
         gelu_backward(p_dout, p_dout, p_inp, n, g_stream);
     }
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     CUDA_CHECK(cudaMemcpy(res, mode == GELU_BACKWARD_IN_PLACE ? p_dout : p_res, n * 2, cudaMemcpyDeviceToHost));
     size_t bad = 0;
     double err = rel_error_bf16(res, ref, n, &bad);
@@ -615,7 +586,7 @@ static void crossentropy_cases(int N, int V, int Vp) {
     char problems[1024] = "";
     crossentropy_forward((float*)dptr(d_losses), (const __nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets), N,
                          V, Vp, g_stream);
-    sync_or_die(name_val);
+    sync_or_die(g_stream, name_val, "kernel");
     dev_download(losses, d_losses, N * 4);
     dev_download(back, d_logits, n * 2);
     size_t bad = 0;
@@ -637,7 +608,7 @@ static void crossentropy_cases(int N, int V, int Vp) {
     dev_poison(d_losses, 0xFF);
     crossentropy_forward_backward((float*)dptr(d_losses), (__nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets),
                                   dloss, N, V, Vp, g_stream);
-    sync_or_die(name_train);
+    sync_or_die(g_stream, name_train, "kernel");
     dev_download(losses, d_losses, N * 4);
     dev_download(back, d_logits, n * 2);
     bad = 0;
@@ -719,7 +690,7 @@ static void adamw_case(size_t n, float weight_decay, float grad_scale, float dev
         CUDA_CHECK(cudaMemset(p_params, 0xFF, n * 2));
         adamw_update(p_master, p_params, p_grads, p_m, p_v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
                      device_scale != 0.0f ? (const float*)dptr(d_scale) : NULL, g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         CUDA_CHECK(cudaMemcpy(params, p_params, n * 2, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < n; i++) bad_params += !bf16_is_finite(params[i]);
     }
@@ -792,7 +763,7 @@ static void global_norm_case(size_t n, int offset, int squared) {
         dev_poison(d_out, 0xFF);
         if (squared) global_norm_squared((float*)dptr(d_out), (float*)dptr(d_scratch), p_x, n, g_stream);
         else global_norm((float*)dptr(d_out), (float*)dptr(d_scratch), p_x, n, g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         dev_download(&out[run], d_out, 4);
     }
     size_t bad = 0;
@@ -839,7 +810,7 @@ static void global_norm_huge_case(void) {
     fill_pattern_kernel<<<4096, 256, 0, g_stream>>>(x, n);
     CUDA_CHECK(cudaGetLastError());
     global_norm(out, scratch, x, n, g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     float got;
     CUDA_CHECK(cudaMemcpy(&got, out, 4, cudaMemcpyDeviceToHost));
     const double low = 1ull << 32, ones = (double)(((1ull << 32) + 2) / 3);
@@ -868,7 +839,7 @@ static void global_norm_clip_scale_case(void) {
     for (int k = 0; k < 2; k++) {
         CUDA_CHECK(cudaMemset(d_scale, 0xFF, 4));
         global_norm_clip_scale(d_scale, d_norm, max_norms[k], g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         CUDA_CHECK(cudaMemcpy(&got[k], d_scale, 4, cudaMemcpyDeviceToHost));
     }
     double want0 = 1.5 / (3.0 + 1e-6);
@@ -947,7 +918,7 @@ static void init_weights_case(void) {
     const uint64_t seed = g_seed;
     init_weights((float*)dptr(master), (__nv_bfloat16*)dptr(params), n, 0, std, 0.0f, seed, 4, g_stream);
     init_weights((float*)dptr(shard), NULL, m, first, std, 0.0f, seed, 4, g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     float* x = (float*)host_alloc(n * sizeof(float));
     float* y = (float*)host_alloc(n * sizeof(float));
     uint16_t* bits = host_bf16(n);
@@ -976,14 +947,14 @@ static void init_weights_case(void) {
                     first, first + m);
     // the same call again: the same bits; another seed or tensor index: other values
     init_weights((float*)dptr(other), NULL, n, 0, std, 0.0f, seed, 4, g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     dev_download(y, other, n * sizeof(float));
     if (memcmp(x, y, n * sizeof(float)) != 0) add_problem(problems, sizeof(problems), "not repeatable");
     const uint64_t seeds[2] = {seed + 1, seed};
     const int tensors[2] = {4, 5};
     for (int k = 0; k < 2; k++) {
         init_weights((float*)dptr(other), NULL, n, 0, std, 0.0f, seeds[k], tensors[k], g_stream);
-        sync_or_die(name);
+        sync_or_die(g_stream, name, "kernel");
         dev_download(y, other, n * sizeof(float));
         size_t same = 0;
         for (size_t j = 0; j < n; j++) same += x[j] == y[j];
@@ -993,7 +964,7 @@ static void init_weights_case(void) {
     }
     // constant fill (LayerNorm weights): every element exactly 1
     init_weights((float*)dptr(master), (__nv_bfloat16*)dptr(params), n, 0, 0.0f, 1.0f, seed, 2, g_stream);
-    sync_or_die(name);
+    sync_or_die(g_stream, name, "kernel");
     dev_download(x, master, n * sizeof(float));
     dev_download(bits, params, n * sizeof(uint16_t));
     size_t not_one = 0;
@@ -1009,17 +980,14 @@ static void init_weights_case(void) {
 
 int main(void) {
     test_begin();
-    g_seed = pick_seed();
-    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)g_seed,
-           (unsigned long long)g_seed);
+    g_seed = pick_and_print_seed();
 
     expect_rejection("layernorm_rejects_C_not_multiple_of_8", reject_layernorm_C100, "multiple of 8");
     expect_rejection("encoder_rejects_C_not_multiple_of_8", reject_encoder_C100, "multiple of 8");
     expect_rejection("crossentropy_rejects_Vp_not_multiple_of_8", reject_crossentropy_Vp50257, "multiple of 8");
 
     GpuInfo gpu = gpu_info(0);
-    if (!gpu.found) g_skip_why = "no CUDA GPU found";
-    else if (gpu.major < 8) g_skip_why = "the layers need compute capability 8.0 or newer (bf16)";
+    g_skip_why = gpu_skip_reason(&gpu, "the layers");
     if (!g_skip_why) {
         printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
         printf("errors: ||x - ref|| / ||ref|| (bounds: bf16 %.0e, fp32 %.0e)\n", TOL_BF16, TOL_F32);

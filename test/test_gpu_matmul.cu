@@ -41,8 +41,6 @@
 #include "gpu_test_util.h"
 #include "test_harness.h"
 
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-
 typedef struct {
     int IC, OC;
 } Dims;
@@ -93,33 +91,6 @@ static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v)
 
 static void det_name(char* buf, size_t size, int N, Dims d) {
     snprintf(buf, size, "matmul_deterministic_N%d_IC%d_OC%d", N, d.IC, d.OC);
-}
-
-// The case running now, so that an exit from inside matmul.cuh (a failed CUDA call) still names it.
-static char g_running_case[160];
-
-static void report_exit_during_case(void) {
-    if (g_running_case[0])
-        printf("FAIL %s: the program exited while running this case; see the error above\n", g_running_case);
-}
-
-static int bf16_is_finite(uint16_t h) { return (h & 0x7F80u) != 0x7F80u; }
-
-// Bytes in [p, p + nbytes) that are no longer the poison 0xFF.
-static size_t changed_poison_bytes(const void* p, size_t nbytes) {
-    const unsigned char* c = (const unsigned char*)p;
-    size_t changed = 0;
-    for (size_t i = 0; i < nbytes; i++) changed += c[i] != 0xFFu;
-    return changed;
-}
-
-static void* host_alloc(size_t bytes) {
-    void* p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of host memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
 }
 
 // ---- inputs and the reference ----------------------------------------------------------------------
@@ -292,12 +263,6 @@ typedef struct {
     size_t scratch_bytes;
 } DeviceSet;
 
-static void* device_alloc(size_t bytes) {
-    void* p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
-    return p;
-}
-
 static __nv_bfloat16* upload_input(const uint16_t* bits, size_t n, void** base) {
     *base = device_alloc((n + INPUT_OFFSET) * 2);
     __nv_bfloat16* p = (__nv_bfloat16*)*base + INPUT_OFFSET;
@@ -360,17 +325,6 @@ static double* rows_to_double(const uint16_t* x, int cols, const int* rows, int 
     return out;
 }
 
-// Waits for the device; a failed kernel leaves the CUDA context unusable, so the case fails and the
-// program ends there.
-static void sync_or_die(const char* name, const char* what) {
-    cudaError_t err = cudaDeviceSynchronize();
-    if (err == cudaSuccess) return;
-    g_running_case[0] = 0;
-    test_fail(name, "the %s failed on the GPU: %s (%s); rerun under compute-sanitizer to find the bad access", what,
-              cudaGetErrorString(err), cudaGetErrorName(err));
-    exit(test_end());
-}
-
 static void check_error(char* problems, size_t size, const char* what, double err) {
     if (!(err <= TOLERANCE)) add_problem(problems, size, "%s relative error %.3e > %.0e", what, err, TOLERANCE);
 }
@@ -390,7 +344,7 @@ static void forward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet*
     const int OC = in->OC, nrows = in->nrows;
     char problems[1024] = "";
     run_forward(ctx, d, in, v);
-    sync_or_die(name, "forward");
+    sync_or_die(NULL, name, "forward");
     const char* path = ctx->last_forward;
 
     uint16_t* out = fetch_output(d->out_buf, d->n_out, "out", problems, sizeof(problems));
@@ -456,7 +410,7 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     const int IC = in->IC, OC = in->OC, nrows = in->nrows, nchans = in->nchans;
     char problems[1024] = "";
     run_backward(ctx, d, in, v);
-    sync_or_die(name, "backward");
+    sync_or_die(NULL, name, "backward");
     const char* dinp_path = ctx->last_dinp;
     const char* dbias_path = ctx->last_dbias;
 
@@ -543,7 +497,7 @@ static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const Input
     for (int run = 0; run < 2; run++) {
         run_forward(ctx, d, in, &fv);
         run_backward(ctx, d, in, &bv);
-        sync_or_die(name, run == 0 ? "first run" : "second run");
+        sync_or_die(NULL, name, run == 0 ? "first run" : "second run");
         for (int t = 0; t < 5; t++) {
             uint16_t* h = fetch(bufs[t] + GUARD, sizes[t]);
             if (run == 0) {
@@ -629,17 +583,13 @@ static void cpu_cases(void) {
 
 int main(void) {
     test_begin();
-    uint64_t seed = pick_seed();
-    printf("seed %llu (rerun with TEST_SEED=%llu to repeat these inputs)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    uint64_t seed = pick_and_print_seed();
     make_bwd_variants();
 
     cpu_cases();
 
     GpuInfo gpu = gpu_info(0);
-    const char* skip_why = NULL;
-    if (!gpu.found) skip_why = "no CUDA GPU found";
-    else if (gpu.major < 8) skip_why = "bf16 GEMMs need compute capability 8.0 or newer";
+    const char* skip_why = gpu_skip_reason(&gpu, "bf16 GEMMs");
     char name[160];
     if (skip_why) {
         for (size_t r = 0; r < COUNT(ROWS); r++)

@@ -1,7 +1,8 @@
 """test_prepare_data.py: tests of scripts/prepare_data.py (run from the repo root).
 
 Runs the script as a subprocess into temporary folders, offline, on the Tiny Shakespeare copy
-and the tiktoken cache in the shared data folder ($SHARED_DATA_DIR, default ../shared/data).
+and the tiktoken cache of the offline data folder ($SHARED_DATA_DIR, default ../shared/data beside the
+checkout, as the Makefile's SHARED_DATA: tinyshakespeare.txt and tiktoken_cache/).
 Shard headers are parsed here independently of scripts/shard_format.py, and documents are
 split here independently of the script, so that a bug in either shows up as a mismatch.
 """

@@ -7,10 +7,12 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -63,7 +65,7 @@ def test_help_lists_flags():
 
 
 def test_plan_on_good_data():
-    r = run(*GOOD, "--model", "gpt2-124m")
+    r = run(*GOOD, "--model", "gpt2-124m", "--plan-only")
     assert r.returncode == 0, r.stderr
     # 124,475,904 parameters at seq 1024 (llm.c's count); at seq 64 wpe has 64 rows instead of 1024.
     want_params = 124475904 - (1024 - 64) * 768
@@ -76,7 +78,7 @@ def test_plan_on_good_data():
 
 
 def test_plan_flops_and_accumulation():
-    r = run(*GOOD, "--model", "gpt3-1.3b", "--total-batch-tokens", str(4 * 64 * 8), "--attn", "naive")
+    r = run(*GOOD, "--model", "gpt3-1.3b", "--total-batch-tokens", str(4 * 64 * 8), "--attn", "naive", "--plan-only")
     assert r.returncode == 0, r.stderr
     assert "8 micro steps per optimizer step = 2048 tokens" in r.stdout, r.stdout
     assert "attention    naive" in r.stdout, r.stdout
@@ -121,6 +123,41 @@ def test_multi_gpu_flags_and_launch_environment():
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")  # ranks other than 0 print only errors
     r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
+
+
+def test_no_gpu_prints_the_plan_and_fails():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # what a machine without a GPU sees
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY], capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 1, "no CUDA GPU found")
+    assert "gpu          none found" in r.stdout and "model FLOPs" in r.stdout, r.stdout
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "gpu          none found" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+def test_build_without_nccl():
+    """build/train_gpt_no_nccl (what make builds where NCCL is missing): one GPU only, and says so."""
+    binary = os.path.join(ROOT, "build", "train_gpt_no_nccl")
+    assert os.path.exists(binary), "make builds build/train_gpt_no_nccl"
+    if shutil.which("ldd"):
+        libs = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        assert "nccl" not in libs, libs
+    r = subprocess.run([binary, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "gpus         1 (launcher: none)" in r.stdout, (r.stdout, r.stderr)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2")
+    r = subprocess.run([binary, *GOOD, *TINY, "--plan-only"], capture_output=True, text=True, timeout=120, env=env)
+    expect_error(r, 2, "built without NCCL", "one GPU", "2 processes")
+
+
+def test_make_detects_missing_nccl():
+    """Where -lnccl does not link, make builds train_gpt without NCCL and says so (a dry run here)."""
+    if not shutil.which("make"):
+        raise harness.Skip("no make")
+    r = subprocess.run(["make", "-n", "-B", "NCCL_LIBS=-lno_such_nccl_library", "train_gpt"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL not found" in r.stdout and "built for one GPU" in r.stdout, r.stdout[-2000:]
+    link = [line for line in r.stdout.splitlines() if " -o train_gpt " in line]
+    assert link and "-DTRAIN_GPT_NO_NCCL" in link[0] and "nccl" not in link[0].replace("NO_NCCL", ""), link
 
 
 def test_unsupported_head_dim():
@@ -238,6 +275,28 @@ def test_checkpoint_dir_of_another_run_is_not_overwritten():
     expect_error(run(*GOOD, *TINY, "--resume", d, "--init-from", d), 2, "--resume and --init-from")
 
 
+def test_resume_auto_plan():
+    expect_error(run(*GOOD, *TINY, "--resume", "auto"), 2, "--resume auto needs --checkpoint-dir")
+    d = os.path.join(WORK, "auto_dir")
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert f"resume       auto: no checkpoint in {d} yet: a fresh run" in r.stdout, r.stdout
+    assert "init         GPT-2" in r.stdout, r.stdout
+    weights = os.path.join(WORK, "auto_weights.bin")  # a fresh --resume auto run may start from --init-from
+    write_model_file(weights)
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--init-from", weights)
+    assert r.returncode == 0 and f"init         {weights}" in r.stdout, (r.stdout, r.stderr)
+    os.makedirs(d, exist_ok=True)
+    write_checkpoint(os.path.join(d, "step_00000004.ckpt"), step=4, chunk=1)
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--plan-only", "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert (f"resume       {d}/step_00000004.ckpt: 4 steps done, continues at step 5 (data epoch 0, shard 0, "
+            "chunk 1) (--resume auto)") in r.stdout, r.stdout
+    # a relaunch of a run that has finished: nothing to do, and that is not an error
+    r = run(*GOOD, *TINY, "--resume", "auto", "--checkpoint-dir", d, "--max-steps", "4")
+    assert r.returncode == 0 and "nothing to do" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
 def test_init_from_checks_the_file():
     path = os.path.join(WORK, "weights.bin")
     write_model_file(path, hidden=128, heads=2)
@@ -245,7 +304,7 @@ def test_init_from_checks_the_file():
     write_model_file(path, max_t=32)
     expect_error(run(*GOOD, *TINY, "--init-from", path), 2, "32 positions", ">= 64 positions")
     write_model_file(path, max_t=128)  # more positions than --seq-len: fine, the first 64 rows are used
-    r = run(*GOOD, *TINY, "--init-from", path)
+    r = run(*GOOD, *TINY, "--init-from", path, "--plan-only")
     assert r.returncode == 0 and f"init         {path}" in r.stdout, (r.stdout, r.stderr)
     with open(path, "r+b") as f:
         f.truncate(5000)
@@ -272,9 +331,15 @@ def test_gpu_trains_and_logs_every_step():
     assert r.returncode == 0, r.stderr
     steps = [line for line in r.stdout.splitlines() if line.startswith("step ") and "| loss" in line]
     assert len(steps) == 3, r.stdout  # 3 micro batches of 4 x 64 in the training shard: one epoch
-    for word in ("tok/s", "TFLOP/s", "MFU", "norm", "lr"):
+    for word in ("tok/s", "TFLOP/s", "MFU", "norm", "lr", "ETA"):
         assert word in steps[0], steps[0]
+    assert steps[-1].endswith("| ETA 0s"), steps[-1]
     assert "val loss" in r.stdout, r.stdout
+    # the summary: steps, wall time, tokens, mean TFLOP/s and MFU, best validation loss, checkpoint
+    summary = r.stdout[r.stdout.index("summary      "):]
+    assert "summary      steps 1-3 of 3 in " in summary and f"{3 * 4 * 64} tokens" in summary, summary
+    assert "TFLOP/s per GPU, MFU" in summary and "best val loss" in summary, summary
+    assert "no checkpoint saved" in summary, summary
     with open(log) as f:
         records = [json.loads(line) for line in f]
     losses = [rec["loss"] for rec in records if "loss" in rec]
@@ -378,6 +443,129 @@ def test_gpu_out_of_memory_says_what_to_lower():
     r = run("--train-data", path, "--val-data", "", "--batch-size", "5000", "--seq-len", "256", "--layers", "2",
             "--max-steps", "1")
     expect_error(r, 1, "out of GPU memory", "activations of a 5000 x 256 micro batch", "--batch-size")
+
+
+# ---- preemption: signals, --resume auto, leftover temporary files, failing saves --------------------
+
+PREEMPT = [*GOOD, "--layers", "2", "--attn", "naive", "--lr", "1e-3", "--warmup-steps", "2", "--val-data", ""]
+
+
+def start(*args):
+    return subprocess.Popen([TRAIN_GPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc, step):
+    """Reads the child's output until its step line `step` (its stdout is flushed after every step)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step ") and "| loss" in line and int(line.split()[1].split("/")[0]) >= step:
+            return lines
+    raise AssertionError(f"the run ended before step {step}: {''.join(lines)[-2000:]} {proc.stderr.read()[-2000:]}")
+
+
+def test_gpu_sigterm_saves_the_current_step_and_resumes_exactly():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    d = os.path.join(WORK, "sigterm")
+    full_log, part_log, ck = os.path.join(d, "full.jsonl"), os.path.join(d, "part.jsonl"), os.path.join(d, "ck")
+    os.makedirs(d)
+    r = run(*PREEMPT, "--max-steps", "300", "--log-file", full_log)
+    assert r.returncode == 0, r.stderr
+    proc = start(*PREEMPT, "--max-steps", "300", "--checkpoint-dir", ck, "--checkpoint-every", "1000",
+                 "--log-file", part_log)
+    wait_for_step(proc, 20)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, (proc.returncode, out[-2000:], err[-2000:])
+    stopped = [line for line in out.splitlines() if line.startswith("stopped ")]
+    assert stopped and "--resume auto" in stopped[0], out[-2000:]
+    saved_step = max(gpu_losses(part_log))  # the step it was in when the signal came
+    assert saved_step < 300 and os.listdir(ck) == [f"step_{saved_step:08d}.ckpt"], (saved_step, os.listdir(ck))
+    assert "SIGTERM: finishing this step" in err, err
+    r = run(*PREEMPT, "--max-steps", "300", "--checkpoint-dir", ck, "--checkpoint-every", "1000",
+            "--log-file", part_log, "--resume", "auto")
+    assert r.returncode == 0, r.stderr
+    assert f"continues at step {saved_step + 1}" in r.stdout, r.stdout
+    full, part = gpu_losses(full_log), gpu_losses(part_log)
+    assert sorted(part) == list(range(1, 301)), sorted(part)[:5]
+    different = [s for s in full if full[s] != part[s]]  # naive attention: the same bits
+    assert not different, [(s, full[s], part[s]) for s in different[:5]]
+
+
+def test_gpu_second_signal_stops_at_once():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "second_signal")
+    # 20 micro steps per step, and then a checkpoint of ~0.7 GB to write: the second signal, 50 ms after
+    # the first, comes while the first one's step or save still runs.
+    proc = start(*PREEMPT, "--max-steps", "100000", "--total-batch-tokens", str(20 * 4 * 64), "--checkpoint-dir", ck)
+    wait_for_step(proc, 2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # two signals sent at once may arrive as one
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err[-2000:])
+    assert "SIGINT again: stopping now, without saving" in err, err
+    assert not [f for f in os.listdir(ck) if f.startswith("step_")], os.listdir(ck)
+
+
+def test_gpu_signal_without_checkpoint_dir_says_nothing_was_saved():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    proc = start(*PREEMPT, "--max-steps", "100000")
+    wait_for_step(proc, 3)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGUSR1, (proc.returncode, err[-2000:])
+    assert "nothing could be saved (no --checkpoint-dir)" in err, err
+
+
+def test_gpu_resume_auto_and_leftover_temporary_files():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "auto_run")
+    os.makedirs(ck)
+    leftover = os.path.join(ck, ".step_00000002.ckpt.tmp")  # what a save killed by kill -9 leaves
+    with open(leftover, "wb") as f:
+        f.write(b"partial")
+    auto = [*PREEMPT, "--checkpoint-dir", ck, "--checkpoint-every", "2", "--resume", "auto"]
+    r = run(*auto, "--max-steps", "4")
+    assert r.returncode == 0, r.stderr
+    assert "resume       auto: no checkpoint" in r.stdout, r.stdout
+    assert "removed 1 temporary file(s) of an interrupted checkpoint save" in r.stdout, r.stdout
+    assert not os.path.exists(leftover)
+    r = run(*auto, "--max-steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert "step_00000004.ckpt: 4 steps done, continues at step 5" in r.stdout, r.stdout
+    steps = [line for line in r.stdout.splitlines() if line.startswith("step ") and "| loss" in line]
+    assert [int(line.split()[1].split("/")[0]) for line in steps] == [5, 6], steps
+
+
+def test_gpu_failing_checkpoint_write_is_reported_and_the_run_goes_on():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    ck = os.path.join(WORK, "failing_save")
+    os.makedirs(ck)
+    # Step 2's temporary name is taken by a directory: its save fails even for root, which ignores
+    # a read-only directory's permissions.
+    os.makedirs(os.path.join(ck, ".step_00000002.ckpt.tmp"))
+    r = run(*PREEMPT, "--max-steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "1", "--keep-checkpoints", "0")
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if "checkpoint at step 2 not saved" in line]
+    n = tiny_config_params(2, 768, 12, 64)
+    assert warning and ".step_00000002.ckpt.tmp" in warning[0], r.stderr
+    assert f"needs {1024 + 14 * n} bytes" in warning[0] and "the run goes on" in warning[0], warning
+    saved = sorted(f for f in os.listdir(ck) if f.startswith("step_"))
+    assert saved == ["step_00000001.ckpt", "step_00000003.ckpt", "step_00000004.ckpt"], saved
+    if os.geteuid() != 0:  # a read-only directory (root could write there anyway)
+        ro = os.path.join(WORK, "read_only")
+        os.makedirs(ro)
+        os.chmod(ro, 0o555)
+        r = run(*PREEMPT, "--max-steps", "2", "--checkpoint-dir", ro, "--checkpoint-every", "1")
+        os.chmod(ro, 0o755)
+        assert r.returncode == 0 and r.stderr.count("not saved") == 2, r.stderr
+        assert "Permission denied" in r.stderr and "bytes" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":

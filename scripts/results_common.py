@@ -1,0 +1,95 @@
+"""results_common.py: what every benchmark script records about a run, and how it writes results.
+
+Standard library only. Used by scripts/train_runs.py, bench_train.py, table1.py and bench_multigpu.py.
+
+  gpu_name()          the GPU the children use (first of CUDA_VISIBLE_DEVICES), by nvidia-smi
+  gpu_slug(name)      a short tag for file names: "NVIDIA H100 80GB HBM3" -> "h100"
+  peak_tflops(name)   dense bf16 peak by GPU name, the same table as layers/gpt_config.h's
+                      gpu_peak_bf16_tflops (test/test_scripts.py checks that they agree); 0 when unknown
+  git_commit()        $GIT_COMMIT, else git rev-parse HEAD (+ "-dirty" with uncommitted changes)
+  run_metadata()      {device, date, commit, command}: what every results file records
+  write_text(path, text), write_json(path, obj)
+                      written to path.tmp and renamed, so a crash never leaves half a results file
+"""
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def nvidia_smi(query):
+    """Rows (lists of fields) of an nvidia-smi csv query; None when nvidia-smi is missing or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [[field.strip() for field in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+def gpu_index():
+    """The GPU the children use: the first of CUDA_VISIBLE_DEVICES when it is a plain index, else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return first if first.isdigit() else "0"
+
+
+def gpu_name():
+    rows = nvidia_smi(["--query-gpu=name", "-i", gpu_index()])
+    return rows[0][0] if rows else "unknown GPU"
+
+
+def gpu_slug(name):
+    """A short name for the GPU: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100"."""
+    tokens = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
+    for token in tokens:
+        if re.fullmatch(r"[a-z]+\d+[a-z]*", token):
+            return token
+    return "-".join(t for t in tokens if t) or "gpu"
+
+
+def peak_tflops(name):
+    """Dense bf16 tensor-core peak in TFLOP/s by CUDA device name (SXM parts; PCIe and NVL run lower
+    clocks), as layers/gpt_config.h's gpu_peak_bf16_tflops; 0.0 when the name is not known."""
+    if "H100" in name or "H200" in name:
+        return 756.0 if "PCIe" in name else 835.0 if "NVL" in name else 989.4
+    return 312.0 if "A100" in name else 0.0
+
+
+def git_commit():
+    """$GIT_COMMIT when set (a copy of the tree whose git metadata is stale, as on a lent GPU machine);
+    else git rev-parse HEAD, with "-dirty" when tracked files have changes; "unknown" without git."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("-dirty" if status else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_metadata():
+    """The device, date (UTC), commit and command line that every results file records."""
+    return {"device": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(), "command": shlex.join(["python3"] + sys.argv)}
+
+
+def write_text(path, text):
+    """Writes text to path through path.tmp and a rename (the directory is made if needed)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=1) + "\n")

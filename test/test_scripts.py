@@ -1,0 +1,88 @@
+"""test_scripts.py: the helpers the benchmark scripts share (scripts/results_common.py, scripts/train_runs.py).
+
+CPU only: the GPU peak table against layers/gpt_config.h's (a small C program compiled here), GPU name
+tags, results files written whole, and running a child with its log and step records.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import harness  # noqa: E402
+import results_common  # noqa: E402
+import train_runs  # noqa: E402
+
+WORK = tempfile.mkdtemp(prefix="test_scripts_")
+GPU_NAMES = ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
+             "NVIDIA A100 80GB PCIe", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-16GB"]
+
+
+def test_peak_tflops_agrees_with_the_c_table():
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise harness.Skip("no C compiler")
+    src, exe = os.path.join(WORK, "peaks.c"), os.path.join(WORK, "peaks")
+    with open(src, "w") as f:
+        f.write('#include "layers/gpt_config.h"\n'
+                'int main(int argc, char** argv) {\n'
+                '    for (int i = 1; i < argc; i++) printf("%.1f\\n", gpu_peak_bf16_tflops(argv[i]));\n'
+                '    return 0;\n}\n')
+    subprocess.run([cc, "-std=c11", "-I", ROOT, "-o", exe, src], check=True)
+    out = subprocess.run([exe, *GPU_NAMES], capture_output=True, text=True, check=True).stdout.split()
+    for name, c_peak in zip(GPU_NAMES, out):
+        assert float(c_peak) == results_common.peak_tflops(name), (name, c_peak, results_common.peak_tflops(name))
+
+
+def test_gpu_slug():
+    want = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA A100-SXM4-80GB": "a100",
+            "NVIDIA B200": "b200", "": "gpu"}
+    for name, slug in want.items():
+        assert results_common.gpu_slug(name) == slug, (name, results_common.gpu_slug(name))
+
+
+def test_results_files_are_written_whole():
+    path = os.path.join(WORK, "sub", "result.json")
+    results_common.write_json(path, {"a": 1})
+    results_common.write_json(path, {"a": 2})
+    with open(path) as f:
+        assert json.load(f) == {"a": 2}
+    assert not os.path.exists(path + ".tmp")
+    meta = results_common.run_metadata()
+    assert set(meta) == {"device", "date", "commit", "command"}, meta
+
+
+def test_step_records_skip_validation_and_a_torn_last_line():
+    path = os.path.join(WORK, "log.jsonl")
+    with open(path, "w") as f:
+        f.write('{"step": 1, "loss": 10.5, "ms": 4.0, "tokens_per_s": 100.0, "tflops_per_gpu": 2.0, "mfu": 0.1}\n'
+                '{"step": 1, "val_loss": 10.4}\n'
+                '{"step": 2, "loss": 9.5, "ms": 2.0, "tokens_per_s": 200.0, "tflops_per_gpu": 4.0, "mfu": 0.2}\n'
+                '{"step": 3, "lo')
+    records = train_runs.read_step_records(path)
+    assert [r["step"] for r in records] == [1, 2], records
+    summary = train_runs.steady_state(records, 1)
+    assert summary["ms"] == 2.0 and summary["tflops_per_gpu"] == 4.0, summary
+    assert train_runs.read_step_records(os.path.join(WORK, "absent.jsonl")) == []
+
+
+def test_run_child_logs_output_and_status():
+    log = os.path.join(WORK, "child.log")
+    rc, wall, poller = train_runs.run_child([sys.executable, "-c", "print('hello'); raise SystemExit(3)"], log, 60)
+    assert rc == 3 and wall >= 0, rc
+    with open(log) as f:
+        text = f.read()
+    assert text.startswith("$ ") and "hello" in text, text
+    rc, _, _ = train_runs.run_child([sys.executable, "-c", "import time; time.sleep(30)"], log, 1)
+    assert rc == "timeout", rc
+
+
+if __name__ == "__main__":
+    try:
+        harness.run_module(globals())
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
