@@ -42,15 +42,58 @@ import dataclasses
 import json
 import os
 import struct
-import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import (MODEL_HEADER_INTS, MODEL_MAGIC, MODEL_VERSION_BF16, MODEL_VERSION_FP32,  # noqa: E402
-                       PARAM_NAMES, VOCAB_PAD_MULTIPLE, VOCAB_SIZE, GPTConfig, bf16_bits_to_fp32,
-                       fp32_to_bf16_bits, param_shapes)
+# ---------------------------------------------------------------------------------------------
+# The model's shapes (layers/gpt_config.h). scripts/torch_gpt.py has the same definitions, but it imports
+# PyTorch when that is installed, seconds per call on a GPU machine; test/test_hf_export.py checks that the
+# two agree.
+
+VOCAB_SIZE = 50257
+VOCAB_PAD_MULTIPLE = 128
+MODEL_MAGIC = 20240326
+MODEL_VERSION_FP32, MODEL_VERSION_BF16 = 3, 5
+MODEL_HEADER_INTS = 256
+PARAM_NAMES = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
+NAMED_SHAPES = {  # name: (layers, hidden, heads), as NAMED_GPT_SHAPES in layers/gpt_config.h
+    "gpt2-124m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-774m": (36, 1280, 20),
+    "gpt2-1558m": (48, 1600, 25), "gpt3-1.3b": (24, 2048, 16), "gpt3-2.7b": (32, 2560, 32),
+    "gpt3-2.7b-d128": (32, 2560, 20),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    num_layers: int          # L
+    channels: int            # C
+    num_heads: int           # NH; head dim = C / NH
+    max_seq_len: int         # maxT, rows of wpe
+    vocab_size: int = VOCAB_SIZE
+    padded_vocab_size: int = (VOCAB_SIZE + VOCAB_PAD_MULTIPLE - 1) // VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE
+
+
+def param_shapes(cfg):
+    """[(name, shape)] of the 16 tensors in gpt_config.h's order; linear weights are (out, in)."""
+    L, C, Vp, maxT = cfg.num_layers, cfg.channels, cfg.padded_vocab_size, cfg.max_seq_len
+    return [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
+            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+            ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
+            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+
+
+def fp32_to_bf16_bits(x):
+    """fp32 values -> bf16 bit patterns (uint16), rounded to nearest even, as train_gpt rounds."""
+    bits = np.ascontiguousarray(x, dtype="<f4").view("<u4").astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
+def bf16_bits_to_fp32(bits):
+    """bf16 bit patterns (uint16) -> fp32 values (exact)."""
+    return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
+
 
 LAYERNORM_EPS = 1e-5
 EOT_TOKEN = 50256
@@ -102,7 +145,7 @@ def convert(array, src, dst):
 
 
 def nonfinite_count(array, dtype):
-    """How many values of a float32 array or of bf16 bits are inf or NaN."""
+    """How many values of a float array (fp32, fp16) or of bf16 bits are inf or NaN."""
     a = np.asarray(array)
     if dtype == "bf16":
         return int(np.count_nonzero((a & 0x7F80) == 0x7F80))
@@ -318,6 +361,7 @@ def read_source(path, dtype):
         return read_checkpoint(path, dtype)
     if len(head) >= 4 and struct.unpack("<i", head[:4])[0] == MODEL_MAGIC:
         w = read_model_file(path)
+        check_finite(w)  # before rounding: rounding could hide a NaN
         if w.dtype != dtype:
             w = Weights(w.cfg, dtype, [convert(t, w.dtype, dtype) for t in w.tensors], f"{path} ({w.dtype})")
         return w

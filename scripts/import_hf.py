@@ -31,7 +31,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_gpt2  # noqa: E402
 from hf_gpt2 import FormatError  # noqa: E402
-from torch_gpt import NAMED_SHAPES  # noqa: E402
 
 BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers some GPT-2 files carry; not weights
 
@@ -112,6 +111,9 @@ def import_folder(hf_dir, out, dtype=None, log=print):
         if tuple(array.shape) != want:
             raise FormatError(f"{hf_dir}: tensor {short} has shape {tuple(array.shape)}; config.json "
                               f"({hf_gpt2.describe(cfg)}) needs {want}")
+        bad = hf_gpt2.nonfinite_count(array, src_dtype)
+        if bad:
+            raise FormatError(f"{hf_dir}: tensor {short} holds {bad} non-finite value(s) (inf or NaN)")
         value = to_dtype(src_dtype, array, out_dtype)
         target[...] = value.T if transposed else value
     weights = hf_gpt2.Weights(cfg, out_dtype, ours, hf_dir)
@@ -124,7 +126,7 @@ def import_folder(hf_dir, out, dtype=None, log=print):
 
 def train_gpt_flags(cfg):
     """The train_gpt flags for this shape: a named model, or gpt2-124m with overrides."""
-    for name, shape in NAMED_SHAPES.items():
+    for name, shape in hf_gpt2.NAMED_SHAPES.items():
         if shape == (cfg.num_layers, cfg.channels, cfg.num_heads):
             return f"--model {name}"
     return f"--layers {cfg.num_layers} --hidden {cfg.channels} --heads {cfg.num_heads}"

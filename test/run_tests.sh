@@ -21,6 +21,7 @@ tests=(
     "$BUILD/test_checkpoint"
     "$BUILD/test_launcher"
     "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
