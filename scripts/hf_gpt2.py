@@ -500,7 +500,8 @@ def write_safetensors(path, entries, metadata):
     header, offset = {}, 0
     for name, dtype, shape, _ in entries:
         nbytes = int(np.prod(shape)) * (4 if dtype == "fp32" else 2)
-        header[name] = {"dtype": SAFETENSORS_CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {"dtype": SAFETENSORS_CODES[dtype], "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     header["__metadata__"] = dict(metadata)
     text = json.dumps(header, separators=(",", ":")).encode()

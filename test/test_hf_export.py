@@ -346,7 +346,7 @@ def test_safetensors_names_layouts_and_metadata():
         for name, ours in (("attn.c_attn.weight", t[4][l]), ("attn.c_proj.weight", t[6][l]),
                            ("mlp.c_fc.weight", t[10][l]), ("mlp.c_proj.weight", t[12][l])):
             w = get(h + name)
-            assert w.shape == ours.shape[::-1], f"{h + name}: {w.shape}, GPT-2's Conv1D is (in, out) = {ours.shape[::-1]}"
+            assert w.shape == ours.shape[::-1], f"{h + name}: {w.shape}, Conv1D's (in, out) is {ours.shape[::-1]}"
             o, i = RNG.integers(ours.shape[0]), RNG.integers(ours.shape[1])
             assert w[i, o] == ours[o, i] and np.array_equal(w, ours.T), f"{h + name}: not our weight transposed"
         for name, ours in (("ln_1.weight", t[2]), ("ln_1.bias", t[3]), ("attn.c_attn.bias", t[5]),
@@ -444,7 +444,8 @@ def test_import_reads_folders_written_by_others():
     os.makedirs(folder)
     st.numpy.save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     json.dump({"model_type": "gpt2", "n_layer": L, "n_embd": C, "n_head": NH, "n_positions": maxT, "vocab_size": V,
-               "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}, open(os.path.join(folder, "config.json"), "w"))
+               "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5},
+              open(os.path.join(folder, "config.json"), "w"))
     out = run_ok("import_hf.py", folder, path("hub_style.bin"))
     assert "--layers 1 --hidden 64 --heads 1" in out, f"no train_gpt command for the shape in: {out}"
     h, back = read_model_tensors(path("hub_style.bin"))
@@ -557,7 +558,8 @@ def gpt2_bpe_encoder(folder):
     lines = open(os.path.join(folder, "merges.txt"), encoding="utf-8").read().split("\n")
     assert lines[0].startswith("#version"), f"merges.txt starts {lines[0]!r}"
     ranks = {tuple(m.split()): i for i, m in enumerate(lines[1:-1])}
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
