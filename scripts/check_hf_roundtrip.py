@@ -3,7 +3,7 @@
 
 Run from the repository root on a machine with a GPU, PyTorch and transformers (no network needed), after
 `make train_gpt` and with the Tiny Shakespeare shards (`make dataset`):
-    python3 scripts/check_hf_roundtrip.py --out build/check_hf        # about a minute on an H100
+    python3 scripts/check_hf_roundtrip.py --out build/check_hf
     python3 scripts/check_hf_roundtrip.py --checkpoint run/step_00005000.ckpt   # a checkpoint of yours
 For --tokenizer checks offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's r50k_base ranks.
 

@@ -19,7 +19,8 @@ Then, with PyTorch and transformers:
 Which weights: from a checkpoint, --dtype bf16 (default) writes the bf16 weights train_gpt computes with,
 bit for bit; --dtype fp32 writes the fp32 master weights (a ZeRO-1 step needs every rank's file for these).
 From a model file, its values, rounded to nearest even for bf16 from fp32, or widened exactly for fp32 from
-bf16. scripts/import_hf.py turns the folder back into a model file with the same bits.
+bf16. scripts/import_hf.py turns the folder back into a model file with the same bits (wte's padding rows,
+never used by the model, come back as zeros).
 
 Refused, with the reason: files with header fields this script does not know (a newer format, e.g. a
 count of key/value heads for grouped-query attention, which GPT-2 cannot express), damaged or truncated

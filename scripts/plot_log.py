@@ -2,7 +2,7 @@
 """plot_log.py: train_gpt's --log-file JSON lines -> one PNG of the run(s).
 
     python scripts/plot_log.py train_log.jsonl                        # writes train_log.png
-    python scripts/plot_log.py a.jsonl b.jsonl --labels flash2,naive -o compare.png
+    python scripts/plot_log.py a.jsonl b.jsonl --label flash2 --label naive -o compare.png
 
 Four panels against the optimizer step, each run in its own colour in every panel:
   loss              training loss (line) and validation loss (dashed, dots)
@@ -37,7 +37,8 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("logs", nargs="+", help="JSONL files written by ./train_gpt --log-file")
     p.add_argument("-o", "--out", help="the PNG to write (default: the first log's name with .png)")
-    p.add_argument("--labels", help="comma-separated legend names, one per log (default: the file names)")
+    p.add_argument("--label", action="append", dest="labels",
+                   help="legend name of a run, once per log in their order (default: the file names)")
     p.add_argument("--title", help="title over the panels (default: the log names)")
     p.add_argument("--smooth", type=float, default=0.0,
                    help="EMA weight for the training loss in [0, 1) (default 0: raw)")
@@ -45,10 +46,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         p.error("--smooth must be in [0, 1)")
-    if args.labels is not None:
-        args.labels = [s.strip() for s in args.labels.split(",")]
-        if len(args.labels) != len(args.logs):
-            p.error(f"--labels names {len(args.labels)} runs, {len(args.logs)} logs are given")
+    if args.labels is not None and len(args.labels) != len(args.logs):
+        p.error(f"--label is given {len(args.labels)} times for {len(args.logs)} logs; give one per log")
     if args.out is None:
         args.out = os.path.splitext(args.logs[0])[0] + ".png"
     return args
