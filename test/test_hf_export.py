@@ -677,7 +677,7 @@ def test_plot_log_draws_a_png():
     a = write_log(path("run_a.jsonl"), 40, 10, broken_tail=True)
     b = write_log(path("run_b.jsonl"), 25, 5, peak=312.0)
     png = path("runs.png")
-    rc, out, err = run("plot_log.py", a, b, "--labels", "a,b", "-o", png, "--smooth", "0.8")
+    rc, out, err = run("plot_log.py", a, b, "--label", "run a", "--label", "b, peak 312", "-o", png, "--smooth", "0.8")
     assert rc == 0, f"exit {rc}: {err.strip()}"
     assert "skipped 1 line" in err, f"the broken last line was not reported: {err!r}"
     data = open(png, "rb").read()
@@ -698,8 +698,8 @@ def test_plot_log_refuses_bad_input():
     empty = path("empty.jsonl")
     open(empty, "w").write("not json\n{}\n")
     expect_refusal("plot_log.py", (empty, "-o", path("empty.png")), "no step records")
-    rc, _, err = run("plot_log.py", empty, empty, "--labels", "one")
-    assert rc == 2 and "--labels names 1 runs" in err, (rc, err)
+    rc, _, err = run("plot_log.py", empty, empty, "--label", "one")
+    assert rc == 2 and "--label is given 1 times for 2 logs" in err, (rc, err)
 
 
 if __name__ == "__main__":
