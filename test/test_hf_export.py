@@ -170,11 +170,23 @@ def write_checkpoint(p, L, C, NH, maxT, params_bits, master, zero=None, step=7, 
 
 
 def checkpoint_state(L, C, maxT):
-    """(bf16 params, fp32 master) that differ, as a run's do (the bf16 weights are not just master rounded)."""
+    """(bf16 params, fp32 master) that differ, as a run's do (the bf16 weights are not just master rounded);
+    wte's padding rows hold values too, as in a run (they are initialized like the rest of wte)."""
     master = random_tensors(L, C, maxT)
+    master[0][V:] = RNG.standard_normal(master[0][V:].shape)
     params = [rne_bf16(m + np.float32(1e-2) * RNG.standard_normal(m.shape).astype(np.float32)) for m in master]
-    params[0][V:] = 0
     return params, master
+
+
+def assert_same_weights(back, want, what):
+    """back (a model file's tensors) holds want's values, wte's padding rows as zeros."""
+    for i, (b, w) in enumerate(zip(back, want)):
+        bits = "<u4" if b.dtype.itemsize == 4 else "<u2"  # bits, so that -0.0 != 0.0
+        b, w = b.view(bits), np.ascontiguousarray(w).view(bits)
+        if i == 0:
+            assert not b[V:].any(), "wte's padding rows did not come back as zeros"
+            b, w = b[:V], w[:V]
+        assert np.array_equal(b, w), f"tensor {i}: not {what}"
 
 
 # ---- the safetensors files, read with the safetensors package ----------------------------------------
@@ -288,14 +300,12 @@ def test_checkpoint_exports_bf16_weights_and_fp32_master():
     run_ok("import_hf.py", path("ck16_hf"), path("ck16.bin"))
     h, back = read_model_tensors(path("ck16.bin"))
     assert h[1] == 5, f"version {h[1]}: a bf16 export should import as bf16"
-    for i, (b, p) in enumerate(zip(back, params2)):
-        assert np.array_equal(b, p.astype(np.uint16)), f"tensor {i}: not the checkpoint's bf16 weights"
+    assert_same_weights(back, [p.astype(np.uint16) for p in params2], "the checkpoint's bf16 weights")
     run_ok("export_hf.py", os.path.join(folder, "step_00000003.ckpt"), path("ck32_hf"), "--dtype", "fp32")
     run_ok("import_hf.py", path("ck32_hf"), path("ck32.bin"))
     h, back = read_model_tensors(path("ck32.bin"))
     assert h[1] == 3
-    for i, (b, m) in enumerate(zip(back, master)):
-        assert np.array_equal(b.view("<u4"), m.view("<u4")), f"tensor {i}: not the checkpoint's fp32 master weights"
+    assert_same_weights(back, master, "the checkpoint's fp32 master weights")
 
 
 def test_zero1_checkpoint_master_gathered_from_rank_files():
@@ -310,8 +320,7 @@ def test_zero1_checkpoint_master_gathered_from_rank_files():
     run_ok("export_hf.py", files[1], path("z_hf"), "--dtype", "fp32")  # any rank's file names the step
     run_ok("import_hf.py", path("z_hf"), path("z.bin"))
     _, back = read_model_tensors(path("z.bin"))
-    for i, (b, m) in enumerate(zip(back, master)):
-        assert np.array_equal(b, m), f"tensor {i}: not the master weights gathered from the {world} rank files"
+    assert_same_weights(back, master, f"the master weights gathered from the {world} rank files")
     run_ok("export_hf.py", folder, path("z16_hf"))  # bf16 from the folder: every file holds all of them
     os.remove(files[2])
     expect_refusal("export_hf.py", (files[0], path("z_hf2"), "--dtype", "fp32"), "rank02of03", "missing",
