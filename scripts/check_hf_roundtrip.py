@@ -209,10 +209,10 @@ def compare_losses(report, what, hf_loss, ours, hf_bf16_loss, args):
     step1, val = ours
     for name, value in (("step-1 loss", step1), ("val loss after an lr-0 step", val)):
         err = abs(value - hf_loss) / abs(hf_loss)
-        report.check(f"{what}: train_gpt {name} vs transformers fp32", err <= args.loss_tol,
+        report.check(f"{what} loss: train_gpt {name} vs transformers fp32", err <= args.loss_tol,
                      f"{value:.5f} vs {hf_loss:.5f} (rel {err:.1e})", f"{args.loss_tol:g}")
     if hf_bf16_loss is not None:
-        report.info(f"{what}: transformers bf16 loss, for scale",
+        report.info(f"{what} loss: transformers in bf16, for scale",
                     f"{hf_bf16_loss:.5f} (rel {abs(hf_bf16_loss - hf_loss) / abs(hf_loss):.1e})")
 
 

@@ -541,8 +541,12 @@ def read_safetensors(path):
         if end - begin != int(np.prod(shape)) * np.dtype(item).itemsize or begin < 0 or data_start + end > size:
             raise FormatError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not fit shape {shape} {code} "
                               f"or the file ({size} bytes): truncated or corrupt")
-        out[name] = (dtype, np.memmap(path, dtype=item, mode="r", offset=data_start + begin, shape=shape)
-                     if shape and begin < end else np.zeros(shape, dtype=item))
+        if begin == end:  # an empty tensor: nothing to map
+            out[name] = (dtype, np.zeros(shape, dtype=item))
+        else:
+            count = int(np.prod(shape))
+            out[name] = (dtype, np.memmap(path, dtype=item, mode="r", offset=data_start + begin,
+                                          shape=(count,)).reshape(shape))
     return out
 
 

@@ -455,6 +455,10 @@ def test_import_reads_folders_written_by_others():
     json.dump({"model_type": "gpt2", "n_layer": L, "n_embd": C, "n_head": NH, "n_positions": maxT, "vocab_size": V,
                "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5},
               open(os.path.join(folder, "config.json"), "w"))
+    import hf_gpt2
+    read = hf_gpt2.read_safetensors(os.path.join(folder, "model.safetensors"))
+    assert read["h.0.attn.masked_bias"][0] == "fp16" and float(read["h.0.attn.masked_bias"][1]) == -1e4
+    assert np.array_equal(read["h.0.attn.c_attn.weight"][1], tensors["h.0.attn.c_attn.weight"])
     out = run_ok("import_hf.py", folder, path("hub_style.bin"))
     assert "--layers 1 --hidden 64 --heads 1" in out, f"no train_gpt command for the shape in: {out}"
     h, back = read_model_tensors(path("hub_style.bin"))
