@@ -22,6 +22,7 @@ tests=(
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
     "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$PYTHON test/test_scripts.py"
     "$BUILD/test_gpu_build"
