@@ -48,6 +48,7 @@ typedef struct {
     const char* model;            // a name from gpt_config.h
     int layers, hidden, heads;    // overrides of the named shape; 0 = keep
     AttentionBackend attn;
+    int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
     const char* train_data;       // shard path or glob
     const char* val_data;         // shard path or glob; "" = no validation
     int shuffle;
@@ -105,6 +106,9 @@ static const OptionSpec OPTIONS[] = {
      "override the number of heads (head dim = hidden / heads must be 64, 80, 96 or 128)"},
     {"attn", 'a', OPT_ATTN, FIELD(attn), "flash2", "BACKEND", 0, 0,
      "naive | flash1 | flash2, or naive-recompute: naive that recomputes S and P in the backward (long T)"},
+    {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
+     "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
+     "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway)"},
     SECTION("data"),
     {"train-data", 'i', OPT_STRING, FIELD(train_data), "data/tinyshakespeare/tinyshakespeare_train_*.bin",
      "PATTERN", 0, 0, "training shards, a path or a glob"},
@@ -569,7 +573,7 @@ static void print_plan_model(const Plan* p) {
            c->num_layers, c->channels, c->num_heads, c->channels / c->num_heads, c->vocab_size,
            c->padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", p->num_params, p->num_params / 1e9);
-    printf("attention    %s\n", attention_backend_name(opt->attn));
+    printf("attention    %s%s\n", attention_backend_name(opt->attn), opt->deterministic ? ", deterministic" : "");
     if (p->world == 1)
         printf("batch        %d x %d = %lld tokens per micro step, %lld micro steps per optimizer step = %lld tokens\n",
                B, T, p->tokens_per_micro_step, p->accumulation_steps, p->total_batch_tokens);
@@ -744,6 +748,7 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     if (gpt_model_create_padded(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, t->stream,
                                 optimizer_pad_multiple(p->world)) != 0)
         exit(1);
+    t->model.deterministic_attention = opt->deterministic;
     gpt_model_print_memory(&t->model, stdout);
     t->mg = mg;
     if (mg) multi_gpu_attach(mg, &t->model);

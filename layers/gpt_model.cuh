@@ -139,6 +139,7 @@ typedef struct {
 
     // compute
     AttentionBackend backend;
+    int deterministic_attention;  // AttentionArgs.deterministic of every layer
     AttentionShape att_shape;
     AttentionContext att_ctx;  // .cublas owned (naive backend only)
     MatmulContext matmul;
@@ -324,6 +325,7 @@ static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
     a.dqkv_stride = (long)(3 * C);
     a.saved = m->att_saved_bytes ? (void*)(m->att_saved + l * layer_align256(m->att_saved_bytes)) : NULL;
     a.workspace = m->scratch;
+    a.deterministic = m->deterministic_attention;
     return a;
 }
 

@@ -46,7 +46,26 @@
 #include "test_harness.h"
 
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
-static const int SEQ_LENS[] = {1, 17, 64, 127, 1000};
+static int SEQ_LENS[8] = {1, 17, 64, 127, 1000};
+static size_t g_num_seq_lens = 5;
+
+// ATTENTION_TEST_SEQ_LENS=17,300 runs those sequence lengths instead (scripts/sanitize_attention.sh
+// keeps the shapes small under compute-sanitizer); the deterministic cases need 127 or 1000.
+static void pick_seq_lens(void) {
+    const char* list = getenv("ATTENTION_TEST_SEQ_LENS");
+    if (!list || !list[0]) return;
+    g_num_seq_lens = 0;
+    for (const char* p = list; *p && g_num_seq_lens < COUNT(SEQ_LENS);) {
+        char* end;
+        const long T = strtol(p, &end, 10);
+        if (end == p || T < 1) {
+            fprintf(stderr, "ATTENTION_TEST_SEQ_LENS: expected sequence lengths like 17,300, got \"%s\"\n", list);
+            exit(2);
+        }
+        SEQ_LENS[g_num_seq_lens++] = (int)T;
+        p = *end == ',' ? end + 1 : end;
+    }
+}
 static const double INPUT_SCALES[] = {1.0, 8.0};
 static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2, ATTN_NAIVE_RECOMPUTE};
 static const AttentionBackend FLASH_BACKENDS[] = {ATTN_FLASH1, ATTN_FLASH2};
@@ -75,10 +94,11 @@ static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, 
 }
 
 // flash2's deterministic backward (AttentionArgs.deterministic; its Hopper kernels) is tested, on
-// top of the plain runs, where the key blocks are several (T = 1000) and in the plain layout case.
+// top of the plain runs, where the key blocks are several (T = 1000) and in the plain layout case
+// (any T >= 127, for the shapes ATTENTION_TEST_SEQ_LENS picks).
 static int g_flash2_deterministic = 1;  // 0 where flash2 runs its mma.sync kernels (not deterministic)
 static int deterministic_case(AttentionBackend backend, int T, double scale) {
-    return backend == ATTN_FLASH2 && g_flash2_deterministic && scale == 1.0 && (T == 1000 || T == 127);
+    return backend == ATTN_FLASH2 && g_flash2_deterministic && scale == 1.0 && T >= 127;
 }
 
 // ---- inputs and the reference ----------------------------------------------------------------------
@@ -562,6 +582,7 @@ static void select_backends(int argc, char** argv) {
 int main(int argc, char** argv) {
     test_begin();
     select_backends(argc, argv);
+    pick_seq_lens();
     uint64_t seed = pick_and_print_seed();
 
     cpu_cases();
@@ -572,7 +593,7 @@ int main(int argc, char** argv) {
         char name[160];
         for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
             for (int causal = 0; causal <= 1; causal++)
-                for (size_t t = 0; t < COUNT(SEQ_LENS); t++)
+                for (size_t t = 0; t < g_num_seq_lens; t++)
                     for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++)
                         for (int layout = 0; layout <= (plain_layout_case(SEQ_LENS[t], INPUT_SCALES[sc]) ? 1 : 0);
                              layout++)
@@ -602,7 +623,7 @@ int main(int argc, char** argv) {
     uint64_t set_index = 0;
     for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
         for (int causal = 0; causal <= 1; causal++)
-            for (size_t t = 0; t < COUNT(SEQ_LENS); t++)
+            for (size_t t = 0; t < g_num_seq_lens; t++)
                 for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++) {
                     const int T = SEQ_LENS[t];
                     const double scale = INPUT_SCALES[sc];

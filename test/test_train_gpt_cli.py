@@ -434,6 +434,22 @@ def test_gpu_init_from_and_dump_grads():
     assert np.all(np.isfinite(g)) and np.count_nonzero(g) > n // 2, np.count_nonzero(g)
 
 
+def test_gpu_deterministic_flash2_gradients_are_bit_identical():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # 512 tokens: four key blocks of flash2's backward add into every query block's dQ.
+    args = [*GOOD, "--layers", "2", "--batch-size", "1", "--seq-len", "512", "--max-steps", "1", "--val-data", "",
+            "--attn", "flash2", "--deterministic"]
+    grads = []
+    for i in range(2):
+        path = os.path.join(WORK, f"grads_deterministic_{i}.bin")
+        r = run(*args, "--dump-grads", path)
+        assert r.returncode == 0, r.stderr
+        assert "attention    flash2, deterministic" in r.stdout, r.stdout
+        grads.append(open(path, "rb").read())
+    assert len(grads[0]) > 1024 and grads[0] == grads[1], "two --deterministic runs gave different gradients"
+
+
 def test_gpu_out_of_memory_says_what_to_lower():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
