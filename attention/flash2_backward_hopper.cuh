@@ -343,6 +343,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         wgmma_fence_registers(acc_dk);
         wgmma_fence_operands(pa);
         wgmma_fence_operands(dsa);
+        __syncwarp();  // every lane's reads of this step's LSE and D are done
         if (lane == 0) {  // Q and dO of this step are no longer read
             mbar_arrive(&sm.q_empty[stage]);
             mbar_arrive(&sm.do_empty[stage]);
