@@ -44,10 +44,8 @@ import gc
 import json
 import math
 import os
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import warnings
 
@@ -59,6 +57,8 @@ except ImportError as err:
     sys.exit(f"bench_attention.py: error: {err}; run this on a GPU machine with PyTorch >= 2.3")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+from results_common import git_commit, gpu_slug  # noqa: E402  (the scripts' shared helpers)
 OUR_IMPLS = ("naive", "flash1", "flash2")
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
 REFERENCE_ORDER = ("torch-flash", "torch-cudnn")  # the first that runs is the correctness reference
@@ -374,31 +374,6 @@ def markdown_table(title, rows, seqlens):
              "|---|" + "---:|" * len(seqlens)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def gpu_slug(name):
-    """A short name for the GPU: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100"."""
-    tokens = re.split(r"[^a-z0-9]+", name.lower().replace("nvidia", ""))
-    for token in tokens:
-        if re.fullmatch(r"[a-z]+\d+[a-z]*", token):
-            return token
-    return "-".join(t for t in tokens if t) or "gpu"
-
-
-def git_commit():
-    """$GIT_COMMIT when set (a copy of the tree whose git metadata is stale, as on the lent GPU
-    machines); else git rev-parse HEAD, with "-dirty" when tracked files have changes; "unknown"
-    without git."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("-dirty" if status else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def no_nan(value):
