@@ -9,7 +9,7 @@ strided pointers (q = qkv, k = qkv + NH*HD, v = qkv + 2*NH*HD, row stride 3*NH*H
 gradients into a packed dqkv; PyTorch gets q, k, v = qkv.unbind(2), each .transpose(1, 2), i.e.
 strided (B, NH, T, HD) views, as a GPT model does.
 
-Grid (ANCHORS.md, the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
+Grid (the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
 2048 / head dim), causal and not, seqlen 512 ... 16k with batch = 16384 / seqlen.
 
 Method, the same for every implementation (that of triton.testing.do_bench): the L2 cache is flushed
@@ -318,7 +318,7 @@ def progress_line(r):
 # Tables and files
 
 def seqlen_label(seqlen):
-    """512, 1k, 2k, ... as in ANCHORS.md."""
+    """512, 1k, 2k, ... as in the FlashAttention-2 paper's tables."""
     return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
 
 
