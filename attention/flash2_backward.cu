@@ -1,5 +1,5 @@
 // flash2_backward.cu: picks the flash2 backward kernel and its tiles per head dim and launches it: on
-// Hopper the warp-specialized TMA kernel of flash2_backward_hopper.cuh (tiles and variant from
+// Hopper the warp-specialized TMA kernel of flash2_backward_hopper.cuh (tiles and dK operand from
 // flash2_tiles.h; deterministic when AttentionArgs.deterministic), elsewhere the mma.sync kernel of
 // flash2_backward_kernel.cuh.
 #include <stdio.h>
@@ -16,8 +16,8 @@ template <int HD, bool CAUSAL>
 static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
                                          cudaStream_t stream) {
     typedef Flash2BackwardTiles<HD, CAUSAL> Tiles;
-    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::VARIANT>(p, B, stream);
-    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::VARIANT>(p, B, stream);
+    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM>(p, B, stream);
+    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM>(p, B, stream);
 }
 
 // mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with

@@ -10,10 +10,11 @@
 //                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
 //                Sᵀ = K Qᵀ, dPᵀ = V dOᵀ            wgmma, both operands from shared memory
-//                dQ(m−1) = dS(m−1) K               issued behind them, from the dSᵀ tile of the
-//                                                  previous step (both warpgroups' keys)
-//                Pᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D)          attention_math.cuh, while dQ(m−1) runs
-//                dSᵀ → shared memory; dV += Pᵀ dO, dK += dSᵀ Q (wgmma, A from registers)
+//                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
+//                dSᵀ → shared memory (for dQ, and for dK where DK_FROM_SMEM)
+//                dV += Pᵀ dO, dK += dSᵀ Q          wgmma, A from registers (dK: or shared memory)
+//                dQ(m−1) = dS(m−1) K               issued behind them, from the other dSᵀ buffer
+//                                                  (both warpgroups' keys; mbarriers between them)
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
 // blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order.
@@ -48,14 +49,7 @@ typedef struct {
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
-// Variants the tuner compares (bits of VARIANT; 0 = the plainest):
-enum {
-    FLASH2_BWD_DK_FROM_SMEM = 1,  // dK += dSᵀ Q reads dSᵀ from shared memory instead of registers
-    FLASH2_BWD_JOINT_WAIT = 2,    // Pᵀ waits for dPᵀ too, instead of running while dPᵀ is computed
-    FLASH2_BWD_ONE_DQ_BUFFER = 4  // one dQ staging buffer even where two fit
-};
-
-template <int HD, int BLOCK_M_, int VARIANT = 0>
+template <int HD, int BLOCK_M_>
 struct Flash2BackwardWsConfig {
     static constexpr int BLOCK_M = BLOCK_M_, BLOCK_N = 128, THREADS = 384, STAGES = 2;
     typedef WgTile<BLOCK_N, HD> KvTile;
@@ -74,14 +68,11 @@ struct Flash2BackwardWsConfig {
     static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
     static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
-    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 * 2 + 4;
-    static constexpr size_t SMEM_BEFORE_DQ = 1024 /* alignment slack */ + 2 * KV_BYTES +
-                                             STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + 8 * BARRIERS;
-    // Two dQ staging buffers (the compute warps fill one while the other is being added) where
-    // shared memory allows; head dim 64's larger query blocks leave room for one.
-    static constexpr int DQ_BUFFERS =
-        !(VARIANT & FLASH2_BWD_ONE_DQ_BUFFER) && SMEM_BEFORE_DQ + 2 * DQ_BYTES <= 227 * 1024 ? 2 : 1;
-    static constexpr size_t SMEM_BYTES = SMEM_BEFORE_DQ + DQ_BUFFERS * DQ_BYTES;
+    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4;
+    // One dQ staging tile: a second one (where shared memory allows) measured no faster.
+    static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
+                                         STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
+                                         8 * BARRIERS;
     static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "BLOCK_M 128 at head dim 64, else 64");
     static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "head dims 64, 80, 96, 128");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -91,7 +82,7 @@ struct Flash2BackwardWsConfig {
 template <typename C>
 struct Flash2BackwardSmem {
     __nv_bfloat16 *k, *v, *q, *dout, *ds;  // K, V; STAGES × Q, dO; 2 × dSᵀ
-    float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_BUFFERS × DQ_SLOTS
+    float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_SLOTS
     uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty, *ds_ready, *ds_free;
 };
 
@@ -105,7 +96,7 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.dout = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + C::STAGES * C::QO_BYTES);
     sm.ds = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES);
     sm.dq = (float*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES + 2 * C::DS_BYTES);
-    sm.lse = sm.dq + C::DQ_BUFFERS * C::DQ_SLOTS;
+    sm.lse = sm.dq + C::DQ_SLOTS;
     sm.d = sm.lse + C::STAGES * C::BLOCK_M;
     sm.kv_full = (uint64_t*)(sm.d + C::STAGES * C::BLOCK_M);
     sm.q_full = sm.kv_full + 1;
@@ -113,8 +104,8 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.do_full = sm.q_empty + C::STAGES;
     sm.do_empty = sm.do_full + C::STAGES;
     sm.dq_full = sm.do_empty + C::STAGES;
-    sm.dq_empty = sm.dq_full + 2;
-    sm.ds_ready = sm.dq_empty + 2;
+    sm.dq_empty = sm.dq_full + 1;
+    sm.ds_ready = sm.dq_empty + 1;
     sm.ds_free = sm.ds_ready + 2;
     return sm;
 }
@@ -164,9 +155,7 @@ template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int bh, int m_begin) {
     for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
-        const int buf = j % C::DQ_BUFFERS, use = j / C::DQ_BUFFERS;
-        const float* tile = sm.dq + buf * C::DQ_SLOTS;
-        mbar_wait(&sm.dq_full[buf], use & 1);
+        mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
         int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
         if (DETERMINISTIC) {
@@ -174,7 +163,7 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
             }
             fence_proxy_async_global();
         }
-        bulk_reduce_add_f32(dst, tile, C::DQ_BYTES);
+        bulk_reduce_add_f32(dst, sm.dq, C::DQ_BYTES);
         bulk_commit();
         if (DETERMINISTIC) {
             bulk_wait_all();
@@ -183,7 +172,7 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
         } else {
             bulk_wait_read();
         }
-        mbar_arrive(&sm.dq_empty[buf]);
+        mbar_arrive(sm.dq_empty);
     }
 }
 
@@ -220,7 +209,8 @@ __device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t 
 }
 
 // Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin.
-template <typename C, int HD, bool CAUSAL, int VARIANT>
+// DK_FROM_SMEM: dK += dSᵀ Q reads dSᵀ from shared memory instead of registers (flash2_tiles.h).
+template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM>
 __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                  int cw, int n0, int b, int h, int m_begin) {
     typedef typename C::KvTile KvTile;
@@ -249,16 +239,14 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     };
     // dQ of step j into the shared staging tile, in fragment order, then to the reducing thread.
     auto hand_over_dq = [&](const float (&acc_dq)[DQ_N / 2], int j) {
-        const int buf = j % C::DQ_BUFFERS, use = j / C::DQ_BUFFERS;
-        float* tile = sm.dq + buf * C::DQ_SLOTS;
-        mbar_wait(&sm.dq_empty[buf], (use & 1) ^ 1);
+        mbar_wait(sm.dq_empty, (j & 1) ^ 1);
 #pragma unroll
         for (int nt = 0; nt < DQ_N / 8; nt++)
-            *(float4*)(tile + ((cw * (DQ_N / 8) + nt) * 128 + tid) * 4) =
+            *(float4*)(sm.dq + ((cw * (DQ_N / 8) + nt) * 128 + tid) * 4) =
                 make_float4(acc_dq[4 * nt], acc_dq[4 * nt + 1], acc_dq[4 * nt + 2], acc_dq[4 * nt + 3]);
         fence_proxy_async();  // the bulk reduction reads these through the async proxy
         __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.dq_full[buf]);
+        if (lane == 0) mbar_arrive(sm.dq_full);
     };
 
     // One step: query block m, the j-th of this key block. FIRST (a compile-time tag) has no dQ of
@@ -284,8 +272,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
                                     QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
         // Pᵀ while dPᵀ is still being computed, then dSᵀ
-        if constexpr (VARIANT & FLASH2_BWD_JOINT_WAIT) wgmma_wait<0>();
-        else wgmma_wait<1>();
+        wgmma_wait<1>();
         wgmma_fence_registers(s);
         const bool masked = m0 + BLOCK_M > p.T || n0 + C::BLOCK_N > p.T || (CAUSAL && n0 + C::BLOCK_N - 1 > m0);
         probs_from_scores<BLOCK_M / 8, CAUSAL>(s, key, m0 + 2 * t4, p.T, masked, sm.lse + stage * BLOCK_M + 2 * t4,
@@ -304,7 +291,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         fence_proxy_async();  // read next by wgmma, i.e. the async proxy
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.ds_ready[j & 1]);
-        if constexpr (VARIANT & FLASH2_BWD_DK_FROM_SMEM)
+        if constexpr (DK_FROM_SMEM)
             named_barrier_sync(1 + cw, 128);  // this warpgroup's rows of dSᵀ are all written
 
         // dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ from registers, dSᵀ too or from shared memory): B = dO, Q
@@ -317,7 +304,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 #pragma unroll
         for (int kq = 0; kq < KSTEPS; kq++)
             wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
-        if constexpr (VARIANT & FLASH2_BWD_DK_FROM_SMEM) {
+        if constexpr (DK_FROM_SMEM) {
             const uint32_t ds_rows = ds_addr0 + (j & 1) * C::DS_BYTES + DsTile::row_offset(cw * 64);
 #pragma unroll
             for (int kq = 0; kq < KSTEPS; kq++)
@@ -371,11 +358,11 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, int VARIANT>
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
 __global__ void __launch_bounds__(384, 1)
     flash2_backward_ws_kernel(const __grid_constant__ Flash2BackwardMaps maps, const Flash2BackwardWsParams p) {
 #if WGMMA_AVAILABLE
-    typedef Flash2BackwardWsConfig<HD, BLOCK_M, VARIANT> C;
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
     const int n_block = blockIdx.x, n0 = n_block * C::BLOCK_N;
@@ -389,10 +376,8 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(&sm.q_empty[s], 8);  // one arrival per consumer warp
             mbar_init(&sm.do_empty[s], 8);
         }
-        for (int s = 0; s < C::DQ_BUFFERS; s++) {
-            mbar_init(&sm.dq_full[s], 8);
-            mbar_init(&sm.dq_empty[s], 1);
-        }
+        mbar_init(sm.dq_full, 8);
+        mbar_init(sm.dq_empty, 1);
         for (int s = 0; s < 2; s++) {
             mbar_init(&sm.ds_ready[s], 8);  // every consumer warp has written its rows of dSᵀ
             mbar_init(&sm.ds_free[s], 8);   // every consumer warp's dQ product has read the buffer
@@ -406,7 +391,7 @@ __global__ void __launch_bounds__(384, 1)
         else if (threadIdx.x == 32) backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, bh, m_begin);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, VARIANT>(p, sm, threadIdx.x / 128 - 1, n0, b, h, m_begin);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, h, m_begin);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
@@ -441,9 +426,9 @@ static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T
 }
 
 // p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, int VARIANT>
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
 static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
-    typedef Flash2BackwardWsConfig<HD, BLOCK_M, VARIANT> C;
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
     const size_t heads = (size_t)B * p->NH;
     Flash2BackwardWsParams w;
@@ -477,7 +462,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     maps.k = make_rows_tensor_map(p->k, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
     maps.v = make_rows_tensor_map(p->v, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
-    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, VARIANT>>(
+    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM>>(
         dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);

@@ -99,14 +99,13 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
 }
 
 // Copies rows [0, ROWS) of a (rows, COLS) bf16 matrix whose rows are `row_stride` apart in global
-// memory into a shared-memory tile of type Tile (SmemTile here, WgTile in wgmma.cuh: its index(row,
-// chunk) and ROW_ELEMS, the elements from one row to the next); rows ≥ rows_valid become zeros
-// (partial last blocks). Fully unrolled; when the threads cover whole rows 8 at a time, each thread
-// keeps one chunk column and its shared-memory offsets are constants apart (both tiles' swizzles
-// repeat every 8 rows).
-template <typename Tile, int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_tile_async_into(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
-                                                     int rows_valid) {
+// memory into a SmemTile; rows ≥ rows_valid become zeros (partial last blocks). Fully unrolled;
+// when the threads cover whole rows 8 at a time, each thread keeps one chunk column and its
+// shared-memory offsets are constants apart (the swizzle repeats every 8 rows).
+template <int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
+                                                int rows_valid) {
+    typedef SmemTile<COLS> Tile;
     constexpr int CHUNKS = COLS / 8, TOTAL = ROWS * CHUNKS;
     if constexpr (THREADS % CHUNKS == 0 && (THREADS / CHUNKS) % 8 == 0 && TOTAL % THREADS == 0) {
         constexpr int ROW_STEP = THREADS / CHUNKS;
@@ -130,11 +129,6 @@ __device__ __forceinline__ void load_tile_async_into(__nv_bfloat16* tile, const 
             cp_async_16(tile + Tile::index(row, chunk), from, valid ? 16 : 0);
         }
     }
-}
-template <int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride,
-                                                int rows_valid) {
-    load_tile_async_into<SmemTile<COLS>, ROWS, COLS, THREADS>(tile, src, row_stride, rows_valid);
 }
 
 // Copies rows [0, rows_valid) of a SmemTile to global memory with 16-byte stores.

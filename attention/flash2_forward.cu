@@ -78,7 +78,7 @@ int flash2_supports_head_dim(int head_dim) {
     return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
 
-// cp.async moves rows in 16-byte pieces: every row must start 16-byte aligned.
+// cp.async and TMA move rows in 16-byte pieces: every row must start 16-byte aligned.
 void flash2_require_aligned(const void* ptr, long stride, const char* what) {
     if ((uintptr_t)ptr % 16 != 0 || stride % 8 != 0) {
         fprintf(stderr,

@@ -37,7 +37,7 @@ typedef struct {
     const char* name;
     int hd;
     BackwardLaunch launch[2];
-    int block_m, variant;  // ws kernels: their query block and FLASH2_BWD_* bits; 0 otherwise
+    int block_m, dk_from_smem;  // ws kernels: their query block and dK operand; 0 otherwise
 } BackwardCandidate;
 
 #define FWD(HD, BM, BN, NW, MB) \
@@ -60,12 +60,12 @@ static const ForwardCandidate FORWARD[] = {
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
-#define BWD_WS(HD, BM, DET, VARIANT) \
-    {"bwd ws BM" #BM " var" #VARIANT DET, HD, \
-     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), VARIANT>, launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), VARIANT>}, BM, VARIANT}
+#define BWD_WS(HD, BM, DET, DK_SMEM) \
+    {"bwd ws BM" #BM " dK from " DK_SMEM DET, HD, \
+     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5)>, \
+      launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5)>}, BM, (sizeof(DK_SMEM) > 5)}
 #define BWD_WS_ALL(HD, BM) \
-    BWD_WS(HD, BM, "", 0), BWD_WS(HD, BM, "", 1), BWD_WS(HD, BM, "", 4), BWD_WS(HD, BM, "", 5), BWD_WS(HD, BM, "", 7), \
-    BWD_WS(HD, BM, " determ.", 4)
+    BWD_WS(HD, BM, "", "regs"), BWD_WS(HD, BM, "", "shared"), BWD_WS(HD, BM, " determ.", "regs")
 static const BackwardCandidate BACKWARD[] = {
     BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),
     BWD(80, 64, 8, 1),   BWD_WS_ALL(80, 64),
@@ -94,8 +94,8 @@ static bool forward_is_chosen(const ForwardCandidate& c, int causal) {
 }
 template <int HD>
 static bool backward_chosen(const BackwardCandidate& c, int causal) {
-    if (causal) return c.block_m == Flash2BackwardTiles<HD, true>::BLOCK_M && c.variant == Flash2BackwardTiles<HD, true>::VARIANT;
-    return c.block_m == Flash2BackwardTiles<HD, false>::BLOCK_M && c.variant == Flash2BackwardTiles<HD, false>::VARIANT;
+    if (causal) return c.block_m == Flash2BackwardTiles<HD, true>::BLOCK_M && c.dk_from_smem == (int)Flash2BackwardTiles<HD, true>::DK_FROM_SMEM;
+    return c.block_m == Flash2BackwardTiles<HD, false>::BLOCK_M && c.dk_from_smem == (int)Flash2BackwardTiles<HD, false>::DK_FROM_SMEM;
 }
 static bool backward_is_chosen(const BackwardCandidate& c, int causal) {
     if (!c.block_m || strstr(c.name, "determ")) return false;
