@@ -18,10 +18,8 @@
 
 #include "flash2_backward_hopper.cuh"
 #include "flash2_backward_kernel.cuh"
-#include "flash2_backward_hopper.cuh"
 #include "flash2_forward_hopper.cuh"
 #include "flash2_forward_kernel.cuh"
-#include "flash2_forward_hopper.cuh"
 #include "flash2_tiles.h"
 
 typedef void (*ForwardLaunch)(const Flash2ForwardParams*, int, cudaStream_t);
