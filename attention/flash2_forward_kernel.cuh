@@ -26,6 +26,9 @@ typedef struct {
     int T, NH;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
     int B;             // the persistent Hopper kernel walks all B·NH heads itself
+    // Hopper, persistent: an int the launch zeroes, from which the blocks take their next tile in
+    // turn (atomicAdd), or NULL for a fixed round-robin (uniform non-causal tiles need no more).
+    int* tile_counter;
 } Flash2ForwardParams;
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>
