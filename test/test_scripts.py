@@ -108,7 +108,7 @@ def test_bench_long_context_runs_and_records():
     open(shard, "wb").close()
     out = os.path.join(WORK, "blc")
     rc = blc.main(["--runs", "train_gpt:gpt3-1.3b:4096:full", "--train-gpt", fake, "--train-data", shard,
-                   "--results-dir", out, "--out", out, "--peak-tflops", "1000"])
+                   "--results-dir", out, "--out", out, "--peak-tflops", "1000", "--timed", "2"])
     assert rc == 0
     [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("long_context_") and n.endswith(".json")]
     [rec] = json.load(open(path))["records"]
