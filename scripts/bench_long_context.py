@@ -114,13 +114,18 @@ def parse_args(argv=None):
     return args
 
 
-def log_tail(path, lines=3):
+def failure_note(path):
+    """What a failed child said: its "error:" and "hint:" lines (train_gpt writes them to unbuffered stderr,
+    before its buffered plan) or an out-of-memory line, else the last lines of its log; and whether it ran
+    out of GPU memory."""
     try:
         with open(path, errors="replace") as f:
-            text = [ln.rstrip() for ln in f if ln.strip() and not ln.startswith("$ ")]
+            lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("$ ")]
     except OSError:
-        return ""
-    return " / ".join(text[-lines:])[-600:]
+        lines = []
+    said = [ln for ln in lines if ln.startswith(("error:", "hint:")) or re.search(r"out of (gpu )?memory", ln, re.I)]
+    text = " / ".join(said[-3:] if said else lines[-3:])[-600:]
+    return text, bool(re.search(r"out of (gpu )?memory|cudaErrorMemoryAllocation", text, re.IGNORECASE))
 
 
 def torch_hw_flops_per_sequence(cfg, seqlen):
@@ -176,8 +181,7 @@ def run_one(args, impl, model, seqlen, mode, data, peak):
         failed = rc != 0 or result.get("status") != "ok"
     record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
     if failed:
-        text = log_tail(log_path)
-        oom = re.search(r"out of (gpu )?memory|cudaErrorMemoryAllocation", text, re.IGNORECASE)
+        text, oom = failure_note(log_path)
         record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
         record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
         return record
@@ -218,9 +222,9 @@ HEADER = ["model", "seq", "impl", "recompute", "ms/step", "TFLOP/s", "hw TFLOP/s
 
 def table_rows(records):
     """One row per record, sorted by model, seqlen, impl and mode; "vs torch": TFLOP/s over torch's at the
-    same model and length (both ok)."""
+    same model and length, both ok and of the same commit (one device session: a ratio needs the same run)."""
     order = {m: i for i, m in enumerate(MODES + (TORCH_RECOMPUTE,))}
-    torch_tflops = {(r["model"], r["seqlen"]): r["tflops_per_gpu"] for r in records
+    torch_tflops = {(r["model"], r["seqlen"], r.get("commit")): r["tflops_per_gpu"] for r in records
                     if r["impl"] == "torch" and r["status"] == "ok"}
     rows = []
     for r in sorted(records, key=lambda r: (r["model"], r["seqlen"], r["impl"] != "train_gpt",
@@ -231,7 +235,7 @@ def table_rows(records):
             mem = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
             rows.append([r["model"], seq, r["impl"], mode, r["status"].upper(), "-", "-", "-", mem, "-", "-"])
             continue
-        base = torch_tflops.get((r["model"], r["seqlen"]))
+        base = torch_tflops.get((r["model"], r["seqlen"], r.get("commit")))
         ratio = f"{r['tflops_per_gpu'] / base:.2f}x" if base and r["impl"] == "train_gpt" else "-"
         losses = " ".join(f"{x:.3f}" for x in r["losses"])
         rows.append([r["model"], seq, r["impl"], mode, f"{r['step_ms']:.0f}", f"{r['tflops_per_gpu']:.0f}",
@@ -251,7 +255,7 @@ def text_table(rows):
 
 def notes(records):
     return [f"{r['impl']} {r['model']} seq {r['seqlen']} --recompute {r['recompute']}: {r['status']}: {r['note']}"
-            for r in records if r["status"] != "ok"]
+            for r in records if r["status"] != "ok" or r["note"]]
 
 
 def write_results(meta, records, json_path, md_path):
@@ -261,13 +265,14 @@ def write_results(meta, records, json_path, md_path):
           "Batch 1, one sequence per optimizer step. train_gpt (`--attn flash2`) with each `--recompute` mode "
           "that fits, against the PyTorch reference (`scripts/torch_gpt.py bench --checkpoint-blocks`: bf16 "
           "autocast, fused AdamW, torch.compile, SDPA FlashAttention-2, torch.utils.checkpoint per block), "
-          "measured in the same run on the same GPU.", "",
+          "measured in the same run on the same GPU (\"vs torch\": ours over torch's TFLOP/s at the same model and "
+          "length, from the same commit and device session).", "",
           f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
           "| " + " | ".join(HEADER) + " |", "|---|---|---|---|" + "---:|" * (len(HEADER) - 5) + "---|"]
     md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
     md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
     if notes(records):
-        md += ["", "Not run to the end:", ""] + [f"- {n}" for n in notes(records)]
+        md += ["", "Notes (a status other than ok: the run did not finish):", ""] + [f"- {n}" for n in notes(records)]
     results_common.write_text(md_path, "\n".join(md) + "\n")
 
 

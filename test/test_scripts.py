@@ -117,6 +117,13 @@ def test_bench_long_context_runs_and_records():
     assert abs(rec["tflops_per_gpu"] - flops / 0.06 / 1e12) < 1e-9 * rec["tflops_per_gpu"], rec
     assert abs(rec["hw_tflops_per_gpu"] / rec["tflops_per_gpu"] - 1.25) < 1e-12, rec
     assert os.path.exists(path[:-5] + ".md")
+    # a train_gpt that stops before allocating: its stderr lines come before its buffered plan in the log
+    log = os.path.join(WORK, "oom.log")
+    with open(log, "w") as f:
+        f.write("$ ./train_gpt ...\nerror: out of GPU memory: the activations ... need 100.41 GiB\n"
+                "hint: --recompute full would fit\nmodel        gpt3-1.3b\ngpu          H100\nmfu peak     989.4\n")
+    note, oom = blc.failure_note(log)
+    assert oom and "--recompute full would fit" in note and "mfu peak" not in note, note
 
 
 if __name__ == "__main__":
