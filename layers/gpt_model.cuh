@@ -19,13 +19,13 @@
 //   logits (N, Vp)          = lnf · wteᵀ                            (tied LM head, no bias)
 //   losses (N) fp32         = cross-entropy(logits[:, :V], targets); mean_loss = mean of losses
 // gpt_model_forward leaves the logits of the last LM-head chunk intact (all of them when N <=
-// lm_head_rows: they can be read back); gpt_model_backward first runs
-// the fused cross-entropy, which rewrites the logits in place with dlogits = grad_scale·(softmax −
-// onehot) (and writes the same losses again), then goes through the layers in reverse. The residual
+// lm_head_rows: they can be read back); gpt_model_backward first runs the fused cross-entropy, which
+// rewrites the logits in place with dlogits = grad_scale·(softmax − onehot) (and writes the same
+// losses again), then goes through the layers in reverse. The residual
 // stream's gradient lives in one (N, C) buffer, dresidual: every LayerNorm backward ADDS into it, and
 // the matmuls whose output is added to the residual (attproj, fcproj) read it as their dout.
 //
-// Long sequences (issue: activation recomputation and a chunked LM head):
+// Long sequences: activation recomputation (--recompute) and the LM head in chunks.
 //   --recompute none       every activation above is kept for all L layers (the fastest).
 //   --recompute selective  the GEMM outputs (qkv, atty, residual2, fch) are kept per layer; ln1, ln2 and
 //                          fch_gelu keep one layer's slot and the backward recomputes them (two LayerNorms
@@ -57,7 +57,7 @@
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
-// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded pads both allocations to a multiple of
+// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded (and _with) pads both allocations to a multiple of
 // pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
 // gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
