@@ -49,6 +49,7 @@ typedef struct {
     int layers, hidden, heads;    // overrides of the named shape; 0 = keep
     AttentionBackend attn;
     int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
+    RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/gpt_model.cuh)
     const char* train_data;       // shard path or glob
     const char* val_data;         // shard path or glob; "" = no validation
     int shuffle;
@@ -79,7 +80,7 @@ typedef struct {
 typedef enum {
     OPT_SECTION,  // a heading of --help (help is its title)
     OPT_TEXT,     // a paragraph of --help, printed as it is
-    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_ZERO, OPT_HELP
+    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_RECOMPUTE, OPT_ZERO, OPT_HELP
 } OptionKind;
 
 typedef struct {
@@ -109,6 +110,11 @@ static const OptionSpec OPTIONS[] = {
     {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
      "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
      "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway)"},
+    {"recompute", 0, OPT_RECOMPUTE, FIELD(recompute), "none", "MODE", 0, 0,
+     "none | selective | full: activation recomputation for long sequences. selective keeps the GEMM outputs "
+     "and recomputes LayerNorms and GELU (and naive attention's forward) in the backward; full keeps only each "
+     "block's input and reruns the block's forward in its backward (about a third more compute). The plan "
+     "shows the activation memory of each"},
     SECTION("data"),
     {"train-data", 'i', OPT_STRING, FIELD(train_data), "data/tinyshakespeare/tinyshakespeare_train_*.bin",
      "PATTERN", 0, 0, "training shards, a path or a glob"},
@@ -259,6 +265,12 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
                 exit(2);
             }
             break;
+        case OPT_RECOMPUTE:
+            if (gpt_recompute_from_name(text, (RecomputeMode*)field) != 0) {
+                fprintf(stderr, "error: --recompute expects none, selective or full, got \"%s\"\n", text);
+                exit(2);
+            }
+            break;
         case OPT_ZERO:
             if (strcmp(text, "0") != 0 && strcmp(text, "1") != 0) {
                 fprintf(stderr, "error: --zero expects 0 (no sharding) or 1 (ZeRO-1: optimizer state and master "
@@ -351,6 +363,9 @@ typedef struct {
     long long start_step;              // the first step this run takes: 1, or the checkpoint's step + 1
     DataLoaderState start_data;        // the data position of start_step
     double flops_per_step, state_bytes, peak_tflops;
+    double act_bytes[NUM_RECOMPUTE_MODES];  // activations per GPU of each --recompute mode (plan estimate)
+    double recompute_flops_per_step;       // per GPU: what recomputation adds (hardware FLOPs, not model FLOPs)
+    const char* recompute_what;            // the GEMM and attention work it repeats, for the plan
     int device;
     GpuInfo gpu;
 } Plan;
@@ -461,6 +476,23 @@ static void plan_data(Plan* p) {
                               : (p->micro_batches_per_epoch + p->accumulation_steps - 1) / p->accumulation_steps;
 }
 
+// The activation memory of each --recompute mode (before any CUDA call: an estimate within a few MiB of
+// scratch) and the FLOPs the chosen mode adds per optimizer step and GPU.
+static void plan_activations(Plan* p) {
+    const Options* opt = p->opt;
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
+        p->act_bytes[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn,
+                                                       (RecomputeMode)r, 0);
+    static GPTModel shape;
+    memset(&shape, 0, sizeof(shape));
+    gpt_model_set_shape(&shape, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0);
+    p->recompute_flops_per_step = gpt_recompute_flops(&shape) * (double)p->accumulation_steps;
+    p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
+                        : opt->recompute == RECOMPUTE_SELECTIVE && shape.att_saved_bytes > 0
+                            ? "the attention forward (its T^2 part) again in the backward, "
+                            : "";
+}
+
 // The checkpoint header fields that describe this run, and the optimizer state's range.
 static void plan_state(Plan* p) {
     const Options* opt = p->opt;
@@ -489,6 +521,7 @@ static void plan_state(Plan* p) {
     p->state_bytes = p->world == 1 ? (double)p->num_params * (2 + 2 + 4 + 4 + 4)
                                    : (double)p->padded_params * (2 + 2) + (double)p->state_elems * (4 + 4 + 4);
     p->flops_per_step = gpt_flops_per_sequence(c, opt->seq_len) * (double)(p->total_batch_tokens / opt->seq_len);
+    plan_activations(p);
 }
 
 // --resume auto: the newest complete checkpoint in --checkpoint-dir, into `found`; 0 when there is none.
@@ -624,6 +657,44 @@ static void print_plan_run(const Plan* p) {
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
            opt->zero ? ", the last three sharded over the GPUs" : "");
+    printf("activations  none %.2f GiB, selective %.2f GiB, full %.2f GiB (--recompute; a %d x %d micro batch%s); "
+           "this run: %s\n", gib(p->act_bytes[RECOMPUTE_NONE]), gib(p->act_bytes[RECOMPUTE_SELECTIVE]),
+           gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len, p->world > 1 ? ", per GPU" : "",
+           RECOMPUTE_NAMES[opt->recompute]);
+    if (p->recompute_flops_per_step > 0)
+        printf("recompute    %.3f TFLOP per optimizer step per GPU (%s%s): hardware FLOPs, not model FLOPs; the "
+               "log shows both\n", p->recompute_flops_per_step / 1e12, p->recompute_what,
+               "the LM head's logits of all chunks but the last");
+}
+
+// Room left for what is allocated besides the model state and the activations (cuBLASLt workspace,
+// token arrays, optimizer scratch, the CUDA libraries' own allocations).
+#define MEMORY_MARGIN_BYTES (512.0 * 1024 * 1024)
+
+// Exits (1) before any allocation when the model state and this mode's activations cannot fit the free
+// memory, naming the --recompute mode that would (exact sizes: the GPU is set).
+static void check_activations_fit(const Plan* p) {
+    const Options* opt = p->opt;
+    const double free_bytes = (double)p->gpu.free_bytes;
+    double need[NUM_RECOMPUTE_MODES];
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
+        need[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn, (RecomputeMode)r, 1);
+    if (p->state_bytes + need[opt->recompute] + MEMORY_MARGIN_BYTES <= free_bytes) return;
+    fprintf(stderr, "error: out of GPU memory: the activations of a %d x %d micro batch need %.2f GiB with --recompute "
+                    "%s, and the model state %.2f GiB; %.2f GiB are free\n", opt->batch_size, opt->seq_len,
+            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes));
+    int fits = -1;
+    for (int r = opt->recompute + 1; r < NUM_RECOMPUTE_MODES && fits < 0; r++)
+        if (p->state_bytes + need[r] + MEMORY_MARGIN_BYTES <= free_bytes) fits = r;
+    if (fits >= 0)
+        fprintf(stderr, "hint: --recompute %s would fit (its activations need %.2f GiB); or lower --batch-size "
+                        "(--total-batch-tokens keeps the tokens per step through accumulation) or --seq-len\n",
+                RECOMPUTE_NAMES[fits], gib(need[fits]));
+    else
+        fprintf(stderr, "hint: no --recompute mode fits (full needs %.2f GiB); lower --batch-size "
+                        "(--total-batch-tokens keeps the tokens per step through accumulation) or --seq-len, or use "
+                        "a smaller model\n", gib(need[RECOMPUTE_FULL]));
+    exit(1);
 }
 
 // Each process uses GPU LOCAL_RANK (else its rank) of those it sees, set before any other CUDA work;
@@ -661,6 +732,7 @@ static void plan_gpu(Plan* p) {
                 gib(p->state_bytes), gib((double)g->free_bytes));
         exit(1);
     }
+    if (!opt->plan_only) check_activations_fit(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -745,8 +817,8 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     memset(t, 0, sizeof(*t));
     t->last_checkpoint_step = -1;
     CUDA_CHECK(cudaStreamCreate(&t->stream));
-    if (gpt_model_create_padded(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, t->stream,
-                                optimizer_pad_multiple(p->world)) != 0)
+    if (gpt_model_create_with(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0,
+                              t->stream, optimizer_pad_multiple(p->world)) != 0)
         exit(1);
     t->model.deterministic_attention = opt->deterministic;
     gpt_model_print_memory(&t->model, stdout);
@@ -825,19 +897,21 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
     const double seconds = ms / 1e3;
     const double tokens_per_s = (double)p->total_batch_tokens / seconds;
     const double tflops = p->flops_per_step / p->world / seconds / 1e12;  // per GPU
+    const double hw_tflops = tflops + p->recompute_flops_per_step / seconds / 1e12;  // with recomputation
     const double mfu = p->peak_tflops > 0 ? 100.0 * tflops / p->peak_tflops : 0.0;
     t->steps_done++;
     t->step_seconds += seconds;
-    char eta[32];
+    char eta[32], hw[64] = "";
     format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
                     sizeof(eta));
+    if (p->recompute_flops_per_step > 0) snprintf(hw, sizeof(hw), "hw %.1f TFLOP/s with recompute | ", hw_tflops);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
-           "ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, eta);
+           "%sETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, hw, eta);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
-                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f}\n",
-                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0);
+                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f, \"hw_tflops_per_gpu\": %.2f}\n",
+                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops);
 }
 
 // Mean loss over --val-batches validation micro batches (0 or more than there are: all of them).
@@ -931,6 +1005,10 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
     printf("summary      steps %lld-%lld of %lld in %s (wall), %lld tokens; mean %.1f TFLOP/s per GPU, %s (over "
            "the steps' own time)\n", last_step - t->steps_done + 1, last_step, p->steps, wall,
            t->steps_done * p->total_batch_tokens, tflops, mfu);
+    if (p->recompute_flops_per_step > 0 && t->steps_done)
+        printf("             hardware %.1f TFLOP/s per GPU with the recomputation (--recompute %s)\n",
+               tflops + p->recompute_flops_per_step * (double)t->steps_done / t->step_seconds / 1e12,
+               RECOMPUTE_NAMES[p->opt->recompute]);
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->last_checkpoint[0]) printf("             last checkpoint %s\n", t->last_checkpoint);

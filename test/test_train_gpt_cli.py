@@ -59,6 +59,7 @@ def test_help_lists_flags():
     for flag in ("--max-steps", "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--resume",
                  "--init-from", "--dump-grads"):
         assert flag in r.stdout, f"--help lacks {flag}"
+    assert "--recompute MODE" in r.stdout and "none | selective | full" in r.stdout, "--help lacks --recompute"
     for flag in ("--zero", "--rendezvous-timeout", "mpirun", "srun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                  "MASTER_ADDR", "MASTER_PORT"):
         assert flag in r.stdout, f"--help lacks {flag}"
@@ -85,6 +86,57 @@ def test_plan_flops_and_accumulation():
     params = int(r.stdout.split("parameters   ")[1].split()[0])
     flops = (6 * 64 * params + 12 * 24 * 2048 * 64 * 64) * 32 / 1e12  # 32 sequences per step
     assert f"model FLOPs  {flops:.3f} TFLOP" in r.stdout, (flops, r.stdout)
+
+
+# ---- --recompute and the chunked LM head (layers/gpt_model.cuh) ------------------------------------
+
+LM_HEAD_CHUNK_ROWS = 16384  # GPT_LM_HEAD_CHUNK_ROWS
+
+
+def long_shard(tokens):
+    path = os.path.join(WORK, f"long_{tokens}_train.bin")
+    if not os.path.exists(path):
+        write_shard(path, RNG.integers(0, 50257, size=tokens + 1))
+    return path
+
+
+def plan_activations(stdout):
+    """{mode: GiB} from the plan's `activations  none X GiB, selective Y GiB, full Z GiB ...; this run: M`."""
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("activations  "))
+    parts = line[len("activations  "):].split(" (")[0].split(", ")
+    sizes = {p.split()[0]: float(p.split()[1]) for p in parts}
+    return sizes, line.rsplit("this run: ", 1)[1]
+
+
+def test_recompute_plan_memory_and_flops():
+    """gpt3-1.3b at 32k: the plan's activation memory of each mode differs from none by exactly the
+    per-layer tensors that mode keeps once instead of L times, and the recomputed FLOPs follow the formula."""
+    expect_error(run(*GOOD, "--recompute", "some"), 2, "--recompute expects none, selective or full")
+    L, C, NH, Vp, T = 24, 2048, 16, 50304, 32768
+    N = T  # batch 1
+    per_layer = {"ln1": N * C * 2, "qkv": N * 3 * C * 2, "atty": N * C * 2, "att_lse": NH * N * 4,
+                 "residual2": N * C * 2, "ln2": N * C * 2, "fch": N * 4 * C * 2, "fch_gelu": N * 4 * C * 2}
+    gemm = ("qkv", "atty", "att_lse", "residual2", "fch")   # one slot with full
+    cheap = ("ln1", "ln2", "fch_gelu")                     # one slot with selective and full
+    saved = {"none": 0, "selective": (L - 1) * sum(per_layer[k] for k in cheap),
+             "full": (L - 1) * sum(per_layer.values())}
+    last_rows = N - (N - 1) // LM_HEAD_CHUNK_ROWS * LM_HEAD_CHUNK_ROWS
+    head = 2.0 * (N - last_rows) * C * Vp  # the logits of every chunk but the last, again
+    flops = {"none": head, "selective": head, "full": L * (16.0 * N * C * C + 4.0 * T * T * C) + head}
+    assert set(gemm) | set(cheap) == set(per_layer)
+    for mode in ("none", "selective", "full"):
+        r = run("--train-data", long_shard(T), "--val-data", "", "--model", "gpt3-1.3b", "--batch-size", "1",
+                "--seq-len", str(T), "--recompute", mode, "--plan-only")
+        assert r.returncode == 0, r.stderr
+        sizes, this_run = plan_activations(r.stdout)
+        assert this_run == mode, r.stdout
+        for other in ("selective", "full"):
+            want = saved[other] / 2**30
+            got = sizes["none"] - sizes[other]
+            assert abs(got - want) < 0.011, (other, got, want, r.stdout)
+        assert f"recompute    {flops[mode] / 1e12:.3f} TFLOP per optimizer step per GPU" in r.stdout, (flops, r.stdout)
+    r = run(*GOOD, "--plan-only")  # 4 x 64 tokens: one LM-head chunk, nothing recomputed
+    assert r.returncode == 0 and "recompute    " not in r.stdout and "this run: none" in r.stdout, r.stdout
 
 
 def test_unknown_flag():
@@ -432,6 +484,38 @@ def test_gpu_init_from_and_dump_grads():
     assert bits.size == n, (bits.size, n)
     g = (bits.astype(np.uint32) << 16).view(np.float32)
     assert np.all(np.isfinite(g)) and np.count_nonzero(g) > n // 2, np.count_nonzero(g)
+
+
+def test_gpu_recompute_gives_the_same_gradients_and_logs_hardware_flops():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # naive attention and the fused GELU epilogue: full recomputation gives the same bits as none; the
+    # LM head of 4 x 64 rows is one chunk.
+    args = [*GOOD, "--layers", "2", "--max-steps", "1", "--val-data", "", "--attn", "naive"]
+    grads = {}
+    for mode in ("none", "full"):
+        path, log = os.path.join(WORK, f"grads_recompute_{mode}.bin"), os.path.join(WORK, f"recompute_{mode}.jsonl")
+        r = run(*args, "--recompute", mode, "--dump-grads", path, "--log-file", log)
+        assert r.returncode == 0, r.stderr
+        grads[mode] = open(path, "rb").read()
+        with open(log) as f:
+            rec = json.loads(f.readline())
+        if mode == "full":
+            assert "hw " in r.stdout and "TFLOP/s with recompute" in r.stdout, r.stdout
+            assert rec["hw_tflops_per_gpu"] > rec["tflops_per_gpu"], rec
+        else:
+            assert "with recompute" not in r.stdout and rec["hw_tflops_per_gpu"] == rec["tflops_per_gpu"], rec
+    assert len(grads["none"]) > 1024 and grads["none"] == grads["full"], "--recompute full changed the gradients"
+
+
+def test_gpu_out_of_memory_names_the_recompute_mode_that_fits():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # gpt3-1.3b at 128k tokens: about 200 GiB of activations without recomputation, 27 GiB with full.
+    r = run("--train-data", long_shard(131072), "--val-data", "", "--model", "gpt3-1.3b", "--batch-size", "1",
+            "--seq-len", "131072", "--max-steps", "1")
+    expect_error(r, 1, "out of GPU memory", "activations of a 1 x 131072 micro batch", "--recompute none",
+                 "--recompute full would fit", "--batch-size")
 
 
 def test_gpu_deterministic_flash2_gradients_are_bit_identical():
