@@ -440,19 +440,20 @@ int decode_check_args(const DecodeArgs* a, char* why, size_t why_size) {
 int decode_splits_for(long blocks, int max_length, long concurrent_blocks) {
     const int tiles = (max_length + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK;
     const int most = tiles < DECODE_MAX_SPLITS ? tiles : DECODE_MAX_SPLITS;
-    if (most <= 1 || blocks >= (long)(0.8 * concurrent_blocks)) return 1;
-    // Wave efficiency of s splits: the blocks over the slots of the waves they need.
-    double best = 0.0;
+    // s splits take ceil(tiles / s) tiles each, so ceil(tiles / that) of them hold keys; their wave
+    // efficiency is the blocks over the slots of the waves they need.
+    double eff[DECODE_MAX_SPLITS + 1], best = 0.0;
+    int used[DECODE_MAX_SPLITS + 1];
     for (int s = 1; s <= most; s++) {
-        const long n = blocks * s, waves = (n + concurrent_blocks - 1) / concurrent_blocks;
-        const double eff = (double)n / (double)(waves * concurrent_blocks);
-        if (eff > best) best = eff;
+        const int per_split = (tiles + s - 1) / s;
+        used[s] = (tiles + per_split - 1) / per_split;
+        const long n = blocks * used[s], waves = (n + concurrent_blocks - 1) / concurrent_blocks;
+        eff[s] = (double)n / (double)(waves * concurrent_blocks);
+        if (eff[s] > best) best = eff[s];
     }
-    for (int s = 1; s <= most; s++) {
-        const long n = blocks * s, waves = (n + concurrent_blocks - 1) / concurrent_blocks;
-        if ((double)n / (double)(waves * concurrent_blocks) >= 0.85 * best) return s;
-    }
-    return most;
+    for (int s = 1; s <= most; s++)
+        if (eff[s] >= 0.85 * best) return used[s];
+    return 1;
 }
 
 int decode_num_splits(const DecodeShape* s, int max_length) {
