@@ -11,8 +11,10 @@
 //                          then the KW warps of an m-tile merge (m, ℓ, O) through shared memory.
 //                          One split: writes out (bf16) and lse. Several: writes out_s = O/ℓ and
 //                          lse_s (fp32) to the workspace, (B, Tq, NH, splits[, HD]).
-//   decode_combine_kernel  one warp per (b, t, h): lse = log Σ_s exp(lse_s),
+//   decode_combine_kernel  one block per (b, t, h), threads over splits: lse = log Σ_s exp(lse_s),
 //                          out = Σ_s exp(lse_s − lse)·out_s; splits with lse_s = −∞ (no keys) skipped.
+//                          A programmatic dependent launch on Hopper (its start overlaps the split
+//                          kernel's tail).
 #include <math.h>
 #include <stdio.h>
 
@@ -56,6 +58,20 @@ struct DecodeConfig {
     static constexpr size_t MERGE_BYTES = (size_t)DECODE_WARPS * 16 * (RED_STRIDE + 2) * 4;
     static constexpr size_t SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
 };
+
+// Programmatic dependent launch (Hopper): the split kernel lets the combine kernel start once every
+// split block is past its main loop, and the combine waits for the split kernel's writes, so the
+// second launch's latency hides behind the first's tail. No-ops before sm_90.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 
 // Loads one tile of keys [k0, k0 + 64) ∩ [., k_end) of K and V; rows past k_end become zeros.
 template <int HD>
@@ -195,6 +211,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
         }
     }
     cp_async_wait<0>();
+    allow_dependent_launch();  // the combine (several splits) may start; it waits for our writes
     __syncthreads();  // the ring is free: it becomes the merge buffer
 
     // Merge the KW warps of each m-tile: m = max_w m_w, ℓ = Σ_w ℓ_w·2^(m_w − m), O = Σ_w O_w·2^(m_w − m).
@@ -281,39 +298,87 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     }
 }
 
-// One warp per query row (b, t, h); lane l holds columns 4l .. 4l+3 (HD ≤ 128).
+constexpr int COMBINE_WARPS = 8;
+constexpr int COMBINE_THREADS = 32 * COMBINE_WARPS;
+static_assert(COMBINE_THREADS >= DECODE_MAX_SPLITS, "one thread per split for the LSE");
+
+// Sum (or max) over the block's threads; every thread gets the result.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float x, float* scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        const float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = MAX ? fmaxf(x, y) : x + y;
+    }
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+    __syncthreads();
+    x = scratch[0];
+#pragma unroll
+    for (int w = 1; w < COMBINE_WARPS; w++) x = MAX ? fmaxf(x, scratch[w]) : x + scratch[w];
+    __syncthreads();  // scratch is reused
+    return x;
+}
+
+// One block per query row (b, t, h): thread s takes split s's LSE; then warp w sums splits w, w+8, ...
+// with lane l on columns 4l .. 4l+3 (HD ≤ 128), and the warps' sums meet in shared memory.
 template <int HD>
-__global__ void __launch_bounds__(128) decode_combine_kernel(const DecodeParams p, int rows) {
-    const int row = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    const int h = row % p.NH, bt = row / p.NH;  // bt = b·Tq + t
-    const float* lse_s = p.part_lse + (long)row * p.splits;
-    float m = -INFINITY;
-    for (int s = 0; s < p.splits; s++) m = fmaxf(m, lse_s[s]);
-    float sum = 0.f;
-    if (m != -INFINITY)
-        for (int s = 0; s < p.splits; s++)
-            if (lse_s[s] != -INFINITY) sum += __expf(lse_s[s] - m);
-    const float lse = m != -INFINITY ? m + __logf(sum) : -INFINITY;
+__global__ void __launch_bounds__(COMBINE_THREADS) decode_combine_kernel(const DecodeParams p) {
+    __shared__ float weight[DECODE_MAX_SPLITS];
+    __shared__ float scratch[COMBINE_WARPS];
+    __shared__ __align__(16) float partial[COMBINE_WARPS][HD];
+    wait_for_prerequisite_grid();
+    const long row = blockIdx.x;  // (b·Tq + t)·NH + h
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+    const float* lse_s = p.part_lse + row * p.splits;
+    const float x = tid < p.splits ? lse_s[tid] : -INFINITY;
+    const float m = block_reduce<true>(x, scratch);
+    const float e = (x == -INFINITY) ? 0.f : __expf(x - m);
+    const float sum = block_reduce<false>(e, scratch);
+    const float lse = m == -INFINITY ? -INFINITY : m + __logf(sum);
+    if (tid < p.splits) weight[tid] = (x == -INFINITY) ? 0.f : __expf(x - lse);  // empty splits: 0, never read
+    __syncthreads();
+
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    const bool mine = 4 * lane < HD;
-    if (mine && m != -INFINITY) {
-        const float* o_s = p.part_o + (long)row * p.splits * HD + 4 * lane;
-        for (int s = 0; s < p.splits; s++) {
-            if (lse_s[s] == -INFINITY) continue;  // an empty split: its out_s is zero, maybe not finite
-            const float w = __expf(lse_s[s] - lse);
-            const float4 x = *(const float4*)(o_s + (long)s * HD);
-            acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    if (4 * lane < HD) {
+        const float* o_s = p.part_o + row * p.splits * HD + 4 * lane;
+#pragma unroll 4
+        for (int s = warp; s < p.splits; s += COMBINE_WARPS) {
+            const float w = weight[s];
+            if (w == 0.f) continue;
+            const float4 v = *(const float4*)(o_s + (long)s * HD);
+            acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+        }
+        *(float4*)&partial[warp][4 * lane] = acc;
+    }
+    __syncthreads();
+    if (warp == 0 && 4 * lane < HD) {
+        acc = *(const float4*)&partial[0][4 * lane];
+#pragma unroll
+        for (int w = 1; w < COMBINE_WARPS; w++) {
+            const float4 v = *(const float4*)&partial[w][4 * lane];
+            acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+        }
+        const long bt = row / p.NH;
+        const int h = (int)(row % p.NH);
+        __nv_bfloat16* dst = p.out + bt * p.out_stride + (long)h * HD + 4 * lane;
+        *(uint2*)dst = make_uint2(pack_bf16(acc.x, acc.y), pack_bf16(acc.z, acc.w));
+        if (p.lse && lane == 0) {
+            const int t = (int)(bt % p.Tq), b = (int)(bt / p.Tq);
+            p.lse[((long)b * p.NH + h) * p.Tq + t] = lse;
         }
     }
-    if (mine) {
-        __nv_bfloat16* dst = p.out + (long)bt * p.out_stride + (long)h * HD + 4 * lane;
-        *(uint2*)dst = make_uint2(pack_bf16(acc.x, acc.y), pack_bf16(acc.z, acc.w));
+}
+
+// Programmatic dependent launch needs compute capability 9.0.
+int device_has_pdl() {
+    static int has = -1;
+    if (has < 0) {
+        int device = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        has = major >= 9;
     }
-    if (p.lse && lane == 0) {
-        const int t = bt % p.Tq, b = bt / p.Tq;
-        p.lse[((long)b * p.NH + h) * p.Tq + t] = lse;
-    }
+    return has;
 }
 
 // m-tiles per block for M query rows per K/V head: 1, 2 or 4 (more than 64 rows: row groups of 64).
@@ -361,9 +426,17 @@ void launch_hd(const DecodeParams& p, int B, int MT, cudaStream_t stream) {
     else if (MT == 2) launch_split<HD, 2>(p, B, stream);
     else launch_split<HD, 4>(p, B, stream);
     if (p.splits > 1) {
-        const int rows = B * p.Tq * p.NH;
-        decode_combine_kernel<HD><<<(rows + 3) / 4, 128, 0, stream>>>(p, rows);
-        CUDA_CHECK(cudaGetLastError());
+        // Launched as a programmatic dependent of the split kernel where the GPU has it (sm_90+).
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3((unsigned)(B * p.Tq * p.NH));
+        config.blockDim = dim3(COMBINE_THREADS);
+        config.stream = stream;
+        cudaLaunchAttribute attribute[1];
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = device_has_pdl() ? 1 : 0;
+        CUDA_CHECK(cudaLaunchKernelEx(&config, decode_combine_kernel<HD>, p));
     }
 }
 
@@ -452,7 +525,7 @@ int decode_splits_for(long blocks, int max_length, long concurrent_blocks) {
         if (eff[s] > best) best = eff[s];
     }
     for (int s = 1; s <= most; s++)
-        if (eff[s] >= 0.85 * best) return used[s];
+        if (eff[s] >= 0.95 * best) return used[s];
     return 1;
 }
 

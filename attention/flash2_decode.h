@@ -67,7 +67,7 @@ int decode_check_args(const DecodeArgs* args, char* why, size_t why_size);
 // The number of splits for a launch of `blocks` thread blocks per split (batch × K/V heads × row
 // groups), caches of up to max_length keys and `concurrent_blocks` blocks resident on the whole GPU
 // at once (SMs × blocks per SM): the fewest splits whose blocks fill the GPU's waves nearly as well
-// (85%) as any count does; one when the blocks already fill their waves. At most one split per tile of
+// (95%) as any count does; one when the blocks already fill their waves. At most one split per tile of
 // DECODE_KEY_BLOCK keys and DECODE_MAX_SPLITS.
 int decode_splits_for(long blocks, int max_length, long concurrent_blocks);
 
