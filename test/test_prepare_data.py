@@ -176,7 +176,7 @@ def test_rerun_removes_stale_shards():
     assert len(shards(folder, "tinyshakespeare", "train")) == 4
     run_ok("--input", SHAKESPEARE, "--paragraph-docs", "--out-dir", folder, "--val-fraction", 0)
     left = sorted(f for f in os.listdir(folder) if f.endswith(".bin"))
-    assert left == ["tinyshakespeare_train_000000.bin"], f"files left: {left}"
+    assert left == ["gpt2_tokenizer.bin", "tinyshakespeare_train_000000.bin"], f"files left: {left}"
 
 
 def test_literal_endoftext_is_ordinary_text():
