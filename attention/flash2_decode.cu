@@ -18,7 +18,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "attention_math.cuh"
 #include "flash2_common.cuh"
@@ -45,7 +44,6 @@ struct DecodeParams {
     int row_groups;   // ceil(M / (16·MT))
     int splits, split_keys;
     float scale_log2;  // log2(e) / √HD
-    int rotate;        // 1: rotated tile order (DECODE_ROTATE=0 in the environment turns it off, to time it)
 };
 
 template <int HD, int MT>
@@ -121,7 +119,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     // marching through addresses a power of two apart (a sequence or split) in step. The row groups
     // of one K/V head share the rotation, so that they meet the same tiles in L2.
     const unsigned block_id = ((unsigned)b * p.NKV + kvh) * gridDim.x + split;
-    const int rotation = n_tiles > 1 && p.rotate ? (int)((block_id * 2654435761u) >> 8) % n_tiles : 0;
+    const int rotation = n_tiles > 1 ? (int)((block_id * 2654435761u) >> 8) % n_tiles : 0;
 
     // Query rows: row r of the block is query row R = row0 + r = t·G + g, head kvh·G + g.
     constexpr int CHUNKS = HD / 8;
@@ -580,9 +578,6 @@ void decode_attention(const DecodeArgs* a, cudaStream_t stream) {
     p.part_o = (float*)a->workspace;  // first, so that its rows stay 16-byte aligned
     p.part_lse = p.part_o ? p.part_o + parts * s->HD : NULL;
     p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
-    static int rotate = -1;
-    if (rotate < 0) rotate = !(getenv("DECODE_ROTATE") && strcmp(getenv("DECODE_ROTATE"), "0") == 0);
-    p.rotate = rotate;
     const int MT = tiles_for_rows(p.M);
     switch (s->HD) {
         case 64: launch_hd<64>(p, s->B, MT, stream); break;
