@@ -114,12 +114,6 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     const int k_begin = split * p.split_keys;
     const int k_end = min(len, k_begin + p.split_keys);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK : 0;
-    // The block visits its tiles from a rotated start (the softmax does not care about the order):
-    // blocks that start together then read different offsets of their streams, instead of all
-    // marching through addresses a power of two apart (a sequence or split) in step. The row groups
-    // of one K/V head share the rotation, so that they meet the same tiles in L2.
-    const unsigned block_id = ((unsigned)b * p.NKV + kvh) * gridDim.x + split;
-    const int rotation = n_tiles > 1 ? (int)((block_id * 2654435761u) >> 8) % n_tiles : 0;
 
     // Query rows: row r of the block is query row R = row0 + r = t·G + g, head kvh·G + g.
     constexpr int CHUNKS = HD / 8;
@@ -139,7 +133,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     for (int s = 0; s < DECODE_STAGES - 1; s++) {
         if (s < n_tiles)
             load_kv_tile<HD>(k_tiles + s * Cfg::TILE_ELEMS, v_tiles + s * Cfg::TILE_ELEMS, k, v, row_stride,
-                             k_begin + ((s + rotation) % n_tiles) * DECODE_KEY_BLOCK, k_end);
+                             k_begin + s * DECODE_KEY_BLOCK, k_end);
         cp_async_commit();  // empty groups keep the count uniform
     }
 
@@ -177,13 +171,12 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
             if (next < n_tiles) {
                 const int st = next % DECODE_STAGES;
                 load_kv_tile<HD>(k_tiles + st * Cfg::TILE_ELEMS, v_tiles + st * Cfg::TILE_ELEMS, k, v, row_stride,
-                                 k_begin + ((next + rotation) % n_tiles) * DECODE_KEY_BLOCK, k_end);
+                                 k_begin + next * DECODE_KEY_BLOCK, k_end);
             }
             cp_async_commit();
         }
         const uint32_t stage_offset = (uint32_t)(i % DECODE_STAGES) * TILE_BYTES;
-        const int tile = i + rotation < n_tiles ? i + rotation : i + rotation - n_tiles;
-        const int key0 = k_begin + tile * DECODE_KEY_BLOCK + kw * WARP_KEYS;  // the warp's first key
+        const int key0 = k_begin + i * DECODE_KEY_BLOCK + kw * WARP_KEYS;  // the warp's first key
 
         // S = Q Kᵀ over the warp's keys: (16, WARP_KEYS).
         float s[NT * 4];
