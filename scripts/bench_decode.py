@@ -21,7 +21,10 @@ run, each run timed by its own CUDA events, about --rep-ms of runs after --warmu
 GB/s = bytes of K and V read once (B*T*NKV*HD*2*2) / time. The device-to-device copy bandwidth
 (bytes read + written, torch copy_ of 1 GiB) is measured in the same run, and "% of copy" is ours
 against it. Every implementation's output is compared with the first SDPA backend that ran
-(relative error <= --check-tolerance, else the point is WRONG).
+(relative error <= --check-tolerance, else the point is WRONG). PyTorch's backends share one cache;
+ours gets its own with the same values, each allocated right after torch.cuda.empty_cache() (the
+speed of a cache this size depends measurably on where it lands: the same kernel on the same point
+ran 0.83x and 1.0x cuDNN's speed depending on what the run had allocated before).
 
 Writes <out-dir>/decode_<gpu>.json (header: device, date, commit, command, torch, cuda, copy_gbps;
 records: impl, B, T, NH, NKV, HD, us, gbps, status, note) and decode_<gpu>.md, rewritten after every
@@ -172,61 +175,94 @@ def rel_error(x, ref):
     return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
 
 
-def run_point(lib, impls, B, T, NH, NKV, HD, args, flush):
-    """Checks and times every implementation at one point; returns its records."""
-    kv_bytes = B * T * NKV * HD * 2 * 2
-    base = dict(B=B, T=T, NH=NH, NKV=NKV, HD=HD)
-    records = []
-    free = torch.cuda.mem_get_info()[0]
-    if 1.6 * kv_bytes > 0.9 * free:  # PyTorch's cache, then ours made from it one tensor at a time
-        return [dict(impl=i, **base, us=None, gbps=None, status="skipped",
-                     note=f"K+V {kv_bytes / 2**30:.1f} GiB do not fit twice in {free / 2**30:.1f} GiB free")
-                for i in impls]
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    q = torch.randn((B, NH, 1, HD), generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn((B, NKV, T, HD), generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn((B, NKV, T, HD), generator=gen, device="cuda", dtype=torch.bfloat16)
-    reference, results = None, {}
-    order = [i for i in impls if i != "ours"] + (["ours"] if "ours" in impls else [])
-    for impl in order:
-        record = dict(impl=impl, **base, us=None, gbps=None, status="ok", note="")
-        try:
-            if impl == "ours":
-                # Our layout, made from PyTorch's one tensor at a time (the peak stays at 1.5 caches).
-                k_ours = k.transpose(1, 2).contiguous()
-                del k
-                v_ours = v.transpose(1, 2).contiguous()
-                del v
-                k = v = None
-                lengths = torch.full((B,), T, dtype=torch.int32, device="cuda")
-                run, out, splits = our_runner(lib, q.transpose(1, 2).contiguous(), k_ours, v_ours, lengths)
-                run()
-                torch.cuda.synchronize()
-                out = out.transpose(1, 2)  # (B, NH, 1, HD) as PyTorch's
-                record["splits"] = splits
-            else:
-                run, out = torch_runner(impl, q, k, v)
-            if reference is None and impl in TORCH_IMPLS:
-                reference, record["note"] = out.clone(), "reference"
-            elif reference is not None:
-                err = rel_error(out, reference)
-                record["error"] = err
-                if not err <= args.check_tolerance:
-                    record["status"], record["note"] = "wrong", f"WRONG: error {err:.1e} vs the first SDPA backend"
-            record["us"] = measure_us(run, flush, args.warmup_ms, args.rep_ms)
-            record["gbps"] = kv_bytes / (record["us"] * 1e-6) / 1e9
-        except Skip as why:
-            record["status"], record["note"] = "skipped", str(why)
-        except torch.cuda.OutOfMemoryError:
-            record["status"], record["note"] = "skipped", "out of GPU memory"
-        run = out = None
-        gc.collect()
-        torch.cuda.empty_cache()
-        records.append(record)
-        print(progress_line(record), flush=True)
-    del q, k, v, reference
+def make_cache(B, T, NKV, HD, seed, ours):
+    """K or V of random normal values, the same values in either layout: sequence b is drawn from its
+    own generator (seed, b). PyTorch's layout (B, NKV, T, HD) or ours (B, T, NKV, HD)."""
+    x = torch.empty((B, T, NKV, HD) if ours else (B, NKV, T, HD), dtype=torch.bfloat16, device="cuda")
+    gen = torch.Generator(device="cuda")
+    for b in range(B):
+        gen.manual_seed(seed * 1_000_003 + b)
+        seq = torch.randn((NKV, T, HD), generator=gen, device="cuda", dtype=torch.bfloat16)
+        x[b].copy_(seq.transpose(0, 1) if ours else seq)
+    return x
+
+
+def time_impl(impl, make_runner, reference, kv_bytes, base, args, flush):
+    """Checks and times one implementation; returns (record, its output)."""
+    record = dict(impl=impl, **base, us=None, gbps=None, status="ok", note="")
+    out = None
+    try:
+        run, out, extra = make_runner()
+        record.update(extra)
+        if reference is None and impl in TORCH_IMPLS:
+            record["note"] = "reference"
+        elif reference is not None:
+            err = rel_error(out, reference)
+            record["error"] = err
+            if not err <= args.check_tolerance:
+                record["status"], record["note"] = "wrong", f"WRONG: error {err:.1e} vs the first SDPA backend"
+        record["us"] = measure_us(run, flush, args.warmup_ms, args.rep_ms)
+        record["gbps"] = kv_bytes / (record["us"] * 1e-6) / 1e9
+        out = out.clone()
+    except Skip as why:
+        record["status"], record["note"], out = "skipped", str(why), None
+    except torch.cuda.OutOfMemoryError:
+        record["status"], record["note"], out = "skipped", "out of GPU memory", None
+    print(progress_line(record), flush=True)
+    return record, out
+
+
+def release():
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def run_point(lib, impls, B, T, NH, NKV, HD, args, flush):
+    """Checks and times every implementation at one point; returns its records.
+
+    PyTorch's backends share one cache in their layout; then it is freed (and the allocator's cache
+    emptied) and ours gets a cache of the same values in its layout, allocated the same way: each
+    layout is allocated right after torch.cuda.empty_cache(), so neither inherits the other's placement.
+    """
+    kv_bytes = B * T * NKV * HD * 2 * 2
+    base = dict(B=B, T=T, NH=NH, NKV=NKV, HD=HD)
+    free = torch.cuda.mem_get_info()[0]
+    if kv_bytes > 0.85 * free:
+        return [dict(impl=i, **base, us=None, gbps=None, status="skipped",
+                     note=f"K+V {kv_bytes / 2**30:.1f} GiB do not fit in {free / 2**30:.1f} GiB free") for i in impls]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q = torch.randn((B, NH, 1, HD), generator=gen, device="cuda", dtype=torch.bfloat16)
+    records, reference = [], None
+    torch_impls = [i for i in impls if i != "ours"]
+    if torch_impls:
+        k = make_cache(B, T, NKV, HD, 2 * args.seed, ours=False)
+        v = make_cache(B, T, NKV, HD, 2 * args.seed + 1, ours=False)
+        for impl in torch_impls:
+            def runner(impl=impl):
+                run, out = torch_runner(impl, q, k, v)
+                return run, out, {}
+            record, out = time_impl(impl, runner, reference, kv_bytes, base, args, flush)
+            if reference is None and out is not None and impl in TORCH_IMPLS:
+                reference = out
+            records.append(record)
+            release()
+        del k, v
+        release()
+    if "ours" in impls:
+        k = make_cache(B, T, NKV, HD, 2 * args.seed, ours=True)
+        v = make_cache(B, T, NKV, HD, 2 * args.seed + 1, ours=True)
+        lengths = torch.full((B,), T, dtype=torch.int32, device="cuda")
+
+        def runner():
+            run, out, splits = our_runner(lib, q.transpose(1, 2).contiguous(), k, v, lengths)
+            run()
+            torch.cuda.synchronize()
+            return run, out.transpose(1, 2), {"splits": splits}  # out as PyTorch's (B, NH, 1, HD)
+        record, _ = time_impl("ours", runner, reference, kv_bytes, base, args, flush)
+        records.append(record)
+        del k, v
+    del q, reference
+    release()
     return records
 
 
