@@ -199,7 +199,9 @@ def time_impl(impl, make_runner, reference, kv_bytes, base, args, flush):
         elif reference is not None:
             err = rel_error(out, reference)
             record["error"] = err
-            if not err <= args.check_tolerance:
+            # naive rounds the scores to bf16 (its matmul's output type): over 128k keys that alone
+            # reaches ~2.3e-2 (measured), so it gets 5e-2
+            if not err <= (max(args.check_tolerance, 5e-2) if impl == "naive" else args.check_tolerance):
                 record["status"], record["note"] = "wrong", f"WRONG: error {err:.1e} vs the first SDPA backend"
         record["us"] = measure_us(run, flush, args.warmup_ms, args.rep_ms)
         record["gbps"] = kv_bytes / (record["us"] * 1e-6) / 1e9
@@ -363,7 +365,8 @@ def main():
     parser.add_argument("--warmup-ms", type=float, default=10.0, help="warm-up per measurement (default 10)")
     parser.add_argument("--rep-ms", type=float, default=40.0, help="timed runs per measurement (default 40)")
     parser.add_argument("--check-tolerance", type=float, default=2e-2,
-                        help="largest relative error vs the first SDPA backend (default 2e-2)")
+                        help="largest relative error vs the first SDPA backend (default 2e-2; naive, whose "
+                             "scores are rounded to bf16, at least 5e-2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lib", default=os.path.join(REPO_ROOT, "build", "libdecode.so"),
                         help="our library (default build/libdecode.so)")
