@@ -40,7 +40,8 @@ GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_g
              $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_decode
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
-             $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o
+             $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
+             $(BUILD)/kv_cache.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl
 
 .PHONY: all train test dataset venv clean
@@ -109,7 +110,7 @@ $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 
 # The decoding attention alone, for scripts/bench_decode.py.
-$(BUILD)/libdecode.so: $(BUILD)/flash2_decode.o $(BUILD)/decode_flat_api.o
+$(BUILD)/libdecode.so: $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o $(BUILD)/decode_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^
 
 # ---- tests -------------------------------------------------------------------------------------
@@ -136,8 +137,8 @@ $(BUILD)/%_plain.o: test/%.c | $(BUILD)
 $(BUILD)/test_gpu_attention: test/test_gpu_attention.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
 
-$(BUILD)/test_gpu_decode: test/test_gpu_decode.cu $(BUILD)/flash2_decode.o | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode.d -o $@ $< $(BUILD)/flash2_decode.o
+$(BUILD)/test_gpu_decode: test/test_gpu_decode.cu $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode.d -o $@ $< $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o
 
 $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas

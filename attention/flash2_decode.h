@@ -77,6 +77,15 @@ int decode_num_splits(const DecodeShape* shape, int max_length);
 // Bytes of workspace for `num_splits` splits (0 for one split): partial outputs and LSEs, fp32.
 size_t decode_workspace_bytes(const DecodeShape* shape, int num_splits);
 
+// Appends Tn new tokens' K and V to the cache (kv_cache.cu): rows (b, t) of k_new and v_new, each
+// NKV·HD bf16 at k_new + (b·Tn + t)·src_stride (e.g. slices of the packed QKV activation), go to
+// positions start[b] + t of k_cache and v_cache (B, Tmax, NKV, HD). start (B, int32, on the GPU) is
+// each sequence's length before the append; positions ≥ Tmax are not written (the caller keeps
+// start[b] + Tn ≤ Tmax). Prefill appends the prompt's T tokens, each decode step its Tq tokens.
+void decode_cache_append(const __nv_bfloat16* k_new, const __nv_bfloat16* v_new, long src_stride, int B, int Tn,
+                         int NKV, int HD, const int* start, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                         int Tmax, cudaStream_t stream);
+
 // Enqueues the decode attention on `stream`. args must have passed decode_check_args; with
 // num_splits = 0 the workspace must hold decode_workspace_bytes(shape, decode_num_splits(...)).
 // CUDA errors exit with a message (layers/cuda_common.h).

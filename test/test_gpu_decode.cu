@@ -5,11 +5,12 @@
 //
 // Input sets (B = 2 sequences of lengths L and max(Tq, (L+1)/2), so every launch has sequences of
 // different lengths, and splits that hold no key of the shorter one):
-// - every head dim 64, 80, 96, 128 × multi-head (NH = NKV = 2), GQA (8:2) and MQA (4:1) × L in
+// - every head dim 64, 80, 96, 128 × multi-head (NH = NKV = 2), GQA (8:2) and MQA (32:1) × L in
 //   {1, 17, 1000, 65537}, one query token, inputs uniform in [−1, 1);
 // - GQA 8:2 at L = 1000 with inputs in [−6, 6) (logits up to ~±400: near one-hot softmax rows);
-// - several query tokens (causal among themselves): Tq = 4 at 8:2 and 4:1 (32 rows per K/V head),
-//   Tq = 16 at 2:2 and at 16:2 (128 rows: two row groups), L in {17, 1000}, head dims 80 and 128.
+// - several query tokens (causal among themselves): Tq = 4 at 8:2 and 8:1 (16 and 32 rows per K/V
+//   head), Tq = 12 at 4:1 (48 rows), Tq = 16 at 2:2 and at 16:2 (128 rows: two row groups), L in
+//   {17, 1000}, head dims 80 and 128.
 // Each set runs with one split, with the automatic count (decode_num_splits; the detail line says
 // how many) and with many (one per 64-key tile plus 3 empty ones, at most DECODE_MAX_SPLITS).
 //
@@ -20,6 +21,9 @@
 // must stay untouched. Checks: ‖out − ref‖/‖ref‖ ≤ 1e-2 (bf16), |lse − ref| ≤ 1e-3·max(1, |ref|), all
 // finite. Fresh random inputs every run (seed printed; TEST_SEED repeats it). CPU cases (argument
 // checks, the split heuristic) run everywhere; GPU cases are SKIP where no GPU is found.
+// decode_cache_append (kv_cache.cu): new rows taken from packed QKV rows land bit for bit at each
+// sequence's start position, and nothing else of the poisoned cache changes (also when an append
+// would run past Tmax: those rows are dropped).
 #include <cuda_bf16.h>
 #include <math.h>
 
@@ -40,8 +44,11 @@ typedef struct {
 
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
 static const int LENGTHS[] = {1, 17, 1000, 65537};
-static const int HEADS[][2] = {{2, 2}, {8, 2}, {4, 1}};               // (NH, NKV): MHA, GQA, MQA
-static const int MULTI_QUERY[][3] = {{8, 2, 4}, {4, 1, 4}, {2, 2, 16}, {16, 2, 16}};  // (NH, NKV, Tq)
+// (NH, NKV): MHA, GQA, MQA. Query rows per K/V head G·Tq pick the rows per block: 16 (1 m-tile),
+// 32 (2), 64 (4), more (row groups of 64); MQA 32:1 has 32.
+static const int HEADS[][2] = {{2, 2}, {8, 2}, {32, 1}};
+// (NH, NKV, Tq): 16, 32, 48 (4 m-tiles, the last empty), 16 (MHA) and 128 (two row groups) rows.
+static const int MULTI_QUERY[][3] = {{8, 2, 4}, {8, 1, 4}, {4, 1, 12}, {2, 2, 16}, {16, 2, 16}};
 
 // All input sets, in the order they run; returns how many (at most `max`).
 static int list_cases(InputCase* cases, int max) {
@@ -309,6 +316,78 @@ static void cpu_cases(void) {
     test_report("decode_splits_for_half_gpu", half * 64 >= 0.85 * 264 && half * 64 <= 264, "got %d for 64 blocks", half);
 }
 
+// ---- the cache append ----------------------------------------------------------------------------
+
+static void append_case(int HD, int Tn, const int start[BATCH], int Tmax, uint64_t seed) {
+    char name[160];
+    snprintf(name, sizeof(name), "decode_cache_append_hd%d_tn%d_start%d_%d_tmax%d", HD, Tn, start[0], start[1], Tmax);
+    const int NH = 4, NKV = 2, B = BATCH;
+    const long stride = (long)(NH + 2 * NKV) * HD, row = (long)NKV * HD;
+    const size_t n_src = (size_t)B * Tn * stride, n_cache = (size_t)B * Tmax * row;
+    uint16_t* src = (uint16_t*)host_alloc(n_src * 2);
+    TestRng rng = {seed};
+    for (size_t i = 0; i < n_src; i++) src[i] = (uint16_t)(test_rng_next(&rng) & 0x7F7Fu);  // finite bf16
+    uint16_t *d_src = (uint16_t*)device_alloc(n_src * 2), *d_k = (uint16_t*)device_alloc((n_cache + 2 * GUARD) * 2),
+             *d_v = (uint16_t*)device_alloc((n_cache + 2 * GUARD) * 2);
+    int* d_start = (int*)device_alloc(B * sizeof(int));
+    CUDA_CHECK(cudaMemcpy(d_src, src, n_src * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_start, start, B * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_k, 0xFF, (n_cache + 2 * GUARD) * 2));
+    CUDA_CHECK(cudaMemset(d_v, 0xFF, (n_cache + 2 * GUARD) * 2));
+    const __nv_bfloat16* qkv = (const __nv_bfloat16*)d_src;
+    decode_cache_append(qkv + NH * HD, qkv + (NH + NKV) * HD, stride, B, Tn, NKV, HD, d_start,
+                        (__nv_bfloat16*)(d_k + GUARD), (__nv_bfloat16*)(d_v + GUARD), Tmax, 0);
+    sync_or_die(0, name, "cache append");
+    uint16_t* k = (uint16_t*)host_alloc((n_cache + 2 * GUARD) * 2);
+    uint16_t* v = (uint16_t*)host_alloc((n_cache + 2 * GUARD) * 2);
+    CUDA_CHECK(cudaMemcpy(k, d_k, (n_cache + 2 * GUARD) * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(v, d_v, (n_cache + 2 * GUARD) * 2, cudaMemcpyDeviceToHost));
+    size_t wrong = 0, touched = 0;
+    for (int b = 0; b < B; b++)
+        for (int pos = 0; pos < Tmax; pos++) {
+            const int t = pos - start[b];
+            const size_t at = GUARD + ((size_t)b * Tmax + pos) * row;
+            for (long e = 0; e < row; e++) {
+                if (t >= 0 && t < Tn) {
+                    const size_t from = ((size_t)b * Tn + t) * stride + e;
+                    wrong += k[at + e] != src[from + NH * HD] || v[at + e] != src[from + (NH + NKV) * HD];
+                } else {
+                    touched += k[at + e] != 0xFFFFu || v[at + e] != 0xFFFFu;
+                }
+            }
+        }
+    const int guards = guard_intact((unsigned char*)k, GUARD * 2) && guard_intact((unsigned char*)v, GUARD * 2) &&
+                       guard_intact((unsigned char*)(k + GUARD + n_cache), GUARD * 2) &&
+                       guard_intact((unsigned char*)(v + GUARD + n_cache), GUARD * 2);
+    test_report(name, wrong == 0 && touched == 0 && guards,
+                "%zu appended values differ, %zu other cache values changed, guards %s", wrong, touched,
+                guards ? "intact" : "overwritten");
+    free(src);
+    free(k);
+    free(v);
+    CUDA_CHECK(cudaFree(d_src));
+    CUDA_CHECK(cudaFree(d_k));
+    CUDA_CHECK(cudaFree(d_v));
+    CUDA_CHECK(cudaFree(d_start));
+}
+
+static void append_cases(const char* skip_why, uint64_t seed) {
+    const int starts[][BATCH] = {{0, 0}, {5, 0}, {30, 37}};  // the last runs past Tmax = 40 for Tn > 3
+    const int HDS[] = {64, 128}, TNS[] = {1, 3, 17};
+    for (size_t h = 0; h < COUNT(HDS); h++)
+        for (size_t t = 0; t < COUNT(TNS); t++)
+            for (size_t s = 0; s < COUNT(starts); s++) {
+                if (!skip_why) {
+                    append_case(HDS[h], TNS[t], starts[s], 40, seed + 977 * (h * 9 + t * 3 + s));
+                } else {
+                    char name[160];
+                    snprintf(name, sizeof(name), "decode_cache_append_hd%d_tn%d_start%d_%d_tmax%d", HDS[h], TNS[t],
+                             starts[s][0], starts[s][1], 40);
+                    test_skip(name, skip_why);
+                }
+            }
+}
+
 // ---- main --------------------------------------------------------------------------------------------
 
 int main(void) {
@@ -316,7 +395,7 @@ int main(void) {
     const uint64_t seed = pick_and_print_seed();
     cpu_cases();
 
-    InputCase cases[128];
+    InputCase cases[160];
     const int n = list_cases(cases, (int)COUNT(cases));
     GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the decode kernels");
@@ -328,6 +407,7 @@ int main(void) {
                 case_name(name, sizeof(name), &cases[i], settings[k]);
                 test_skip(name, skip_why);
             }
+        append_cases(skip_why, seed);
         return test_end();
     }
     printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
@@ -349,6 +429,7 @@ int main(void) {
         free_device(&d);
         free_inputs(&in);
     }
+    append_cases(NULL, seed);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();
 }
