@@ -21,7 +21,9 @@ tests=(
     "$BUILD/test_checkpoint"
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
+    "$BUILD/test_tokenizer"
     "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_tokenizer.py"
     "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$PYTHON test/test_scripts.py"
@@ -32,6 +34,7 @@ tests=(
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"
     "$BUILD/test_gpu_recompute"
+    "$BUILD/test_gpu_decode"
 )
 
 mkdir -p "$BUILD/test_logs"
