@@ -4,8 +4,8 @@
 //
 // One thread block per (key block of 128 keys, b·NH + h), three warpgroups:
 //   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
-//                query block of BLOCK_M rows, Q and dO into a two-slot ring (TMA, "full"/"empty"
-//                mbarriers), and one warp LSE·log2 e and D = rowsum(dO ∘ O) beside them; another thread
+//                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
+//                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
 //                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
 //                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
@@ -127,11 +127,12 @@ __host__ __device__ __forceinline__ int dq_slot(int row, int col) {
 }
 
 #if WGMMA_AVAILABLE
-// One thread: K and V once, then per step Q and dO through the two-slot ring (TMA).
+// One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring.
 template <typename C, int HD>
 __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps, const Flash2BackwardWsParams& p,
                                                  const Flash2BackwardSmem<C>& sm, int n0, int b, int h, int m_begin) {
     constexpr int BLOCK_M = C::BLOCK_M;
+    const long stat_head = ((long)b * p.NH + h) * p.T_pad;
     mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
     tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, h, n0, b);
     tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, h, n0, b);
@@ -139,37 +140,14 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
     for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         mbar_wait(&sm.q_empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&sm.q_full[stage], C::QO_BYTES);
+        mbar_arrive_expect_tx(&sm.q_full[stage], C::QO_BYTES + C::STAT_BYTES);
         tma_load_tile<typename C::QoTile, HD>(sm.q + stage * C::QoTile::ELEMS, &maps.q, &sm.q_full[stage], h, m0, b);
+        bulk_load(sm.lse + stage * BLOCK_M, p.lse_log2 + stat_head + m0, C::STAT_BYTES, &sm.q_full[stage]);
         mbar_wait(&sm.do_empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&sm.do_full[stage], C::QO_BYTES);
+        mbar_arrive_expect_tx(&sm.do_full[stage], C::QO_BYTES + C::STAT_BYTES);
         tma_load_tile<typename C::QoTile, HD>(sm.dout + stage * C::QoTile::ELEMS, &maps.dout, &sm.do_full[stage], h,
                                               m0, b);
-    }
-}
-
-// One warp: per step, the query block's LSE·log2 e and D into the ring slot beside Q and dO, with
-// ordinary loads and stores that each lane publishes by its arrival on q_full / do_full. (A bulk
-// copy would do it with one thread, but compute-sanitizer's racecheck does not see the ordering a
-// bulk copy's mbarrier gives the consumers' ordinary reads, and reports races that are not there.)
-template <typename C>
-__device__ __forceinline__ void backward_load_stats(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                    int b, int h, int m_begin) {
-    constexpr int BLOCK_M = C::BLOCK_M, PER_LANE = BLOCK_M / 32;
-    static_assert(PER_LANE == 2 || PER_LANE == 4, "a float2 or float4 per lane");
-    typedef typename std::conditional<PER_LANE == 4, float4, float2>::type Vec;
-    const int lane = threadIdx.x % 32;
-    const long first = ((long)b * p.NH + h) * p.T_pad + lane * PER_LANE;
-#pragma unroll 1
-    for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
-        const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, slot = stage * BLOCK_M + lane * PER_LANE;
-        const Vec lse = *(const Vec*)(p.lse_log2 + first + m * BLOCK_M), d = *(const Vec*)(p.d_rows + first + m * BLOCK_M);
-        mbar_wait(&sm.q_empty[stage], phase ^ 1);
-        *(Vec*)(sm.lse + slot) = lse;
-        mbar_arrive(&sm.q_full[stage]);
-        mbar_wait(&sm.do_empty[stage], phase ^ 1);
-        *(Vec*)(sm.d + slot) = d;
-        mbar_arrive(&sm.do_full[stage]);
+        bulk_load(sm.d + stage * BLOCK_M, p.d_rows + stat_head + m0, C::STAT_BYTES, &sm.do_full[stage]);
     }
 }
 
@@ -395,8 +373,8 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
         mbar_init(sm.kv_full, 1);
         for (int s = 0; s < C::STAGES; s++) {
-            mbar_init(&sm.q_full[s], 1 + 32);  // the producer (with Q's bytes) and the statistics warp
-            mbar_init(&sm.do_full[s], 1 + 32);
+            mbar_init(&sm.q_full[s], 1);
+            mbar_init(&sm.do_full[s], 1);
             mbar_init(&sm.q_empty[s], 8);  // one arrival per consumer warp
             mbar_init(&sm.do_empty[s], 8);
         }
@@ -413,7 +391,6 @@ __global__ void __launch_bounds__(384, 1)
         registers_decrease<C::PRODUCER_REGS>();
         if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, h, m_begin);
         else if (threadIdx.x == 32) backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, bh, m_begin);
-        else if (threadIdx.x / 32 == 2) backward_load_stats<C>(p, sm, b, h, m_begin);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, h, m_begin);
