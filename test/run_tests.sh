@@ -21,6 +21,7 @@ tests=(
     "$BUILD/test_checkpoint"
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
+    "$BUILD/test_watchdog"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
