@@ -371,7 +371,7 @@ typedef struct { uint32_t magic, version; int32_t status, world, detail, unused;
 
 // Writes `n` bytes to `path` atomically (a temporary name beside it, then rename). 0 or -1 (errno).
 static inline int launcher_write_atomic(const char* path, const void* data, size_t n) {
-    char tmp[4200];
+    char tmp[4400];  // path (< 4200, see launcher_rendezvous_keep) + the suffix
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lx", path, (long)getpid(), (unsigned long)(launcher_now() * 1e6));
     FILE* f = fopen(tmp, "wb");
     if (!f) return -1;
@@ -471,7 +471,7 @@ static inline int launcher_file_serve(const LaunchInfo* info, const char* path, 
         }
     }
     if (status == LAUNCH_TIMEOUT) {
-        int n = snprintf(err, err_len, "rendezvous: only %d of %d ranks checked in at %s within %g s; missing ranks:",
+        int n = snprintf(err, err_len, "rendezvous: only %d of %d ranks checked in at %.500s within %g s; missing ranks:",
                          arrived, W, path, timeout_s);
         for (int r = 1, shown = 0; r < W && n > 0 && (size_t)n < err_len; r++)
             if (!nonces[r] && shown++ < 8) n += snprintf(err + n, err_len - (size_t)n, " %d", r);
@@ -482,7 +482,7 @@ static inline int launcher_file_serve(const LaunchInfo* info, const char* path, 
     const int wrote = launcher_file_answer(path, status, W, detail, tag, nonces, payload, bytes);
     free(nonces);
     if (wrote != 0 && status == LAUNCH_OK) {
-        snprintf(err, err_len, "rendezvous: rank 0 cannot write %s: %s; --rendezvous file:PATH needs a directory "
+        snprintf(err, err_len, "rendezvous: rank 0 cannot write %.500s: %s; --rendezvous file:PATH needs a directory "
                  "every rank can write", path, strerror(errno));
         return -1;
     }
@@ -538,7 +538,7 @@ static inline int launcher_file_join(const LaunchInfo* info, const char* path, u
                              "the same command line", a.detail);
                     return -1;
                 case LAUNCH_TIMEOUT:
-                    snprintf(err, err_len, "rendezvous: rank 0 gave up waiting: only %d of %d ranks checked in at %s "
+                    snprintf(err, err_len, "rendezvous: rank 0 gave up waiting: only %d of %d ranks checked in at %.500s "
                              "in time; check that all %d processes were started with the same --rendezvous", a.detail,
                              a.world, path, a.world);
                     return -1;
@@ -548,13 +548,13 @@ static inline int launcher_file_join(const LaunchInfo* info, const char* path, u
             }
         }
         if (access(mine, F_OK) != 0 && launcher_write_atomic(mine, &c, sizeof(c)) != 0) {  // (again: rank 0 cleaned up)
-            snprintf(err, err_len, "rendezvous: rank %d cannot write %s: %s; --rendezvous file:PATH needs a "
+            snprintf(err, err_len, "rendezvous: rank %d cannot write %.500s: %s; --rendezvous file:PATH needs a "
                      "directory every rank can write", info->rank, mine, strerror(errno));
             return -1;
         }
         if (launcher_now() >= deadline) {
             unlink(mine);
-            snprintf(err, err_len, "rendezvous: rank %d got no answer from rank 0 at %s within %g s; check that rank 0 "
+            snprintf(err, err_len, "rendezvous: rank %d got no answer from rank 0 at %.500s within %g s; check that rank 0 "
                      "was started with the same --rendezvous file:PATH, that the path is on a filesystem every node "
                      "shares, that every rank has the same world size and no other process claims rank %d (or "
                      "raise --rendezvous-timeout)", info->rank, path, timeout_s, info->rank);
@@ -592,6 +592,10 @@ static inline int launcher_rendezvous_keep(const LaunchInfo* info, const char* f
         return -1;
     }
     if (info->world <= 1) return 0;
+    if (file_path && strlen(file_path) > 4000) {
+        snprintf(err, err_len, "rendezvous: the --rendezvous file path is longer than 4000 characters");
+        return -1;
+    }
     if (file_path)
         return info->rank == 0 ? launcher_file_serve(info, file_path, tag, payload, bytes, timeout_s, err, err_len)
                                : launcher_file_join(info, file_path, tag, payload, bytes, timeout_s, err, err_len);

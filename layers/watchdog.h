@@ -59,6 +59,9 @@ typedef struct {
     void (*arrive)(void* user, long long seq);
     void (*peers)(void* user, WatchdogPeer* peers, WatchdogVerdict* verdict);
     void (*announce)(void* user, const WatchdogVerdict* verdict);
+    // Optional: names the collective at the moment of failure (e.g. which of several events is still
+    // pending), over the name given to watchdog_wait.
+    const char* (*which)(void* user, const char* given);
 } WatchdogOps;
 
 typedef struct {
@@ -181,10 +184,14 @@ static inline WatchdogVerdict watchdog_decide(Watchdog* wd, const WatchdogOps* o
 }
 
 // Waits for one collective (see the top). WATCHDOG_OK, or the failure with wd->line filled; the
-// caller aborts the communicator and exits with the line.
-static inline WatchdogResult watchdog_wait(Watchdog* wd, const WatchdogOps* ops, const char* collective) {
-    wd->seq++;
-    if (ops->arrive) ops->arrive(ops->user, wd->seq);
+// caller aborts the communicator and exits with the line. counted = 0: a wait that only some ranks
+// make (NCCL said ncclInProgress on this one): no new collective number, nothing announced.
+static inline WatchdogResult watchdog_wait_counted(Watchdog* wd, const WatchdogOps* ops, const char* collective,
+                                                   int counted) {
+    if (counted) {
+        wd->seq++;
+        if (ops->arrive) ops->arrive(ops->user, wd->seq);
+    }
     const double start = ops->now(ops->user), deadline = start + wd->timeout_s;
     double next_check = start, pause_s = 0.0;
     WatchdogVerdict verdict = {SUSPECT_NONE, -1, -1};
@@ -206,8 +213,12 @@ static inline WatchdogResult watchdog_wait(Watchdog* wd, const WatchdogOps* ops,
     }
     if (result == WATCHDOG_PEER_LOST && ops->done(ops->user)) return WATCHDOG_OK;  // it finished meanwhile
     verdict = watchdog_decide(wd, ops, verdict);
-    watchdog_format(wd, result, collective, error, &verdict);
+    watchdog_format(wd, result, ops->which ? ops->which(ops->user, collective) : collective, error, &verdict);
     return result;
+}
+
+static inline WatchdogResult watchdog_wait(Watchdog* wd, const WatchdogOps* ops, const char* collective) {
+    return watchdog_wait_counted(wd, ops, collective, 1);
 }
 
 #endif  // WATCHDOG_H

@@ -70,7 +70,7 @@ static void sim_reset(Sim* s) {
 }
 
 static WatchdogOps sim_ops(Sim* s) {
-    WatchdogOps ops = {s, sim_now, sim_pause, sim_done, sim_async_error, sim_arrive, sim_peers, sim_announce};
+    WatchdogOps ops = {s, sim_now, sim_pause, sim_done, sim_async_error, sim_arrive, sim_peers, sim_announce, NULL};
     if (!s->heartbeat) ops.arrive = NULL, ops.peers = NULL, ops.announce = NULL;
     return ops;
 }
@@ -315,7 +315,7 @@ static void test_heartbeat_kill(void) {
     waitpid(child, NULL, 0);
     WatchdogPeer table[2];
     RealCtx ctx = {&hb};
-    WatchdogOps ops = {&ctx, real_now, real_pause, never_done, no_error, real_arrive, real_peers, real_announce};
+    WatchdogOps ops = {&ctx, real_now, real_pause, never_done, no_error, real_arrive, real_peers, real_announce, NULL};
     Watchdog wd;
     watchdog_init(&wd, 0, 2, 30.0, table);
     wd.seq = 3, wd.step = 12;
