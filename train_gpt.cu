@@ -176,8 +176,10 @@ static const OptionSpec OPTIONS[] = {
          "    mpirun          OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (Open MPI)\n"
          "    srun            SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID\n"
          "  Rank 0 hands NCCL's id to the others over TCP at MASTER_ADDR:MASTER_PORT (default\n"
-         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host). Each process\n"
-         "  uses GPU LOCAL_RANK. -b is per GPU; --total-batch-tokens is global (B*T*GPUs*accumulation).\n"
+         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host), or through\n"
+         "  files with --rendezvous file:PATH. Each process uses GPU LOCAL_RANK. -b is per GPU;\n"
+         "  --total-batch-tokens is global (B*T*GPUs*accumulation). A stop signal to any rank stops\n"
+         "  every rank after the same step.\n"
          "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
          "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
          "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"),
