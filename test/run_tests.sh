@@ -32,6 +32,7 @@ tests=(
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"
+    "$BUILD/test_gpu_multi_gpu"
 )
 
 mkdir -p "$BUILD/test_logs"
