@@ -98,6 +98,15 @@ static void test_completes(void) {
                     wd.seq == 42 && s.arrived == 42 && wd.line[0] == '\0',
                 "result %d at t=%.4f seq %lld arrived %lld line \"%s\"", r, s.t, wd.seq, s.arrived, wd.line);
     // Many waits in a row: the time a completed collective costs is one poll, no fixed sleep.
+    // A wait only this rank makes (NCCL said ncclInProgress): no collective number, nothing announced.
+    sim_reset(&s);
+    s.done_at = 1.0;
+    watchdog_init(&wd, 1, WORLD, 300.0, table);
+    wd.seq = 5;
+    WatchdogOps ops = sim_ops(&s);
+    r = watchdog_wait_counted(&wd, &ops, "enqueue", 0);
+    test_report("watchdog_uncounted_wait_keeps_the_collective_number", r == WATCHDOG_OK && wd.seq == 5 &&
+                    s.arrived == 0, "result %d seq %lld arrived %lld", r, wd.seq, s.arrived);
     sim_reset(&s);
     s.done_at = 0.0;
     r = sim_wait(&s, &wd, table, 0, 0, "x");
