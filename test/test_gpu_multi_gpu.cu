@@ -4,12 +4,13 @@
 //     waited for by the watchdog) and multi_gpu_sum goes through the watched wait;
 //   - multi_gpu_norm_and_loss: the global norm of random bf16 gradients against an fp64 sum on the
 //     host, the loss, and the stop flag riding in the same all-reduce (0 and 1); outputs poisoned;
-//   - the watchdog fires: in a child process, a kernel that never lets the all-reduce start holds it
-//     past --nccl-timeout 3 s: the child prints the one line (step, collective, suspect), aborts the
-//     communicator and exits 1 within seconds of the deadline, not hanging.
+//   - the watchdog fires: in a child process, a kernel holds the all-reduce back past --nccl-timeout
+//     3 s: the child prints the one line (step, collective, suspect), aborts the communicator and
+//     exits 1 (the kernel is let go 5 s in, as NCCL's abort ends its own stuck kernels).
 // Every case is skipped without a GPU, and in a build without NCCL.
 #include <cuda_bf16.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +43,16 @@ static LaunchInfo one_rank(void) {
     return li;
 }
 
+// The kernel standing in for a stuck peer is let go 5 s in (after the 3 s deadline), as ncclCommAbort
+// ends NCCL's own stuck kernels: else the abort and the exit wait for it (the cap, 20 s; seen on an
+// H100). Had the watchdog not fired by then, the all-reduce would complete and the child exit 0.
+static void* release_hold(void* flag) {
+    struct timespec ts = {5, 0};
+    nanosleep(&ts, NULL);
+    *(volatile int*)flag = 1;
+    return NULL;
+}
+
 // The child: 77 = no GPU; otherwise it should die in multi_gpu_watch with exit 1.
 static void watchdog_child(int err_fd) {
     dup2(err_fd, STDERR_FILENO);
@@ -58,6 +69,8 @@ static void watchdog_child(int err_fd) {
     CUDA_CHECK(cudaMallocHost(&flag, sizeof(int)));
     *flag = 0;
     hold_stream_kernel<<<1, 1, 0, stream>>>(flag, 20ull * 1000000000ull);
+    pthread_t releaser;
+    pthread_create(&releaser, NULL, release_hold, (void*)flag);
     multi_gpu_sum(&mg, 1.0, stream, "test all-reduce");  // must not return
     _exit(0);
 }
@@ -86,7 +99,7 @@ static void test_watchdog_fires(void) {
         test_skip(CASES[0], "no CUDA GPU found");
         return;
     }
-    test_report(CASES[0], code == 1 && secs >= 3.0 && secs < 12.0 &&
+    test_report(CASES[0], code == 1 && secs >= 3.0 && secs < 15.0 &&
                     strstr(err, "error: NCCL watchdog: rank 0 of 1, step 17, test all-reduce: did not complete within "
                                 "3 s (--nccl-timeout); suspected rank: unknown (every rank arrived"),
                 "exit %d after %.1f s; stderr: %s", code, secs, err);
