@@ -238,10 +238,10 @@ else
 fi
 CKT="$OUT/ck_sigterm"
 rm -rf "$CKT"
-TERM_RUN=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 30 --val-data "" --attn naive --zero 1 --lr 6e-4)
+TERM_RUN=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 1000 --val-data "" --attn naive --zero 1 --lr 6e-4)
 run2 sigterm_ref "${TERM_RUN[@]}" --log-file "$OUT/sigterm_ref.jsonl"; check sigterm_ref $?
 start2 sigterm "${TERM_RUN[@]}" --checkpoint-dir "$CKT" --log-file "$OUT/sigterm.jsonl"
-wait_steps "$OUT/sigterm.rank0.out" 8
+wait_steps "$OUT/sigterm.rank0.out" 20  # then SIGTERM well before step 1000
 kill -TERM $P1
 wait_exit $P0 120; rc0=$?
 wait_exit $P1 120; rc1=$?
