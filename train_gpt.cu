@@ -74,6 +74,8 @@ typedef struct {
     const char* dump_grads;       // write the first step's gradients here (llm.c format, bf16)
     int zero;                     // 1: ZeRO-1, optimizer state and master weights sharded over the GPUs
     double rendezvous_timeout;    // seconds a rank waits for the others at the start (multi-GPU)
+    const char* rendezvous;       // "tcp" (MASTER_ADDR:MASTER_PORT) or "file:PATH"
+    double nccl_timeout;          // seconds the watchdog waits for a collective before aborting
     double peak_tflops;           // 0 = look up by GPU name
 } Options;
 
@@ -169,13 +171,21 @@ static const OptionSpec OPTIONS[] = {
      "over the GPUs"},
     {"rendezvous-timeout", 0, OPT_DOUBLE, FIELD(rendezvous_timeout), "120", "S", 1, 0,
      "seconds the ranks wait for each other at the start"},
+    {"rendezvous", 0, OPT_STRING, FIELD(rendezvous), "tcp", "HOW", 0, 0,
+     "tcp: rank 0 hands NCCL's id to the others at MASTER_ADDR:MASTER_PORT; file:PATH: through files at PATH on a "
+     "filesystem every rank shares (for nodes that cannot reach each other's ports; no heartbeat then)"},
+    {"nccl-timeout", 0, OPT_DOUBLE, FIELD(nccl_timeout), "300", "S", 1, 0,
+     "the watchdog: when a collective has not completed after S seconds (or NCCL reports an error, or a rank's "
+     "process ended), every rank prints the step, the collective and the suspected rank, aborts NCCL and exits 1"},
     TEXT("  launchers (the rank and world size come from the environment, first match wins):\n"
          "    torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT\n"
          "    mpirun          OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (Open MPI)\n"
          "    srun            SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID\n"
          "  Rank 0 hands NCCL's id to the others over TCP at MASTER_ADDR:MASTER_PORT (default\n"
-         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host). Each process\n"
-         "  uses GPU LOCAL_RANK. -b is per GPU; --total-batch-tokens is global (B*T*GPUs*accumulation).\n"
+         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host), or through\n"
+         "  files with --rendezvous file:PATH. Each process uses GPU LOCAL_RANK. -b is per GPU;\n"
+         "  --total-batch-tokens is global (B*T*GPUs*accumulation). A stop signal to any rank stops\n"
+         "  every rank after the same step.\n"
          "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
          "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
          "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"),
@@ -360,6 +370,7 @@ typedef struct {
     int resume_auto_fresh;                  // --resume auto found no checkpoint
     char resume_dir[CHECKPOINT_PATH_MAX];
     const char* checkpoint_dir;        // NULL: no checkpoints
+    const char* rendezvous_file;       // --rendezvous file:PATH's PATH; NULL: TCP
     long long start_step;              // the first step this run takes: 1, or the checkpoint's step + 1
     DataLoaderState start_data;        // the data position of start_step
     double flops_per_step, state_bytes, peak_tflops;
@@ -381,6 +392,10 @@ static void plan_launch(Plan* p, Options* opt) {
         exit(2);
     }
     p->rank = p->launch.rank, p->world = p->launch.world;
+    if (launcher_parse_method(opt->rendezvous, &p->rendezvous_file, err, sizeof(err)) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(2);
+    }
     if (p->rank != 0 && !freopen("/dev/null", "w", stdout)) {
         fprintf(stderr, "error: rank %d cannot silence its output: %s\n", p->rank, strerror(errno));
         exit(1);
@@ -710,8 +725,13 @@ static void plan_gpu(Plan* p) {
     p->gpu = gpu_info(p->device);
     printf("gpus         %d (launcher: %s), zero %d", p->world, p->launch.source, opt->zero);
     if (p->world > 1)
-        printf(", rank 0 on GPU %d; rendezvous %s:%d, timeout %g s; TFLOP/s and MFU are per GPU", p->device,
-               p->launch.master_addr, p->launch.master_port, opt->rendezvous_timeout);
+        if (p->rendezvous_file)
+            printf(", rank 0 on GPU %d; rendezvous file %s, timeout %g s; NCCL watchdog %g s; TFLOP/s and MFU are per "
+                   "GPU", p->device, p->rendezvous_file, opt->rendezvous_timeout, opt->nccl_timeout);
+        else
+            printf(", rank 0 on GPU %d; rendezvous %s:%d, timeout %g s; NCCL watchdog %g s; TFLOP/s and MFU are per "
+                   "GPU", p->device, p->launch.master_addr, p->launch.master_port, opt->rendezvous_timeout,
+                   opt->nccl_timeout);
     printf("\n");
     if (!p->gpu.found) {
         printf("gpu          none found\n");
@@ -750,6 +770,7 @@ typedef struct {
     FILE* log;               // --log-file (rank 0)
     char last_checkpoint[CHECKPOINT_PATH_MAX + 64];
     long long last_checkpoint_step;
+    int stop_any;              // several GPUs: some rank got a stop signal (this step's all-reduce says)
     // for the ETA and the summary: this launch's steps
     double started;            // wall clock (s) when the first step began
     long long steps_done;
@@ -870,12 +891,13 @@ static double forward_backward(Plan* p, Trainer* t) {
 }
 
 // The global gradient norm (on the host; the device copy is norm_device()); several GPUs: also the
-// mean loss over all ranks, in *loss.
+// mean loss over all ranks, in *loss, and whether any rank got a stop signal (t->stop_any).
 static float gradient_norm(Trainer* t, double* loss) {
     if (!t->mg) return optimizer_grad_norm(&t->optimizer, &t->model);
     multi_gpu_wait_grads(t->mg, t->stream);
     float norm = 0.0f, mean_loss = 0.0f;
-    multi_gpu_norm_and_loss(t->mg, t->optimizer.norm_scratch, *loss, &norm, &mean_loss, t->stream);
+    multi_gpu_norm_and_loss(t->mg, t->optimizer.norm_scratch, *loss, stop_signal_received() != 0, &norm, &mean_loss,
+                            &t->stop_any, t->stream);
     *loss = mean_loss;
     return norm;
 }
@@ -931,7 +953,7 @@ static void validate(Plan* p, Trainer* t, long long step) {
         sum += gpt_model_mean_loss(&t->model);
     }
     double loss = sum / (double)n;
-    if (t->mg) loss = multi_gpu_sum(t->mg, loss, t->stream) / p->world;
+    if (t->mg) loss = multi_gpu_sum(t->mg, loss, t->stream, "validation loss all-reduce") / p->world;
     printf("step %5lld/%lld | val loss %.4f\n", step, p->steps, loss);
     if (t->best_val_step == 0 || loss < t->best_val) t->best_val = loss, t->best_val_step = step;
     if (t->log) fprintf(t->log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, loss);
@@ -962,7 +984,7 @@ static int save_checkpoint(const Plan* p, Trainer* t, long long step, DataLoader
     int failed = 0;
     if (sharded || p->rank == 0)
         failed = train_state_save(p->checkpoint_dir, h, &t->model, &t->optimizer, t->staging, p->rank) != 0;
-    if (t->mg && multi_gpu_sum(t->mg, failed, t->stream) > 0) {
+    if (t->mg && multi_gpu_sum(t->mg, failed, t->stream, "all-reduce of the checkpoint's outcome") > 0) {
         if (!failed && p->rank == 0)
             fprintf(stderr, "warning: checkpoint at step %lld not saved by every rank (see their warnings); the "
                             "previous checkpoints are kept\n", step);
@@ -991,6 +1013,7 @@ static void stop_non_finite(const Plan* p, Trainer* t, long long step, DataLoade
     else
         fprintf(stderr, "hint: lower --lr or raise --warmup-steps (and save checkpoints with --checkpoint-dir to "
                         "resume from the last good step)\n");
+    if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops here (the norm and loss are global)
     exit(1);
 }
 
@@ -1015,30 +1038,28 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
     else printf("             no checkpoint saved\n");
 }
 
-// Whether a stop signal reached this process or, with several GPUs, any rank (all ranks agree: one
-// all-reduce, so they stop after the same step).
-static int stop_requested(Trainer* t) {
-    int stop = stop_signal_received() != 0;
-    if (t->mg) stop = multi_gpu_sum(t->mg, stop, t->stream) > 0;
-    return stop;
-}
+// Whether a stop signal reached this process or, with several GPUs, any rank: the flag rode in this
+// step's (norm, loss, stop) all-reduce, so every rank sees the same answer after the same step, at
+// no extra cost.
+static int stop_requested(const Trainer* t) { return t->mg ? t->stop_any : stop_signal_received() != 0; }
 
 // After a stop signal: saves the state after `step` (unless this step is saved already), says how to
 // continue, and exits with EXIT_STOPPED; when nothing could be saved, with 128 + the signal's number.
 static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
     const int sig = stop_signal_received() ? stop_signal_received() : SIGTERM;  // 0: another rank's signal
+    const char* by = stop_signal_received() ? stop_signal_name(sig) : "a stop signal on another rank";
     int saved = t->last_checkpoint_step == step;
     if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&p->train)) == 0;
     print_summary(p, t, step);
     fflush(stdout);
+    if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops after this step: a clean end
     if (saved) {
         printf("stopped      by %s after step %lld of %lld, saved in %s; to continue, run the same command with "
-               "--resume auto (or --resume %s)\n", stop_signal_name(sig), step, p->steps, t->last_checkpoint,
-               p->checkpoint_dir);
+               "--resume auto (or --resume %s)\n", by, step, p->steps, t->last_checkpoint, p->checkpoint_dir);
         exit(EXIT_STOPPED);
     }
-    fprintf(stderr, "stopped: by %s after step %lld of %lld; nothing could be saved (%s)\n", stop_signal_name(sig),
-            step, p->steps, p->checkpoint_dir ? "the checkpoint could not be written, see above" : "no --checkpoint-dir");
+    fprintf(stderr, "stopped: by %s after step %lld of %lld; nothing could be saved (%s)\n", by, step, p->steps,
+            p->checkpoint_dir ? "the checkpoint could not be written, see above" : "no --checkpoint-dir");
     exit(128 + sig);
 }
 
@@ -1048,6 +1069,7 @@ static void train(Plan* p, Trainer* t) {
     t->started = wall_seconds();
     for (long long step = p->start_step; step <= p->steps; step++) {
         const DataLoaderState step_data = dataloader_get_state(&p->train);  // for a rescue checkpoint
+        if (t->mg) multi_gpu_set_step(t->mg, step);                         // for the watchdog's message
         CUDA_CHECK(cudaEventRecord(t->start, t->stream));
         double loss = forward_backward(p, t);                               // over the micro steps
         const float grad_norm = gradient_norm(t, &loss);                    // several GPUs: the mean loss too
@@ -1074,7 +1096,8 @@ static void join_gpus(const Plan* p, MultiGpu* mg) {
     same.rank = 0, same.shard_offset = 0;
     uint64_t tag = launcher_hash(0, &same, sizeof(same));
     tag = launcher_hash(tag, &p->steps, sizeof(p->steps));
-    multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout);
+    multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout, p->rendezvous_file,
+                   p->opt->nccl_timeout);
 }
 
 // A save cut short (kill -9, a lost node) leaves DIR/.step_*.ckpt.tmp behind: removed, with a note.

@@ -22,6 +22,7 @@ tests=(
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
     "$BUILD/test_tokenizer"
+    "$BUILD/test_watchdog"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_tokenizer.py"
     "$PYTHON test/test_hf_export.py"
@@ -35,6 +36,7 @@ tests=(
     "$BUILD/test_gpu_gpt"
     "$BUILD/test_gpu_recompute"
     "$BUILD/test_gpu_decode"
+    "$BUILD/test_gpu_multi_gpu"
 )
 
 mkdir -p "$BUILD/test_logs"

@@ -61,7 +61,7 @@ def test_help_lists_flags():
         assert flag in r.stdout, f"--help lacks {flag}"
     assert "--recompute MODE" in r.stdout and "none | selective | full" in r.stdout, "--help lacks --recompute"
     for flag in ("--zero", "--rendezvous-timeout", "mpirun", "srun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                 "MASTER_ADDR", "MASTER_PORT"):
+                 "MASTER_ADDR", "MASTER_PORT", "--rendezvous HOW", "file:PATH", "--nccl-timeout"):
         assert flag in r.stdout, f"--help lacks {flag}"
 
 
@@ -155,6 +155,9 @@ def test_bad_values():
 def test_multi_gpu_flags_and_launch_environment():
     expect_error(run(*GOOD, "--zero", "2"), 2, "--zero expects 0", "ZeRO-1")
     expect_error(run(*GOOD, "--rendezvous-timeout", "0"), 2, "--rendezvous-timeout")
+    expect_error(run(*GOOD, "--nccl-timeout", "0.5"), 2, "--nccl-timeout expects a number >= 1")
+    expect_error(run(*GOOD, "--rendezvous", "nfs:/x"), 2, "--rendezvous expects tcp or file:PATH")
+    expect_error(run(*GOOD, "--rendezvous", "file:"), 2, "--rendezvous expects tcp or file:PATH")
     env = dict(os.environ, RANK="2", WORLD_SIZE="2")
     r = subprocess.run([TRAIN_GPT, *GOOD], capture_output=True, text=True, timeout=120, env=env)
     expect_error(r, 2, "RANK=2 is not below WORLD_SIZE=2")
@@ -164,6 +167,11 @@ def test_multi_gpu_flags_and_launch_environment():
     assert r.returncode == 0, r.stderr
     assert "x 2 GPUs, 3 micro steps per optimizer step = 1536 tokens" in r.stdout, r.stdout
     assert "gpus         2 (launcher: torchrun env), zero 1" in r.stdout, r.stdout
+    assert "rendezvous 127.0.0.1:29500, timeout 120 s; NCCL watchdog 300 s" in r.stdout, r.stdout
+    r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only", "--rendezvous", "file:/shared/rdzv", "--nccl-timeout", "45"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "rendezvous file /shared/rdzv, timeout 120 s; NCCL watchdog 45 s" in r.stdout, r.stdout
     r = subprocess.run([TRAIN_GPT, *GOOD, "--total-batch-tokens", str(4 * 64 * 3)], capture_output=True, text=True,
                        timeout=120, env=env)
     expect_error(r, 2, "not a multiple of batch-size * seq-len * GPUs")
