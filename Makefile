@@ -37,7 +37,7 @@ CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_
              $(BUILD)/test_launcher $(BUILD)/test_stop_signal
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
-             $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_decode
+             $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_generate
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o
@@ -148,6 +148,10 @@ $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o
 $(BUILD)/test_gpu_gpt: test/test_gpu_gpt.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_gpt.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o \
 		$(ATTN_OBJS) -lcublasLt -lcublas
+
+$(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

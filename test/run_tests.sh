@@ -31,6 +31,7 @@ tests=(
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"
+    "$BUILD/test_gpu_generate"
 )
 
 mkdir -p "$BUILD/test_logs"
