@@ -46,6 +46,12 @@ static void sampler_destroy(Sampler* s) {
     s->values = NULL, s->heap = NULL;
 }
 
+static inline float __uint_as_float_host(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
 // Uniform in [0, 1) with 53 random bits.
 static double sampler_uniform(Sampler* s) {
     uint64_t z = (s->state += 0x9E3779B97F4A7C15ull);
@@ -72,51 +78,67 @@ static void sampler_sift_down(const float* values, int* heap, int n, int i) {
 static int sampler_pick(Sampler* s, const uint16_t* logits, int V) {
     float* x = s->values;
     int best = 0;
+    float top = -INFINITY;  // the running maximum in a register (x[best] would be reloaded)
     for (int i = 0; i < V; i++) {
-        x[i] = train_state_bf16_to_float(logits[i]);
-        if (x[i] > x[best]) best = i;
+        const float v = __uint_as_float_host((uint32_t)logits[i] << 16);
+        x[i] = v;
+        if (v > top) top = v, best = i;
     }
     if (s->temperature <= 0.0) return best;
-    // The candidates: all V tokens, or the top_k largest (a min-heap of k, so O(V log k)).
-    int n = V;
-    int* idx = s->heap;
+    const float inv_t = (float)(1.0 / s->temperature);
+    double sum = 0.0;
     if (s->top_k > 0 && s->top_k < V) {
-        n = s->top_k;
+        // the top_k largest by a min-heap of k (O(V log k)), then their weights in x[idx[i]]
+        const int n = s->top_k;
+        int* idx = s->heap;
         for (int i = 0; i < n; i++) idx[i] = i;
         for (int i = n / 2 - 1; i >= 0; i--) sampler_sift_down(x, idx, n, i);
+        float least = x[idx[0]];  // the heap's smallest
         for (int i = n; i < V; i++)
-            if (x[i] > x[idx[0]]) idx[0] = i, sampler_sift_down(x, idx, n, 0);
-    } else {
-        for (int i = 0; i < V; i++) idx[i] = i;
+            if (x[i] > least) idx[0] = i, sampler_sift_down(x, idx, n, 0), least = x[idx[0]];
+        for (int i = 0; i < n; i++) sum += (x[idx[i]] = expf((x[idx[i]] - top) * inv_t));
+        const double u = sampler_uniform(s) * sum;
+        double cum = 0.0;
+        for (int i = 0; i < n; i++)
+            if (u < (cum += x[idx[i]])) return idx[i];
+        return best;  // rounding left u at the very end
     }
-    // softmax((x − max) / temperature) over the candidates, then the inverse of its cumulative sum.
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp(((double)x[idx[i]] - x[best]) / s->temperature);
+    // all V tokens: softmax((x − max) / temperature), then the inverse of its cumulative sum
+    for (int i = 0; i < V; i++) sum += (x[i] = expf((x[i] - top) * inv_t));
     const double u = sampler_uniform(s) * sum;
     double cum = 0.0;
-    for (int i = 0; i < n; i++) {
-        cum += exp(((double)x[idx[i]] - x[best]) / s->temperature);
-        if (u < cum) return idx[i];
-    }
-    return best;  // rounding left u at the very end
+    for (int i = 0; i < V; i++)
+        if (u < (cum += x[i])) return i;
+    return best;
 }
 
 // ---- the generation loop ------------------------------------------------------------------------------
 
+static double generate_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+
 // Draws M tokens per sequence: the first from the logits the decoder holds (after a prefill or a
 // step), each further one after a decode step on the previous. out (B, M) on the host. logits_host:
-// pinned (B, Vp) uint16.
-static void gpt_generate_tokens(GPTDecoder* d, Sampler* s, int M, int* out, uint16_t* logits_host) {
+// pinned (B, Vp) uint16. Returns the seconds spent sampling on the host.
+static double gpt_generate_tokens(GPTDecoder* d, Sampler* s, int M, int* out, uint16_t* logits_host) {
     const int B = d->B, V = d->model->V, Vp = d->model->Vp;
     int* next = (int*)malloc((size_t)B * sizeof(int));
+    double sampling = 0.0;
     for (int i = 0; i < M; i++) {
         if (i > 0) gpt_decoder_step(d, next, 1);
         CUDA_CHECK(cudaMemcpyAsync(logits_host, d->logits, (size_t)B * Vp * sizeof(uint16_t), cudaMemcpyDeviceToHost,
                                    d->model->stream));
         CUDA_CHECK(cudaStreamSynchronize(d->model->stream));
+        const double t0 = generate_seconds();
         for (int b = 0; b < B; b++) next[b] = out[(size_t)b * M + i] = sampler_pick(s, logits_host + (size_t)b * Vp, V);
+        sampling += generate_seconds() - t0;
     }
     free(next);
+    return sampling;
 }
 
 // Prints tokens as text (ids in brackets where there is no token table).
@@ -309,12 +331,6 @@ static void generate_load_weights(const GenerateRun* g, const char* path, GPTMod
     CUDA_CHECK(cudaFreeHost(staging));
 }
 
-static double generate_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // The whole --generate run; returns the exit status.
 static int generate_run(const GenerateRun* g) {
     char path[CHECKPOINT_PATH_MAX];
@@ -336,13 +352,13 @@ static int generate_run(const GenerateRun* g) {
                     g->prompt[i], i + 1, config.vocab_size - 1);
             return 2;
         }
-    char sampling[128] = "greedy (temperature 0)";
+    char how[128] = "greedy (temperature 0)";
     if (g->temperature > 0)
-        snprintf(sampling, sizeof(sampling), "temperature %g, %s%d, seed %llu", g->temperature,
+        snprintf(how, sizeof(how), "temperature %g, %s%d, seed %llu", g->temperature,
                  g->top_k ? "top-k " : "all tokens", g->top_k ? g->top_k : config.vocab_size,
                  (unsigned long long)g->seed);
     printf("generate     %d sample(s) x %d tokens after a prompt of %d tokens; %s; prefill with %s\n", B, M, P,
-           sampling, attention_backend_name(g->attn));
+           how, attention_backend_name(g->attn));
     Tokenizer table;
     const Tokenizer* tok = generate_open_tokenizer(&table, g->tokenizer, g->shard_pattern) ? &table : NULL;
     const GpuInfo gpu = gpu_info(0);
@@ -375,7 +391,7 @@ static int generate_run(const GenerateRun* g) {
     gpt_decoder_prefill(&dec, inputs);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const double t1 = generate_seconds();
-    gpt_generate_tokens(&dec, &sampler, M, out, logits_host);
+    const double sampling = gpt_generate_tokens(&dec, &sampler, M, out, logits_host);
     const double t2 = generate_seconds();
 
     for (int b = 0; b < B; b++) {
@@ -391,8 +407,8 @@ static int generate_run(const GenerateRun* g) {
     printf("---\n");
     const double decode_s = t2 - t1;
     printf("speed        prefill %d x %d tokens in %.1f ms; %d x %d new tokens in %.3f s: %.0f tokens/s (%.0f per "
-           "sequence), %.2f ms per step\n", B, P, (t1 - t0) * 1e3, B, M, decode_s, B * M / decode_s, M / decode_s,
-           decode_s / M * 1e3);
+           "sequence), %.2f ms per step, of which %.2f ms sampling on the host\n", B, P, (t1 - t0) * 1e3, B, M,
+           decode_s, B * M / decode_s, M / decode_s, decode_s / M * 1e3, sampling / M * 1e3);
 
     if (tok) tokenizer_free(&table);
     free(out);
