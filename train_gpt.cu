@@ -614,6 +614,11 @@ static void plan_files(Plan* p) {
         train_state_open_model_file(&file, opt->init_from, &p->config);
         model_file_close(&file);
     }
+    if (opt->sample_every > 0 && opt->tokenizer) {  // the samples' token table, checked now (loaded later)
+        Tokenizer table;
+        generate_open_tokenizer(&table, opt->tokenizer, opt->train_data);
+        tokenizer_free(&table);
+    }
 }
 
 static void make_plan(Plan* p, Options* opt) {
