@@ -37,7 +37,8 @@ CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_
              $(BUILD)/test_launcher $(BUILD)/test_stop_signal $(BUILD)/test_tokenizer $(BUILD)/test_watchdog
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
-             $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu
+             $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \
+             $(BUILD)/test_gpu_generate
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
@@ -157,6 +158,10 @@ $(BUILD)/test_gpu_recompute: test/test_gpu_recompute.cu $(BUILD)/cpu_reference_p
 # multi_gpu.cuh on one GPU through a one-rank NCCL communicator (skips in a build without NCCL).
 $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+
+$(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

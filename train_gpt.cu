@@ -15,8 +15,9 @@
 //   data/train_state.cuh   checkpoints (format: data/checkpoint.h) and llm.c weight files
 //   data/dataloader.h      token shards
 //   attention/attention.h  the attention backends (--attn)
+//   layers/gpt_generate.cuh --generate and the samples of --sample-every (KV cache: layers/gpt_decode.cuh)
 //
-// Sections, top to bottom: options, plan, training, main.
+// Sections, top to bottom: options, plan, training, generation, main.
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -34,6 +35,7 @@
 #include "data/train_state.cuh"
 #include "layers/cuda_common.h"
 #include "layers/gpt_config.h"
+#include "layers/gpt_generate.cuh"
 #include "layers/gpt_model.cuh"
 #include "layers/launcher.h"
 #include "layers/multi_gpu.cuh"
@@ -77,6 +79,14 @@ typedef struct {
     const char* rendezvous;       // "tcp" (MASTER_ADDR:MASTER_PORT) or "file:PATH"
     double nccl_timeout;          // seconds the watchdog waits for a collective before aborting
     double peak_tflops;           // 0 = look up by GPU name
+    int generate;                 // --generate M: continue the prompt by M tokens instead of training; 0 = train
+    const char* prompt_tokens;    // a comma list of token ids or a file of them; NULL = <|endoftext|>
+    int num_samples;              // sequences generated together
+    double temperature;           // 0 = greedy
+    int top_k;                    // 0 = all tokens
+    long long sample_every;       // print a sample every N training steps; 0 = never
+    int sample_tokens;            // tokens per sample during training
+    const char* tokenizer;        // llm.c token table; NULL = gpt2_tokenizer.bin beside the training shards
 } Options;
 
 typedef enum {
@@ -123,7 +133,8 @@ static const OptionSpec OPTIONS[] = {
     {"val-data", 'j', OPT_STRING, FIELD(val_data), "data/tinyshakespeare/tinyshakespeare_val_*.bin", "PATTERN", 0,
      0, "validation shards; \"\" for none"},
     {"shuffle", 0, OPT_FLAG, FIELD(shuffle), NULL, NULL, 0, 0, "shuffle shard and batch order every epoch"},
-    {"seed", 0, OPT_SEED, FIELD(seed), "1337", "N", 0, INT64_MAX, "seed for shuffling and the initialization"},
+    {"seed", 0, OPT_SEED, FIELD(seed), "1337", "N", 0, INT64_MAX,
+     "seed for shuffling, the initialization and sampling"},
     SECTION("batch"),
     {"batch-size", 'b', OPT_INT, FIELD(batch_size), "4", "N", 1, 1 << 20, "sequences per micro step per GPU"},
     {"seq-len", 't', OPT_INT, FIELD(seq_len), "1024", "N", 1, 1 << 20, "tokens per sequence"},
@@ -189,6 +200,23 @@ static const OptionSpec OPTIONS[] = {
          "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
          "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
          "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"),
+    SECTION("generation (layers/gpt_generate.cuh)"),
+    {"generate", 0, OPT_INT, FIELD(generate), NULL, "M", 1, 1 << 20,
+     "instead of training, continue the prompt by M tokens with a KV cache, from --resume CKPT or --init-from "
+     "FILE (the model's shape comes from that file), and print the text and tokens/s"},
+    {"prompt-tokens", 0, OPT_STRING, FIELD(prompt_tokens), NULL, "LIST", 0, 0,
+     "the prompt as token ids: a comma list (464,3290) or a file of ids (scripts/encode_prompt.py writes one "
+     "from text); default: <|endoftext|>"},
+    {"num-samples", 0, OPT_INT, FIELD(num_samples), "1", "N", 1, 4096, "sequences generated together (a batch)"},
+    {"temperature", 0, OPT_DOUBLE, FIELD(temperature), "1.0", "X", 0, 0,
+     "sampling temperature; 0 = greedy (the most likely token)"},
+    {"top-k", 0, OPT_INT, FIELD(top_k), "0", "N", 0, 1 << 20, "sample among the N most likely tokens; 0 = all"},
+    {"sample-every", 0, OPT_LONG, FIELD(sample_every), "0", "N", 0, INT64_MAX,
+     "while training, print a sample from <|endoftext|> every N steps (and after the last); 0 = never"},
+    {"sample-tokens", 0, OPT_INT, FIELD(sample_tokens), "64", "M", 1, 1 << 20, "tokens per sample during training"},
+    {"tokenizer", 0, OPT_STRING, FIELD(tokenizer), NULL, "PATH", 0, 0,
+     "GPT-2 token table (llm.c's gpt2_tokenizer.bin format) to print text; default: gpt2_tokenizer.bin beside "
+     "the training shards, else token ids are printed"},
     SECTION("throughput"),
     {"peak-tflops", 0, OPT_DOUBLE, FIELD(peak_tflops), NULL, "X", 0, 0,
      "dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM 989.4, A100 312)"},
@@ -295,6 +323,41 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
 
 static int resume_auto(const Options* opt) { return opt->resume && strcmp(opt->resume, "auto") == 0; }
 
+// Exits (2) on generation flags that cannot work: --generate needs weights and does not train;
+// the sampling flags need --generate or --sample-every.
+static void check_generation_options(const Options* opt) {
+    if (!isfinite(opt->temperature)) {
+        fprintf(stderr, "error: --temperature must be a finite number >= 0 (0 = greedy)\n");
+        exit(2);
+    }
+    if (opt->generate) {
+        if ((!opt->resume && !opt->init_from) || resume_auto(opt)) {
+            fprintf(stderr, "error: --generate needs the weights: --resume CKPT (a checkpoint file or directory) or "
+                            "--init-from FILE (an llm.c model file)\n");
+            exit(2);
+        }
+        if (opt->resume && opt->init_from) {
+            fprintf(stderr, "error: --resume and --init-from both set the weights; give one of them\n");
+            exit(2);
+        }
+        if (opt->sample_every) {
+            fprintf(stderr, "error: --sample-every prints samples while training; --generate does not train\n");
+            exit(2);
+        }
+        return;
+    }
+    if (opt->sample_every && opt->sample_tokens > opt->seq_len) {
+        fprintf(stderr, "error: --sample-tokens %d is more than the model's %d positions (--seq-len); sample at most "
+                        "%d tokens\n", opt->sample_tokens, opt->seq_len, opt->seq_len);
+        exit(2);
+    }
+    if (opt->prompt_tokens || opt->num_samples != 1) {
+        fprintf(stderr, "error: --%s is for --generate M (continue a prompt by M tokens)\n",
+                opt->prompt_tokens ? "prompt-tokens" : "num-samples");
+        exit(2);
+    }
+}
+
 // Exits (2) on combinations of flags that cannot work together.
 static void check_option_combinations(const Options* opt) {
     if (resume_auto(opt) && !opt->checkpoint_dir) {
@@ -309,6 +372,7 @@ static void check_option_combinations(const Options* opt) {
         fprintf(stderr, "error: --checkpoint-every needs --checkpoint-dir DIR\n");
         exit(2);
     }
+    check_generation_options(opt);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -598,6 +662,11 @@ static void plan_files(Plan* p) {
         train_state_open_model_file(&file, opt->init_from, &p->config);
         model_file_close(&file);
     }
+    if (opt->sample_every > 0 && opt->tokenizer) {  // the samples' token table, checked now (loaded later)
+        Tokenizer table;
+        generate_open_tokenizer(&table, opt->tokenizer, opt->train_data);
+        tokenizer_free(&table);
+    }
 }
 
 static void make_plan(Plan* p, Options* opt) {
@@ -668,6 +737,10 @@ static void print_plan_run(const Plan* p) {
     } else {
         printf("checkpoints  none (--checkpoint-dir DIR to save them)\n");
     }
+    if (opt->sample_every > 0)
+        printf("samples      every %lld steps and after the last: %d tokens from <|endoftext|>, temperature %g, top-k "
+               "%d (0: all), seed %llu\n", opt->sample_every, opt->sample_tokens, opt->temperature, opt->top_k,
+               (unsigned long long)opt->seed);
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", p->flops_per_step / 1e12);
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
@@ -777,6 +850,8 @@ typedef struct {
     double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
+    TrainingSampler* sampler;  // --sample-every (rank 0), else NULL
+    Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
 } Trainer;
 
 static double wall_seconds(void) {
@@ -859,10 +934,18 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     }
     CUDA_CHECK(cudaEventCreate(&t->start));
     CUDA_CHECK(cudaEventCreate(&t->stop));
+    if (opt->sample_every > 0 && p->rank == 0) {
+        static TrainingSampler sampler;
+        generate_open_tokenizer(&t->tokenizer, opt->tokenizer, opt->train_data);
+        training_sampler_create(&sampler, &t->model, opt->sample_tokens, opt->temperature, opt->top_k, opt->seed);
+        t->sampler = &sampler;
+    }
 }
 
 static void trainer_destroy(Trainer* t) {
     if (t->log) fclose(t->log);
+    if (t->sampler) training_sampler_destroy(t->sampler);
+    tokenizer_free(&t->tokenizer);
     CUDA_CHECK(cudaEventDestroy(t->start));
     CUDA_CHECK(cudaEventDestroy(t->stop));
     optimizer_destroy(&t->optimizer);
@@ -961,6 +1044,10 @@ static void validate(Plan* p, Trainer* t, long long step) {
 
 static int validation_due(const Plan* p, long long step) {
     return p->have_val && ((p->opt->val_every > 0 && step % p->opt->val_every == 0) || step == p->steps);
+}
+
+static int sample_due(const Plan* p, const Trainer* t, long long step) {
+    return t->sampler && (step % p->opt->sample_every == 0 || step == p->steps);
 }
 
 static int checkpoint_due(const Plan* p, long long step) {
@@ -1081,6 +1168,7 @@ static void train(Plan* p, Trainer* t) {
         if (t->mg && t->mg->zero) multi_gpu_all_gather_params(t->mg, t->model.params, t->stream);
         log_step(p, t, step, loss, lr, grad_norm, step_ms(t));
         if (validation_due(p, step)) validate(p, t, step);
+        if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
         if (t->log) fflush(t->log);
         if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&p->train));
         if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1
@@ -1126,6 +1214,25 @@ static void run(Plan* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Generation: --generate M continues a prompt (layers/gpt_generate.cuh) instead of training.
+
+static int generate(const Options* opt) {
+    GenerateRun g;
+    memset(&g, 0, sizeof(g));
+    static const int eot = GPT2_EOT_TOKEN;
+    int* prompt = opt->prompt_tokens ? generate_parse_prompt(opt->prompt_tokens, &g.prompt_len) : NULL;
+    g.prompt = prompt ? prompt : &eot;
+    g.prompt_len = prompt ? g.prompt_len : 1;
+    g.tokens = opt->generate, g.num_samples = opt->num_samples;
+    g.temperature = opt->temperature, g.top_k = opt->top_k, g.seed = opt->seed;
+    g.resume = opt->resume, g.init_from = opt->init_from, g.attn = opt->attn;
+    g.tokenizer = opt->tokenizer, g.shard_pattern = opt->train_data;
+    const int status = generate_run(&g);
+    free(prompt);
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
 // main: options → plan (printed) → run
 
 int main(int argc, char** argv) {
@@ -1134,6 +1241,7 @@ int main(int argc, char** argv) {
         exit(1);
     }
     Options opt = parse_options(argc, argv);
+    if (opt.generate) return generate(&opt);
     static Plan plan;
     make_plan(&plan, &opt);
     print_plan_model(&plan);

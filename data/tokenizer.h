@@ -31,6 +31,7 @@
 #define TOKENIZER_HEADER_INTS 256
 #define TOKENIZER_MAX_VOCAB (1 << 20)
 #define TOKENIZER_V1_EOT 50256
+#define TOKENIZER_FILE_NAME "gpt2_tokenizer.bin"  // its name beside the shards
 
 typedef struct {
     uint32_t vocab_size;

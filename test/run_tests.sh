@@ -37,6 +37,7 @@ tests=(
     "$BUILD/test_gpu_recompute"
     "$BUILD/test_gpu_decode"
     "$BUILD/test_gpu_multi_gpu"
+    "$BUILD/test_gpu_generate"
 )
 
 mkdir -p "$BUILD/test_logs"

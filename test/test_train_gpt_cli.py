@@ -676,6 +676,100 @@ def test_gpu_failing_checkpoint_write_is_reported_and_the_run_goes_on():
         assert "Permission denied" in r.stderr and "bytes" in r.stderr, r.stderr
 
 
+# ---- generation (layers/gpt_generate.cuh) -----------------------------------------------------------------
+
+def test_generation_flags_are_checked():
+    weights = os.path.join(WORK, "gen_weights.bin")
+    write_model_file(weights)  # 1 layer, hidden 64, 1 head, 64 positions
+    gen = ["--generate", "8", "--init-from", weights]
+    expect_error(run("--generate", "8"), 2, "--generate needs the weights", "--resume", "--init-from")
+    expect_error(run("--generate", "0", "--init-from", weights), 2, "--generate")
+    expect_error(run("--generate", "8", "--resume", "auto", "--checkpoint-dir", WORK), 2, "--generate needs")
+    expect_error(run(*gen, "--sample-every", "5"), 2, "--generate does not train")
+    expect_error(run(*GOOD, "--prompt-tokens", "1,2"), 2, "--prompt-tokens is for --generate")
+    expect_error(run(*GOOD, "--num-samples", "3"), 2, "--num-samples is for --generate")
+    expect_error(run(*gen, "--num-samples", "0"), 2, "--num-samples")
+    expect_error(run(*gen, "--temperature", "-1"), 2, "--temperature")
+    expect_error(run(*gen, "--temperature", "inf"), 2, "--temperature must be a finite number")
+    expect_error(run(*gen, "--top-k", "-3"), 2, "--top-k")
+    expect_error(run(*GOOD, "--sample-every", "-1"), 2, "--sample-every")
+    expect_error(run(*GOOD, "--sample-every", "2", "--sample-tokens", "0"), 2, "--sample-tokens")
+    expect_error(run(*GOOD, "--sample-every", "2", "--sample-tokens", "65"), 2, "--sample-tokens 65",
+                 "64 positions")
+    # prompts: bad ids, ids outside the vocab, too long for the model's positions, an unreadable file
+    expect_error(run(*gen, "--prompt-tokens", "12,x3"), 2, "--prompt-tokens", "neither a comma list")
+    bad = os.path.join(WORK, "bad_prompt.txt")
+    with open(bad, "w") as f:
+        f.write("464, 3290\n12a\n")
+    expect_error(run(*gen, "--prompt-tokens", bad), 2, bad, "not a token id")
+    expect_error(run(*gen, "--prompt-tokens", "464,50257"), 2, "prompt token 50257", "0 .. 50256")
+    expect_error(run(*gen, "--prompt-tokens", ",".join(["464"] * 60)), 2, "60 tokens and 8 new tokens need 67 "
+                 "positions", "has 64")
+    expect_error(run(*gen, "--tokenizer", os.path.join(WORK, "no_such_table.bin")), 2, "--tokenizer",
+                 "no_such_table.bin")
+    table = os.path.join(WORK, "not_a_table.bin")
+    with open(table, "wb") as f:
+        f.write(b"\0" * 2048)
+    expect_error(run(*gen, "--tokenizer", table), 2, "not a token table")
+    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "not a token table")
+    expect_error(run("--generate", "8", "--init-from", os.path.join(WORK, "missing.bin")), 1, "missing.bin")
+
+
+def test_sample_every_is_in_the_plan():
+    r = run(*GOOD, "--sample-every", "2", "--sample-tokens", "16", "--temperature", "0.8", "--top-k", "40",
+            "--plan-only")
+    assert r.returncode == 0, r.stderr
+    assert "samples      every 2 steps and after the last: 16 tokens from <|endoftext|>, temperature 0.8, top-k 40" \
+        in r.stdout, r.stdout
+
+
+def test_encode_prompt_script():
+    script = os.path.join(ROOT, "scripts", "encode_prompt.py")
+    r = subprocess.run([sys.executable, script, "--eot", "To be, or not to be"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0 and "tiktoken cannot load" in r.stderr:
+        raise harness.Skip("tiktoken cannot load r50k_base here (offline without TIKTOKEN_CACHE_DIR)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "50256,2514,307,11,393,407,284,307", r.stdout
+    out = os.path.join(WORK, "prompt.txt")
+    r = subprocess.run([sys.executable, script, "--out", out, "--file", "/dev/null"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "empty" in r.stderr, r.stderr
+
+
+def gpu_generate_output(*args):
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if line.startswith("tokens ")], r.stdout
+
+
+def test_gpu_generate_from_a_model_file_repeats_with_a_seed():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    rng = np.random.default_rng()
+    n = tiny_config_params(2, 128, 2, 64)
+    weights = os.path.join(WORK, "gen_random.bin")
+    write_model_file(weights, layers=2, hidden=128, heads=2, values=rng.normal(0, 0.05, n).astype(np.float32))
+    gen = ["--generate", "40", "--init-from", weights, "--prompt-tokens", "464,3290,318", "--num-samples", "3"]
+    a, out = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "7")
+    b, _ = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "7")
+    c, _ = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "8")
+    assert len(a) == 3 and all(len(line.split()) == 41 for line in a), out
+    assert a == b, (a, b)
+    assert a != c, "another seed gave the same samples"
+    assert "tokens/s" in out and "prefill 3 x 3 tokens" in out, out
+    g1, _ = gpu_generate_output(*gen, "--temperature", "0")
+    assert len(set(g1)) == 1, f"greedy samples of one prompt differ: {g1}"
+
+
+def test_gpu_samples_during_training():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    r = run(*GOOD, *TINY, "--sample-every", "2", "--sample-tokens", "20", "--val-data", "")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("sample       after step") == 2, r.stdout  # steps 2 and 3 (the last)
+
+
 if __name__ == "__main__":
     try:
         harness.run_module(globals())
