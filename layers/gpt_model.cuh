@@ -1,14 +1,16 @@
 // gpt_model.cuh: the whole GPT on the GPU (llm.c structure), forward and backward, in bf16 with fp32
 // accumulation, built from the layers of this folder and the attention interface.
 //
-// Shapes: L layers, C channels, NH heads of HD = C / NH, V vocab padded to Vp, maxT positions;
-// the model is sized for micro-batches of B sequences of T tokens, N = B·T rows.
+// Shapes: L layers, C channels, NH heads of HD = C / NH, NKV key/value heads (NH % NKV == 0;
+// grouped-query attention when NKV < NH), QKV = (NH + 2·NKV)·HD features of the QKV projection (3C
+// for multi-head), V vocab padded to Vp, maxT positions; the model is sized for micro-batches of B
+// sequences of T tokens, N = B·T rows.
 //
 // Forward (pre-LayerNorm; residual_l = encoded for l = 0, else residual3[l−1]):
 //   encoded (N, C)          = wte[inputs] + wpe[t]
 //   per block l:
 //     ln1 (N, C)            = LN1(residual_l)                       (fused with the previous residual add)
-//     qkv (N, 3C)           = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, 3, NH, HD)
+//     qkv (N, QKV)          = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, NH + 2·NKV, HD)
 //     atty (N, C), lse      = causal attention(qkv)                 atty (B, T, NH, HD), lse (B, NH, T)
 //     proj (N, C)           = atty · attprojwᵀ + attprojb
 //     residual2, ln2        = residual_l + proj, LN2(residual2)     (fused_residual_layernorm_forward)
@@ -64,13 +66,13 @@
 
 // Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
 // the given element type), its shape as printed in the memory plan, and its size in bytes, an
-// expression in L, N = B·T, C, NH, Vp, bf = 2 and f4 = 4 (evaluated in gpt_model_plan_acts).
+// expression in L, N = B·T, C, QKV, NH, Vp, bf = 2 and f4 = 4 (evaluated in gpt_model_plan_acts).
 #define GPT_ACTIVATIONS(X)                                                                                         \
     X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(ln1,       __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
     X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(qkv,       __nv_bfloat16, "(L, B, T, 3, NH, HD) bf16",  L * N * 3 * C * bf)                                  \
+    X(qkv,       __nv_bfloat16, "(L, B, T, NH+2NKV, HD) bf16", L * N * QKV * bf)                                   \
     X(atty,      __nv_bfloat16, "(L, B, T, NH, HD) bf16",     L * N * C * bf)                                      \
     X(att_lse,   float,         "(L, B, NH, T) fp32",         L * NH * N * f4)                                     \
     /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
@@ -93,7 +95,7 @@
     X(proj,      __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
     X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
-    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, 3C) */ \
+    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
     /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
     X(scratch,   void,          "(bytes)",                    m->scratch_bytes)
 
@@ -116,6 +118,7 @@ typedef struct {
     GPTConfig config;
     int B, T;  // the micro-batch the activations are sized for
     int L, C, NH, HD, V, Vp, maxT;
+    int NKV, QKV;  // key/value heads; QKV = (NH + 2·NKV)·HD features of qkv
 
     // parameters and gradients: one allocation each, cut into the 16 tensors
     size_t param_sizes[NUM_PARAM_TENSORS];
@@ -157,7 +160,7 @@ typedef struct {
 // ---- memory plan ------------------------------------------------------------------------------------
 
 static void gpt_model_plan_acts(GPTModel* m) {
-    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp;
+    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp, QKV = m->QKV;
     const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
     GPTActTensor* t = m->act_table;
 #define GPT_ACT_PLAN(member, type, shp, nbytes) \
@@ -217,9 +220,11 @@ static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, 
     m->B = B, m->T = T;
     m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
     m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
+    m->NKV = config.num_kv_heads, m->QKV = (int)gpt_qkv_features(&config);
     m->backend = backend;
     m->stream = stream;
     m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
+    m->att_shape.NKV = m->NKV;
     m->att_shape.causal = 1;
     if (attention_check(backend, &m->att_shape, why, sizeof(why)) != 0) {
         const char* name = attention_backend_name(backend);
@@ -306,23 +311,23 @@ static __global__ void __launch_bounds__(256) gpt_mean_loss_kernel(float* mean, 
 
 // The attention arguments of layer l (forward and backward fields both filled).
 static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
-    const size_t N = (size_t)m->B * m->T, C = m->C;
+    const size_t N = (size_t)m->B * m->T, C = m->C, QKV = m->QKV, KV = (size_t)m->NKV * m->HD;
     AttentionArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = m->att_shape;
-    __nv_bfloat16* qkv = m->qkv + l * N * 3 * C;
+    __nv_bfloat16* qkv = m->qkv + l * N * QKV;  // rows (NH + 2·NKV, HD): q = NH·HD = C values, k, v NKV·HD each
     a.q = qkv;
     a.k = qkv + C;
-    a.v = qkv + 2 * C;
-    a.qkv_stride = (long)(3 * C);
+    a.v = qkv + C + KV;
+    a.qkv_stride = (long)QKV;  // kv_stride 0: the same
     a.out = m->atty + l * N * C;
     a.out_stride = (long)C;
     a.lse = m->att_lse + l * N * m->NH;
     a.dout = m->dln;  // datty lives in dln during the backward
-    a.dq = m->dwide;  // dqkv (N, 3C) in the first 3C columns' worth of dwide
+    a.dq = m->dwide;  // dqkv (N, QKV) in the first QKV columns' worth of dwide
     a.dk = m->dwide + C;
-    a.dv = m->dwide + 2 * C;
-    a.dqkv_stride = (long)(3 * C);
+    a.dv = m->dwide + C + KV;
+    a.dqkv_stride = (long)QKV;
     a.saved = m->att_saved_bytes ? (void*)(m->att_saved + l * layer_align256(m->att_saved_bytes)) : NULL;
     a.workspace = m->scratch;
     a.deterministic = m->deterministic_attention;
@@ -333,7 +338,7 @@ static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
 // model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; logits (N, Vp) are left intact.
 // Enqueued on model->stream; nothing is synchronized (gpt_model_mean_loss copies the scalar back).
 static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
-    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->matmul;
@@ -347,7 +352,7 @@ static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets
         __nv_bfloat16* ln1 = m->ln1 + l * NC;  // (B, T, C)
         float* ln1_mean = m->ln1_mean + (size_t)l * N;
         float* ln1_rstd = m->ln1_rstd + (size_t)l * N;
-        __nv_bfloat16* qkv = m->qkv + l * NC * 3;        // (B, T, 3C)
+        __nv_bfloat16* qkv = m->qkv + l * (size_t)N * QKV;  // (B, T, QKV)
         __nv_bfloat16* atty = m->atty + l * NC;          // (B, T, C)
         __nv_bfloat16* residual2 = m->residual2 + l * NC;
         __nv_bfloat16* ln2 = m->ln2 + l * NC;
@@ -365,8 +370,9 @@ static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets
             fused_residual_layernorm_forward(ln1, ln1_mean, ln1_rstd, m->residual3 + (l - 1) * NC,
                                              m->residual2 + (l - 1) * NC, m->proj, p[GPT_LN1W] + lC,
                                              p[GPT_LN1B] + lC, N, C, s);
-        // qkv (N, 3C) = ln1 · qkvwᵀ + qkvb
-        matmul_forward(mm, qkv, ln1, p[GPT_QKVW] + lC * 3 * C, p[GPT_QKVB] + lC * 3, N, C, 3 * C, NULL);
+        // qkv (N, QKV) = ln1 · qkvwᵀ + qkvb
+        matmul_forward(mm, qkv, ln1, p[GPT_QKVW] + (size_t)l * QKV * C, p[GPT_QKVB] + (size_t)l * QKV, N, C, QKV,
+                       NULL);
         AttentionArgs a = gpt_attention_args(m, l);
         attention_forward(m->backend, &m->att_ctx, &a, s);  // atty (B, T, NH, HD), lse (B, NH, T)
         // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
@@ -407,7 +413,7 @@ static void gpt_model_zero_grad(GPTModel* m) {
 // step) into model->grads. Must follow gpt_model_forward on the same batch (its inputs and targets
 // still valid). Overwrites the logits with dlogits.
 static void gpt_model_backward(GPTModel* m, float grad_scale) {
-    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->matmul;
@@ -441,12 +447,13 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // attention projection: dln (N, C) = d(atty)
         matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, m->atty + l * NC,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
-        // attention: dwide[:, :3C] = dqkv (B, T, 3, NH, HD) (overwritten)
+        // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten)
         AttentionArgs a = gpt_attention_args(m, l);
         attention_backward(m->backend, &m->att_ctx, &a, s);
-        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, 3C) contiguous in dwide)
-        matmul_backward(mm, m->dln, g[GPT_QKVW] + lC * 3 * C, g[GPT_QKVB] + lC * 3, m->dwide, m->ln1 + l * NC,
-                        p[GPT_QKVW] + lC * 3 * C, N, C, 3 * C, NULL, 1, m->scratch);
+        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, QKV) contiguous in dwide)
+        const size_t lQKV = (size_t)l * QKV;
+        matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, g[GPT_QKVB] + lQKV, m->dwide, m->ln1 + l * NC,
+                        p[GPT_QKVW] + lQKV * C, N, C, QKV, NULL, 1, m->scratch);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding)
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
                            residual, p[GPT_LN1W] + lC, m->ln1_mean + (size_t)l * N, m->ln1_rstd + (size_t)l * N, N,
