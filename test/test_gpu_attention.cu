@@ -33,11 +33,12 @@
 // flash1 keeps O, m and ℓ in the workspace between key blocks of 256 or 512 keys, and its backward
 // adds dQ there per key block of 128: T = 1000 is the case with several key blocks (T ≤ 127 has one).
 // Grouped-query attention (NKV key/value heads, attention.h): the cases above are multi-head (NKV =
-// NH); a second sweep runs NH = 16 with NKV in {1, 2, 4 = NH/4} at T in {1, 17, 127} and NKV = 16 = NH
-// at T = 127, and NH = 4 with NKV in {1, 2} at T = 1000 (several key and query blocks per head), at
-// s = 1, every head dim, both masks, both layouts at T = 127 (plain: k and v (B, T, NKV, HD)); the
-// reference is the same fp64 attention with NKV heads (cpu_reference.h), whose dK and dV sum over
-// each group's query heads. Case names carry _nkvN.
+// NH); a second sweep runs, at s = 1, every head dim and both masks: NH = 16 with NKV in {1, 2, 4 =
+// NH/4} at T = 1 and 17 (and NKV = 16 = NH at T = 17), NH = 8 with NKV in {1, 2 = NH/4, 8} at T = 127
+// (both layouts; plain: k and v (B, T, NKV, HD)), and NH = 4 with NKV in {1, 2} at T = 300 (several
+// key and query blocks per head; the fp64 reference of T = 1000 with several heads would take minutes).
+// The reference is the same fp64 attention with NKV heads (cpu_reference.h), whose dK and dV sum over
+// each group's query heads. Case names carry _nhH_nkvK.
 // CPU-only cases (the dispatcher's checks, names and sizes) run everywhere; GPU cases are reported
 // as SKIP where no GPU is found.
 #include <cuda_bf16.h>
@@ -638,9 +639,9 @@ static size_t list_sets(SetSpec* sets, size_t max) {
                 }
     if (g_num_seq_lens != 5) return count;  // ATTENTION_TEST_SEQ_LENS: those lengths, multi-head only
     // (T, B, NH, NKV): NKV in {1, 2, NH/4, NH}
-    static const int GQA[][4] = {{1, 2, 16, 1},   {1, 2, 16, 2},   {1, 2, 16, 4},    {17, 2, 16, 1},
-                                 {17, 2, 16, 2},  {17, 2, 16, 4},  {127, 2, 16, 1},  {127, 2, 16, 2},
-                                 {127, 2, 16, 4}, {127, 2, 16, 16}, {1000, 1, 4, 1}, {1000, 1, 4, 2}};
+    static const int GQA[][4] = {{1, 2, 16, 1},  {1, 2, 16, 2},  {1, 2, 16, 4},  {17, 2, 16, 1}, {17, 2, 16, 2},
+                                 {17, 2, 16, 4}, {17, 2, 16, 16}, {127, 1, 8, 1}, {127, 1, 8, 2}, {127, 1, 8, 8},
+                                 {300, 1, 4, 1}, {300, 1, 4, 2}};
     for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
         for (int causal = 0; causal <= 1; causal++)
             for (size_t g = 0; g < COUNT(GQA); g++) {
