@@ -136,12 +136,11 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
                                                  const Flash2BackwardSmem<C>& sm, int n0, int b, int kv_head, int h0,
                                                  int m_begin, int steps) {
     constexpr int BLOCK_M = C::BLOCK_M;
-    const int per_head = p.m_blocks - m_begin;
     mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
     tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, kv_head, n0, b);
     tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, kv_head, n0, b);
-    for (int j = 0; j < steps; j++) {
-        const int h = h0 + j / per_head, m = m_begin + j % per_head;
+    // (h, m) counted along (no division: this thread has few registers)
+    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
         const long stat_head = ((long)b * p.NH + h) * p.T_pad;
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         mbar_wait(&sm.q_empty[stage], phase ^ 1);
@@ -160,10 +159,8 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
 template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int b, int h0, int m_begin, int steps) {
-    const int per_head = p.m_blocks - m_begin;
-    for (int j = 0; j < steps; j++) {
-        const int m = m_begin + j % per_head;
-        const long bh = (long)b * p.NH + h0 + j / per_head;
+    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
+        const long bh = (long)b * p.NH + h;
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
         int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
@@ -352,10 +349,12 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             hand_over_dq(acc_dq, j - 1);
         }
     };
-    const int per_head = p.m_blocks - m_begin;
     mbar_wait(sm.kv_full, 0);
     step(m_begin, 0, std::true_type());
-    for (int j = 1; j < steps; j++) step(m_begin + j % per_head, j, std::false_type());
+    for (int j = 1, m = m_begin; j < steps; j++) {  // query block m of the next head after the last
+        m = m + 1 < p.m_blocks ? m + 1 : m_begin;
+        step(m, j, std::false_type());
+    }
     mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
     float acc_dq[DQ_N / 2];
     wgmma_fence();
