@@ -189,6 +189,7 @@ double cpu_gpt_forward_backward(const int config[7], int B, int T, const double*
     GPTConfig c;
     c.num_layers = config[0], c.channels = config[1], c.num_heads = config[2], c.vocab_size = config[3];
     c.padded_vocab_size = config[4], c.max_seq_len = config[5], c.num_kv_heads = config[6];
+    if (c.num_heads < 1 || c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0) return NAN;  // NKV: a divisor of NH
     CpuGPT model;
     if (cpu_gpt_create(&model, c, B, T) != 0) return NAN;
     memcpy(model.params, params, model.num_params * sizeof(double));
