@@ -725,8 +725,8 @@ def test_generation_flags_are_checked():
     table = os.path.join(WORK, "not_a_table.bin")
     with open(table, "wb") as f:
         f.write(b"\0" * 2048)
-    expect_error(run(*gen, "--tokenizer", table), 2, "not a token table")
-    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "not a token table")
+    expect_error(run(*gen, "--tokenizer", table), 2, "is it a token table?")
+    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "is it a token table?")
     expect_error(run("--generate", "8", "--init-from", os.path.join(WORK, "missing.bin")), 1, "missing.bin")
 
 
