@@ -50,7 +50,6 @@ import json
 import math
 import os
 import shlex
-import statistics
 import sys
 import warnings
 
@@ -63,7 +62,7 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import git_commit, gpu_slug  # noqa: E402  (the scripts' shared helpers)
+from results_common import git_commit, gpu_slug, median_gpu_ms  # noqa: E402  (the scripts' shared helpers)
 OUR_IMPLS = ("naive", "flash1", "flash2")
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
 REFERENCE_ORDER = ("torch-flash", "torch-cudnn")  # the first that runs is the correctness reference
@@ -204,30 +203,8 @@ def backend_context(impl):
 # Timing and checking
 
 def measure_ms(fn, flush, warmup_ms, rep_ms):
-    """Median milliseconds of fn() over about rep_ms of runs, each timed by its own CUDA events, with
-    the L2 cache flushed before every run and about warmup_ms of untimed runs first."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # ms per run, flush included (as do_bench)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    reps = min(MAX_REPS, max(MIN_REPS, int(rep_ms / estimate)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median milliseconds of fn(), L2 flushed before every run (results_common.median_gpu_ms)."""
+    return median_gpu_ms(fn, flush, warmup_ms, rep_ms, MIN_REPS, MAX_REPS)
 
 
 def rel_errors(results, reference):

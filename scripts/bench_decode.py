@@ -41,7 +41,6 @@ import gc
 import json
 import os
 import shlex
-import statistics
 import sys
 import warnings
 
@@ -54,7 +53,7 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import git_commit, gpu_slug  # noqa: E402
+from results_common import git_commit, gpu_slug, median_gpu_ms  # noqa: E402
 
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-efficient": SDPBackend.EFFICIENT_ATTENTION,
                "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -85,29 +84,8 @@ def load_library(path):
 
 
 def measure_us(fn, flush, warmup_ms, rep_ms):
-    """Median microseconds of fn() (see the method above)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    reps = min(MAX_REPS, max(MIN_REPS, int(rep_ms / estimate)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for k in range(reps):
-        flush.zero_()
-        starts[k].record()
-        fn()
-        ends[k].record()
-    torch.cuda.synchronize()
-    return 1000.0 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median microseconds of fn() (see the method above; results_common.median_gpu_ms)."""
+    return 1000.0 * median_gpu_ms(fn, flush, warmup_ms, rep_ms, MIN_REPS, MAX_REPS)
 
 
 def copy_gbps(flush, warmup_ms, rep_ms):

@@ -93,3 +93,35 @@ def write_text(path, text):
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+def median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps):
+    """Median milliseconds of fn() over about rep_ms of runs (min_reps to max_reps), each timed by its own
+    CUDA events, with the L2 cache flushed (flush.zero_(), a buffer larger than L2) before every run and
+    about warmup_ms of untimed runs first. The benchmarks' one timing method (PyTorch on a GPU)."""
+    import statistics
+
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # ms per run, flush included (as do_bench)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    reps = min(max_reps, max(min_reps, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
