@@ -347,15 +347,17 @@ static void gpt_decoder_prefill(GPTDecoder* d, const int* inputs) {
     LAYER_REQUIRE(m->B == d->B, "gpt_decoder_prefill: the model is sized for %d sequences, the decoder for %d", m->B,
                   d->B);
     LAYER_REQUIRE(d->cache.max_length == 0, "gpt_decoder_prefill: the cache is not empty (gpt_decoder_reset first)");
-    const int T = m->T, Vp = m->Vp;
+    LAYER_REQUIRE(m->recompute == RECOMPUTE_NONE, "gpt_decoder_prefill: the model must keep every layer's qkv");
+    const int B = m->B, T = m->T, C = m->C;
     gpt_model_forward(m, inputs, inputs);
     gpt_decoder_advance(d, T);
-    const size_t N = (size_t)m->B * T;
-    for (int l = 0; l < m->L; l++) gpt_decoder_append(d, l, m->qkv + (size_t)l * N * d->qkv_layout.row, T);
-    // logits (B, Vp) = rows T−1, 2T−1, ... of the model's (B·T, Vp) logits
-    CUDA_CHECK(cudaMemcpy2DAsync(d->logits, Vp * sizeof(__nv_bfloat16), m->logits + (size_t)(T - 1) * Vp,
-                                 (size_t)T * Vp * sizeof(__nv_bfloat16), Vp * sizeof(__nv_bfloat16), m->B,
-                                 cudaMemcpyDeviceToDevice, m->stream));
+    for (int l = 0; l < m->L; l++) gpt_decoder_append(d, l, gpt_block_acts(m, l).qkv, T);
+    // logits (B, Vp) from rows T−1, 2T−1, ... of lnf: the model keeps only one chunk of its LM head's
+    // logits (GPT_LM_HEAD_CHUNK_ROWS rows), not all B·T
+    gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, m->stream>>>(
+        d->last, m->lnf, B, T, C);
+    CUDA_CHECK(cudaGetLastError());
+    matmul_forward(&m->matmul, d->logits, d->last, m->param_tensors[GPT_WTE], NULL, B, C, m->Vp, NULL);
 }
 
 #endif  // GPT_DECODE_CUH
