@@ -18,9 +18,10 @@
 //   probs_from_scores   P = exp2(S·scale_log2 − LSE·log2 e), masked to 0
 //   dscores_from_probs  dS = P ∘ (dP − D)
 // The mma.sync and flash1 kernels also use rescale_rows_if_moved (the rescale skipped by a warp
-// vote when no row max moved), softmax_base, softmax_inv, softmax_lse (one row's exponent base, 1/ℓ
-// and LSE, for flash1's merge across warps) and block_softmax (the softmax of one key block alone:
-// flash1's per-warp slice). Every softmax here is built from quad_row_max and exp2_row.
+// vote when no row max moved) and block_softmax (the softmax of one key block alone: flash1's
+// per-warp slice); flash1's merge across warps also uses softmax_base, softmax_inv and softmax_lse
+// (one row's exponent base, 1/ℓ and LSE), which the softmaxes here are built from too, with
+// quad_row_max and exp2_row.
 #ifndef ATTENTION_MATH_CUH
 #define ATTENTION_MATH_CUH
 
@@ -50,6 +51,12 @@ __device__ __forceinline__ float softmax_inv(float row_sum) { return row_sum > 0
 // The row's log-sum-exp (natural log) from m (units of S·scale_log2) and ℓ.
 __device__ __forceinline__ float softmax_lse(float row_max, float row_sum) {
     return (row_max + __log2f(row_sum)) * FLASH2_LN2;
+}
+
+// A row's sum over the quad (the four lanes that share its rows).
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Half `half` of this thread's score rows (row for 0, row + 8 for 1): the row's max over the quad.
@@ -104,9 +111,7 @@ __device__ __forceinline__ void softmax_finish(const float (&row_max)[2], const 
                                                float (&lse)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        float sum = row_sum[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float sum = quad_sum(row_sum[half]);
         inv[half] = softmax_inv(sum);
         lse[half] = softmax_lse(row_max[half], sum);
     }
@@ -164,10 +169,7 @@ __device__ __forceinline__ void block_softmax(float* s, float (&row_max)[2], flo
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         row_max[half] = quad_row_max<NT>(s, half) * scale_log2;
-        float sum = exp2_row<NT>(s, half, scale_log2, softmax_base(row_max[half]));
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        row_sum[half] = sum;
+        row_sum[half] = quad_sum(exp2_row<NT>(s, half, scale_log2, softmax_base(row_max[half])));
     }
 }
 

@@ -54,11 +54,11 @@ static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cud
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     if constexpr (HD == 64) {  // the only head dim with a choice of consumer warpgroups
         if (Tiles::consumers(p->T) == 3) {
-            launch_forward_ws<HD, Tiles::BLOCK_N, 3, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
+            launch_forward_ws<HD, Tiles::BLOCK_N, 3, CAUSAL, true>(p, B, stream);
             return;
         }
     }
-    launch_forward_ws<HD, Tiles::BLOCK_N, 2, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
+    launch_forward_ws<HD, Tiles::BLOCK_N, 2, CAUSAL, true>(p, B, stream);
 }
 
 template <bool CAUSAL>

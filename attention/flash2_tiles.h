@@ -4,10 +4,10 @@
 #ifndef FLASH2_TILES_H
 #define FLASH2_TILES_H
 
-// Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step;
-// PERSISTENT: one block per multiprocessor walks the tiles (else one block per tile): non-causal
-// round-robin, causal taking the next tile from a counter in the workspace (tiles differ in length;
-// without a workspace, one block per tile).
+// Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step,
+// persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
+// next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
+// runs one block per tile).
 // CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
 // tiles) balance the SMs better; else 2.
 template <int HD, bool CAUSAL>
@@ -15,7 +15,6 @@ struct Flash2ForwardTiles {
     static constexpr int CAUSAL_SHORT_T = 1024;
     static constexpr int consumers(int T) { return HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2; }
     static constexpr int BLOCK_N = 128;
-    static constexpr bool PERSISTENT = true;
 };
 
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow

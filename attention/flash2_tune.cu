@@ -75,7 +75,7 @@ static const BackwardCandidate BACKWARD[] = {
 template <int HD, bool CAUSAL>
 static bool forward_chosen_as(const ForwardCandidate& c, int seq_len) {
     typedef Flash2ForwardTiles<HD, CAUSAL> T;
-    return c.block_n == T::BLOCK_N && c.consumers == T::consumers(seq_len) && c.persistent == (int)T::PERSISTENT;
+    return c.block_n == T::BLOCK_N && c.consumers == T::consumers(seq_len) && c.persistent == 1;  // the library launches persistent
 }
 template <int HD>
 static bool forward_chosen(const ForwardCandidate& c, int causal, int seq_len) {
