@@ -58,6 +58,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shard_format  # noqa: E402
 import torch_gpt as tg  # noqa: E402
+from results_common import Report  # noqa: E402  (prints lines and keeps them for the log file)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SHAKESPEARE = os.path.join(REPO_ROOT, "data", "tinyshakespeare", "tinyshakespeare_train_*.bin")
@@ -107,17 +108,6 @@ def parse_args():
     except ValueError as err:
         p.error(str(err))
     return args
-
-
-class Report:
-    """Prints lines and keeps them for the log file."""
-
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, line=""):
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 # ---------------------------------------------------------------------------------------------
