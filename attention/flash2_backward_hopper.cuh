@@ -369,6 +369,17 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
+// The order the blocks start in. Key-block major (blockIdx.x the key block): the key blocks of a head
+// run side by side and share its Q and dO in L2. Heads major (blockIdx.x the (b, K/V head)): key block
+// 0 of every head first, then key block 1, ...: causal, the longest blocks start first and the short
+// ones fill the tail. With grouped-query attention a block walks G query heads, so the blocks are few
+// and long and the tail matters more: there heads major measured 1.08-1.19x at 4k-8k (d64, d128, NKV
+// 4 of 32/16), and 0.7x for multi-head at 2k (its L2 sharing lost). (H100, bench_attention.py.)
+template <bool CAUSAL>
+__host__ __device__ __forceinline__ bool backward_heads_major(int NH, int NKV) {
+    return CAUSAL && NKV < NH;
+}
+
 template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
 __global__ void __launch_bounds__(384, 1)
     flash2_backward_ws_kernel(const __grid_constant__ Flash2BackwardMaps maps, const Flash2BackwardWsParams p) {
@@ -376,8 +387,10 @@ __global__ void __launch_bounds__(384, 1)
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
-    const int n_block = blockIdx.x, n0 = n_block * C::BLOCK_N;
-    const int b = blockIdx.y / p.NKV, kv_head = blockIdx.y % p.NKV, group = p.NH / p.NKV;
+    const bool heads_major = backward_heads_major<CAUSAL>(p.NH, p.NKV);
+    const int n_block = heads_major ? blockIdx.y : blockIdx.x, n0 = n_block * C::BLOCK_N;
+    const int bkv = heads_major ? blockIdx.x : blockIdx.y;
+    const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
     const int steps = group * (p.m_blocks - m_begin);
     if (threadIdx.x == 0) {
@@ -477,7 +490,9 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
     launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM>>(
-        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV), C::THREADS, C::SMEM_BYTES, stream, maps, w);
+        backward_heads_major<CAUSAL>(p->NH, p->NKV) ? dim3(B * p->NKV, (p->T + C::BLOCK_N - 1) / C::BLOCK_N)
+                                                    : dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV),
+        C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);
     flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
