@@ -142,6 +142,17 @@ def test_bench_long_context_runs_and_records():
     assert oom and "--recompute full would fit" in note and "mfu peak" not in note, note
 
 
+def test_check_vs_torch_curve_bounds():
+    """The loss-curve bound widens only at steps where PyTorch's own bf16 run is far from fp32."""
+    import check_vs_torch as cvt
+    ref = {"losses": [11.0, 7.0, 10.03, 6.95]}
+    yard = {"losses": [11.0, 7.01, 9.93, float("nan")]}
+    bounds = cvt.curve_bounds(0.1, yard, ref)
+    assert bounds[:2] == [0.1, 0.1] and bounds[3] == 0.1, bounds
+    assert abs(bounds[2] - 2 * 0.1) < 1e-9, bounds  # twice torch-bf16's 0.1 off
+    assert cvt.curve_bounds(0.1, None, ref) == [0.1] * 4
+
+
 if __name__ == "__main__":
     try:
         harness.run_module(globals())
