@@ -16,8 +16,8 @@ template <int HD, bool CAUSAL>
 static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
                                          cudaStream_t stream) {
     typedef Flash2BackwardTiles<HD, CAUSAL> Tiles;
-    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM>(p, B, stream);
-    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM>(p, B, stream);
+    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
+    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
 }
 
 // mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with

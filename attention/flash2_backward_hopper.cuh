@@ -48,6 +48,7 @@ typedef struct {
     int* dq_counters;        // (B·NH, m_blocks), zero at launch
     long dkv_stride;
     int T, T_pad, NH, NKV, m_blocks;
+    int heads_major;  // block order: backward_heads_major
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -80,6 +81,14 @@ struct Flash2BackwardWsConfig {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= (65536 / THREADS / 8 * 8) * THREADS, "register pool");
 };
+
+// How a consumer warpgroup orders its products within a step (bits; flash2_tiles.h picks them):
+//   BWD_DQ_FIRST  dQ(j−1) is issued before dV, dK of step j (not after), so its result is staged
+//                 to shared memory while dV and dK run, instead of after them with the tensor cores idle
+//   BWD_PINGPONG  the two warpgroups take turns issuing their batches of products (Sᵀ, dPᵀ; then dQ,
+//                 dV, dK; named barriers), so one's Pᵀ/dSᵀ arithmetic runs while the other's products do
+enum { BWD_DQ_FIRST = 1, BWD_PINGPONG = 2 };
+constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes)
 
 template <typename C>
 struct Flash2BackwardSmem {
@@ -219,7 +228,7 @@ __device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t 
 // Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin of each query head of
 // the group (`steps` in all; the heads differ only in what the producer loaded).
 // DK_FROM_SMEM: dK += dSᵀ Q reads dSᵀ from shared memory instead of registers (flash2_tiles.h).
-template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM>
+template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM, int SCHED>
 __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                  int cw, int n0, int b, int kv_head, int m_begin, int steps) {
     typedef typename C::KvTile KvTile;
@@ -258,6 +267,15 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         if (lane == 0) mbar_arrive(sm.dq_full);
     };
 
+    // BWD_PINGPONG: wait for this warpgroup's turn to issue products / hand the turn to the other.
+    auto my_turn = [&]() {
+        if constexpr ((SCHED & BWD_PINGPONG) != 0) named_barrier_sync(BWD_TURN_BARRIER + cw, 256);
+    };
+    auto their_turn = [&]() {
+        if constexpr ((SCHED & BWD_PINGPONG) != 0) named_barrier_arrive(BWD_TURN_BARRIER + (cw ^ 1), 256);
+    };
+    constexpr bool DQ_FIRST = (SCHED & BWD_DQ_FIRST) != 0;
+
     // One step: query block m, the j-th of this key block. FIRST (a compile-time tag) has no dQ of
     // a previous step to issue; peeling it keeps every wgmma and every wait unconditional, which
     // ptxas needs to keep the products in flight rather than serialize them.
@@ -269,6 +287,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries, k = HD
         mbar_wait(&sm.q_full[stage], phase);
         mbar_wait(&sm.do_full[stage], phase);
+        my_turn();
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
@@ -280,6 +299,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::k_major(v_addr + wg_rows + KvTile::k_step(ks)),
                                     QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
+        their_turn();
         // Pᵀ while dPᵀ is still being computed, then dSᵀ
         wgmma_wait<1>();
         wgmma_fence_registers(s);
@@ -304,12 +324,19 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             named_barrier_sync(1 + cw, 128);  // this warpgroup's rows of dSᵀ are all written
 
         // dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ from registers, dSᵀ too or from shared memory): B = dO, Q
-        // (queries × HD), MN-major
+        // (queries × HD), MN-major. DQ_FIRST: dQ(j − 1) before them.
+        float acc_dq[DQ_N / 2];
+        if constexpr (DQ_FIRST && !FIRST) mbar_wait(&sm.ds_ready[(j - 1) & 1], ((j - 1) >> 1) & 1);
         wgmma_fence_operands(pa);
         wgmma_fence_operands(dsa);
         wgmma_fence_registers(acc_dv);
         wgmma_fence_registers(acc_dk);
+        my_turn();
         wgmma_fence();
+        if constexpr (DQ_FIRST && !FIRST) {
+            issue_dq(acc_dq, (j - 1) & 1);
+            wgmma_commit();
+        }
 #pragma unroll
         for (int kq = 0; kq < KSTEPS; kq++)
             wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
@@ -325,14 +352,22 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
                 wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
         }
         wgmma_commit();
-        float acc_dq[DQ_N / 2];
-        if constexpr (!FIRST) {  // dQ(j − 1), from the other buffer, written by both warpgroups
+        if constexpr (DQ_FIRST && !FIRST) {  // dQ(j − 1) is done first: stage it while dV, dK run
+            their_turn();
+            wgmma_wait<1>();
+            wgmma_fence_registers(acc_dq);
+            if (lane == 0) mbar_arrive(&sm.ds_free[(j - 1) & 1]);
+            hand_over_dq(acc_dq, j - 1);
+            wgmma_wait<0>();
+        } else if constexpr (!FIRST) {  // dQ(j − 1), from the other buffer, written by both warpgroups
             mbar_wait(&sm.ds_ready[(j - 1) & 1], ((j - 1) >> 1) & 1);
             wgmma_fence();
             issue_dq(acc_dq, (j - 1) & 1);
             wgmma_commit();
+            their_turn();
             wgmma_wait<1>();
         } else {
+            their_turn();
             wgmma_wait<0>();
         }
         wgmma_fence_registers(acc_dv);
@@ -344,13 +379,14 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             mbar_arrive(&sm.q_empty[stage]);
             mbar_arrive(&sm.do_empty[stage]);
         }
-        if constexpr (!FIRST) {
+        if constexpr (!DQ_FIRST && !FIRST) {
             wgmma_wait<0>();
             wgmma_fence_registers(acc_dq);
             if (lane == 0) mbar_arrive(&sm.ds_free[(j - 1) & 1]);
             hand_over_dq(acc_dq, j - 1);
         }
     };
+    if (cw == 1) their_turn();  // BWD_PINGPONG: warpgroup 0 issues first
     mbar_wait(sm.kv_full, 0);
     step(m_begin, 0, std::true_type());
     for (int j = 1, m = m_begin; j < steps; j++) {  // query block m of the next head after the last
@@ -359,9 +395,12 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     }
     mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
     float acc_dq[DQ_N / 2];
+    my_turn();
     wgmma_fence();
     issue_dq(acc_dq, (steps - 1) & 1);
     wgmma_commit();
+    their_turn();
+    if (cw == 0) my_turn();  // takes warpgroup 1's last hand-over, so that every arrival is matched
     wgmma_wait<0>();
     wgmma_fence_registers(acc_dq);
     hand_over_dq(acc_dq, steps - 1);
@@ -373,23 +412,23 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 // run side by side and share its Q and dO in L2. Heads major (blockIdx.x the (b, K/V head)): key block
 // 0 of every head first, then key block 1, ...: causal, the longest blocks start first and the short
 // ones fill the tail. With grouped-query attention a block walks G query heads, so the blocks are few
-// and long and the tail matters more: there heads major measured 1.08-1.19x at 4k-8k (d64, d128, NKV
-// 4 of 32/16), and 0.7x for multi-head at 2k (its L2 sharing lost). (H100, bench_attention.py.)
-template <bool CAUSAL>
-__host__ __device__ __forceinline__ bool backward_heads_major(int NH, int NKV) {
-    return CAUSAL && NKV < NH;
+// and long and the tail matters more, as long as one head's key blocks do not fill the GPU by
+// themselves (then L2 sharing wins). H100, bench_attention.py, d64 and d128, NKV 4 of 32/16: heads
+// major 1.08-1.19x at 4k-8k (64 key blocks per head), 0.95-0.98x at 16k (128, on 132 SMs); for
+// multi-head 0.7x at 2k (its L2 sharing lost).
+static inline bool backward_heads_major(bool causal, int NH, int NKV, int key_blocks) {
+    return causal && NKV < NH && key_blocks < flash2_sm_count();
 }
 
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
 __global__ void __launch_bounds__(384, 1)
     flash2_backward_ws_kernel(const __grid_constant__ Flash2BackwardMaps maps, const Flash2BackwardWsParams p) {
 #if WGMMA_AVAILABLE
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
-    const bool heads_major = backward_heads_major<CAUSAL>(p.NH, p.NKV);
-    const int n_block = heads_major ? blockIdx.y : blockIdx.x, n0 = n_block * C::BLOCK_N;
-    const int bkv = heads_major ? blockIdx.x : blockIdx.y;
+    const int n_block = p.heads_major ? blockIdx.y : blockIdx.x, n0 = n_block * C::BLOCK_N;
+    const int bkv = p.heads_major ? blockIdx.x : blockIdx.y;
     const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
     const int steps = group * (p.m_blocks - m_begin);
@@ -417,7 +456,8 @@ __global__ void __launch_bounds__(384, 1)
             backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin, steps);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
+                                                             steps);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
@@ -452,7 +492,7 @@ static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T
 }
 
 // p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
 static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
@@ -472,6 +512,8 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.NH = p->NH;
     w.NKV = p->NKV;
     w.m_blocks = m_blocks;
+    const int key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
+    w.heads_major = backward_heads_major(CAUSAL, p->NH, p->NKV, key_blocks);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
@@ -489,9 +531,8 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     maps.k = make_rows_tensor_map(p->k, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
-    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM>>(
-        backward_heads_major<CAUSAL>(p->NH, p->NKV) ? dim3(B * p->NKV, (p->T + C::BLOCK_N - 1) / C::BLOCK_N)
-                                                    : dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV),
+    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM, SCHED>>(
+        w.heads_major ? dim3(B * p->NKV, key_blocks) : dim3(key_blocks, B * p->NKV),
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);

@@ -19,11 +19,12 @@ struct Flash2ForwardTiles {
 
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow
 // 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory (faster only
-// at head dim 128 without the mask).
+// at head dim 128 without the mask); SCHEDULE: the order of the products (BWD_DQ_FIRST, BWD_PINGPONG).
 template <int HD, bool CAUSAL>
 struct Flash2BackwardTiles {
     static constexpr int BLOCK_M = HD == 64 ? 128 : 64;
     static constexpr bool DK_FROM_SMEM = HD == 128 && !CAUSAL;
+    static constexpr int SCHEDULE = 0;
 };
 
 #endif  // FLASH2_TILES_H
