@@ -33,6 +33,7 @@
 
 #include "attention_math.cuh"
 #include "flash2_backward_kernel.cuh"
+#include "flash2_tiles.h"
 #include "tensor_map.h"
 #include "wgmma.cuh"
 
@@ -82,12 +83,7 @@ struct Flash2BackwardWsConfig {
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= (65536 / THREADS / 8 * 8) * THREADS, "register pool");
 };
 
-// How a consumer warpgroup orders its products within a step (bits; flash2_tiles.h picks them):
-//   BWD_DQ_FIRST  dQ(j−1) is issued before dV, dK of step j (not after), so its result is staged
-//                 to shared memory while dV and dK run, instead of after them with the tensor cores idle
-//   BWD_PINGPONG  the two warpgroups take turns issuing their batches of products (Sᵀ, dPᵀ; then dQ,
-//                 dV, dK; named barriers), so one's Pᵀ/dSᵀ arithmetic runs while the other's products do
-enum { BWD_DQ_FIRST = 1, BWD_PINGPONG = 2 };
+// The order of a consumer warpgroup's products within a step: BWD_DQ_FIRST, BWD_PINGPONG (flash2_tiles.h).
 constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes)
 
 template <typename C>

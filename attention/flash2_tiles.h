@@ -17,14 +17,23 @@ struct Flash2ForwardTiles {
     static constexpr int BLOCK_N = 128;
 };
 
+// How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):
+//   BWD_DQ_FIRST  dQ(j−1) is issued before dV, dK of step j (not after), so its result is staged
+//                 to shared memory while dV and dK run, instead of after them with the tensor cores idle
+//   BWD_PINGPONG  the two warpgroups take turns issuing their batches of products (Sᵀ, dPᵀ; then dQ,
+//                 dV, dK; named barriers), so one's Pᵀ/dSᵀ arithmetic runs while the other's products do
+enum { BWD_DQ_FIRST = 1, BWD_PINGPONG = 2 };
+
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow
-// 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory (faster only
-// at head dim 128 without the mask); SCHEDULE: the order of the products (BWD_DQ_FIRST, BWD_PINGPONG).
+// 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory; SCHEDULE: the
+// order of the products (above). Measured
+// with build/flash2_tune on an H100 (attention/PERF_NOTES.md): ping-pong alone at head dim 64 (with
+// dQ first it loses 3-9%), both at 80, 96 and 128, where dK from shared memory then wins causal too.
 template <int HD, bool CAUSAL>
 struct Flash2BackwardTiles {
     static constexpr int BLOCK_M = HD == 64 ? 128 : 64;
-    static constexpr bool DK_FROM_SMEM = HD == 128 && !CAUSAL;
-    static constexpr int SCHEDULE = 0;
+    static constexpr bool DK_FROM_SMEM = HD == 128;
+    static constexpr int SCHEDULE = HD == 64 ? BWD_PINGPONG : BWD_DQ_FIRST | BWD_PINGPONG;
 };
 
 #endif  // FLASH2_TILES_H

@@ -58,7 +58,7 @@ static const ForwardCandidate FORWARD[] = {
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
-// SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both)
+// SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
 #define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
     {"bwd ws BM" #BM " dK " DK_SMEM " sched" #SCHED DET, HD, \
      {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED>, \
