@@ -9,12 +9,16 @@
 // next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
 // runs one block per tile).
 // CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
-// tiles) balance the SMs better; else 2.
+// tiles) balance the SMs better; 3 at 80 and 96, with 96-key blocks (128 leaves too few registers
+// for three: ptxas serializes the products); 2 at 128. Measured with build/flash2_tune on an H100:
+// three × 96 keys beat two × 128 at 80 and 96 at every length, by 7-28% (attention/PERF_NOTES.md).
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CAUSAL_SHORT_T = 1024;
-    static constexpr int consumers(int T) { return HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2; }
-    static constexpr int BLOCK_N = 128;
+    static constexpr int consumers(int T) {
+        return HD == 80 || HD == 96 ? 3 : HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2;
+    }
+    static constexpr int BLOCK_N = HD == 80 || HD == 96 ? 96 : 128;
 };
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):
