@@ -49,7 +49,7 @@ typedef struct {
     int* dq_counters;        // (B·NH, m_blocks), zero at launch
     long dkv_stride;
     int T, T_pad, NH, NKV, m_blocks;
-    int heads_major;  // block order: backward_heads_major
+    int key_blocks, pairs, order_chunk;  // launch order: backward_order_chunk
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -404,16 +404,29 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
-// The order the blocks start in. Key-block major (blockIdx.x the key block): the key blocks of a head
-// run side by side and share its Q and dO in L2. Heads major (blockIdx.x the (b, K/V head)): key block
-// 0 of every head first, then key block 1, ...: causal, the longest blocks start first and the short
-// ones fill the tail. With grouped-query attention a block walks G query heads, so the blocks are few
-// and long and the tail matters more, as long as one head's key blocks do not fill the GPU by
-// themselves (then L2 sharing wins). H100, bench_attention.py, d64 and d128, NKV 4 of 32/16: heads
-// major 1.08-1.19x at 4k-8k (64 key blocks per head), 0.95-0.98x at 16k (128, on 132 SMs); for
-// multi-head 0.7x at 2k (its L2 sharing lost).
-static inline bool backward_heads_major(bool causal, int NH, int NKV, int key_blocks) {
-    return causal && NKV < NH && key_blocks < flash2_sm_count();
+// The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs; within a chunk,
+// key block 0 of each pair, then key block 1, ... (chunk 1: each pair's key blocks side by side).
+// Non-causal, chunk 1: every block is as long, and a pair's key blocks share its Q and dO in L2.
+// Causal, the first key blocks are the longest (they see every query block): the longest blocks
+// must start first or a few long ones are left for the end (chunk 1 keeps ~78% of the SMs busy at
+// 2k-8k with grouped-query attention, where blocks are few and long), while the pairs running at
+// once should be few enough for their Q and dO to stay in L2 (all pairs at once: 128 MB at 2k, and
+// multi-head lost 31% there). Chunks of ceil(SMs / key blocks) pairs do both: about one SM's worth
+// of blocks per chunk, longest first, ~35 MB of Q and dO at once (G·SMs·128·HD·4 bytes).
+static inline int backward_order_chunk(bool causal, int pairs, int key_blocks) {
+    if (!causal) return 1;
+    const int chunk = (flash2_sm_count() + key_blocks - 1) / key_blocks;
+    return chunk < pairs ? chunk : pairs;
+}
+
+// The index-th block to start in that order: its key block and its (b, K/V head) pair.
+__host__ __device__ __forceinline__ void backward_block_at(int index, int chunk, int key_blocks, int pairs,
+                                                           int& n_block, int& pair) {
+    const int chunk_blocks = chunk * key_blocks, first = index / chunk_blocks * chunk;
+    const int r = index % chunk_blocks;
+    const int size = pairs - first < chunk ? pairs - first : chunk;  // the last chunk may be smaller
+    n_block = r / size;
+    pair = first + r % size;
 }
 
 template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
@@ -423,8 +436,9 @@ __global__ void __launch_bounds__(384, 1)
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
-    const int n_block = p.heads_major ? blockIdx.y : blockIdx.x, n0 = n_block * C::BLOCK_N;
-    const int bkv = p.heads_major ? blockIdx.x : blockIdx.y;
+    int n_block, bkv;
+    backward_block_at(blockIdx.x, p.order_chunk, p.key_blocks, p.pairs, n_block, bkv);
+    const int n0 = n_block * C::BLOCK_N;
     const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
     const int steps = group * (p.m_blocks - m_begin);
@@ -508,8 +522,9 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.NH = p->NH;
     w.NKV = p->NKV;
     w.m_blocks = m_blocks;
-    const int key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
-    w.heads_major = backward_heads_major(CAUSAL, p->NH, p->NKV, key_blocks);
+    w.key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
+    w.pairs = B * p->NKV;
+    w.order_chunk = backward_order_chunk(CAUSAL, w.pairs, w.key_blocks);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
@@ -528,7 +543,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
     launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM, SCHED>>(
-        w.heads_major ? dim3(B * p->NKV, key_blocks) : dim3(key_blocks, B * p->NKV),
+        dim3((unsigned)((long)w.key_blocks * w.pairs)),
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);
