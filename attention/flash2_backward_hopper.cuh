@@ -406,17 +406,22 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 
 // The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs; within a chunk,
 // key block 0 of each pair, then key block 1, ... (chunk 1: each pair's key blocks side by side).
-// Non-causal, chunk 1: every block is as long, and a pair's key blocks share its Q and dO in L2.
-// Causal, the first key blocks are the longest (they see every query block): the longest blocks
-// must start first or a few long ones are left for the end (chunk 1 keeps ~78% of the SMs busy at
-// 2k-8k with grouped-query attention, where blocks are few and long), while the pairs running at
-// once should be few enough for their Q and dO to stay in L2 (all pairs at once: 128 MB at 2k, and
-// multi-head lost 31% there). Chunks of ceil(SMs / key blocks) pairs do both: about one SM's worth
-// of blocks per chunk, longest first, ~35 MB of Q and dO at once (G·SMs·128·HD·4 bytes).
-static inline int backward_order_chunk(bool causal, int pairs, int key_blocks) {
-    if (!causal) return 1;
-    const int chunk = (flash2_sm_count() + key_blocks - 1) / key_blocks;
-    return chunk < pairs ? chunk : pairs;
+// Chunk 1 unless causal with grouped-query attention: there the first key blocks of a pair are the
+// longest (they see every query block) and, a block walking G query heads, few and long; with
+// chunk 1 a few long ones are left for the end (a model of the block scheduler keeps ~78% of the
+// SMs busy at 2k-8k). Larger chunks start the longest first, but the chunk's pairs then stream
+// their Q and dO (G·T·HD·4 bytes each) at once, which must fit in L2: every pair at once lost 9% at
+// 2k (128 MB). So: the largest chunk that divides the pairs (unequal chunks leave a tail, as 5, 5,
+// 5, 1 did: -8% at 4k) and whose Q and dO take at most 3/4 of L2 (H100, d64/d128, NKV 4: 8 pairs at
+// 2k, 4 at 4k, 2 at 8k, 1 at 16k). Multi-head keeps chunk 1: its blocks are short, and chunks of 9
+// heads measured 5-10% slower than chunk 1 at 512-8k (attention/PERF_NOTES.md).
+static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, long T, int HD) {
+    if (!causal || NKV == NH) return 1;
+    const long pair_bytes = (long)(NH / NKV) * T * HD * 4, budget = flash2_l2_bytes() / 4 * 3;
+    int chunk = 1;
+    for (int c = 2; c <= pairs && (long)c * pair_bytes <= budget; c++)
+        if (pairs % c == 0) chunk = c;
+    return chunk;
 }
 
 // The index-th block to start in that order: its key block and its (b, K/V head) pair.
@@ -524,7 +529,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.m_blocks = m_blocks;
     w.key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
     w.pairs = B * p->NKV;
-    w.order_chunk = backward_order_chunk(CAUSAL, w.pairs, w.key_blocks);
+    w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
