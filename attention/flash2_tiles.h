@@ -11,7 +11,8 @@
 // CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
 // tiles) balance the SMs better; 3 at 80 and 96, with 96-key blocks (128 leaves too few registers
 // for three: ptxas serializes the products); 2 at 128. Measured with build/flash2_tune on an H100:
-// three × 96 keys beat two × 128 at 80 and 96 at every length, by 7-28% (attention/PERF_NOTES.md).
+// three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512;
+// attention/PERF_NOTES.md).
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CAUSAL_SHORT_T = 1024;
