@@ -2,9 +2,10 @@
 // (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_backward_kernel.cuh (q, k, v,
 // out, dout, lse in; dq, dk, dv out, overwritten); the workspace is laid out here (below).
 //
-// One thread block per (key block of 128 keys, b·NKV + kv head), three warpgroups; its steps are the
-// query blocks of each query head of the K/V head's group in turn (grouped-query attention: K and V
-// loaded once, dK and dV summed over the group in registers; G = NH / NKV times the steps):
+// One thread block per (key block of 128 keys, b·NKV + kv head), started in backward_block_at's
+// order, three warpgroups; its steps are the query blocks of each query head of the K/V head's
+// group in turn (grouped-query attention: K and V loaded once, dK and dV summed over the group in
+// registers; G = NH / NKV times the steps):
 //   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
 //                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
@@ -15,11 +16,15 @@
 //                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
 //                dSᵀ → shared memory (for dQ, and for dK where DK_FROM_SMEM)
 //                dV += Pᵀ dO, dK += dSᵀ Q          wgmma, A from registers (dK: or shared memory)
-//                dQ(m−1) = dS(m−1) K               issued behind them, from the other dSᵀ buffer
-//                                                  (both warpgroups' keys; mbarriers between them)
+//                dQ(m−1) = dS(m−1) K               issued behind them (BWD_DQ_FIRST: before them),
+//                                                  from the other dSᵀ buffer (both warpgroups'
+//                                                  keys; mbarriers between them)
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
+//                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order.
+// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order; the
+// launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
+// never waits on one that has not started.
 //
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
