@@ -55,7 +55,6 @@ TORCH_RECOMPUTE = "blocks"  # the torch record's "recompute": checkpointing per 
 GRID = [("gpt3-1.3b", 16384), ("gpt3-1.3b", 32768), ("gpt3-1.3b", 65536), ("gpt3-1.3b", 131072),
         ("gpt3-2.7b", 32768), ("gpt3-2.7b", 65536)]
 RECORD_KEY = ("impl", "model", "seqlen", "recompute")
-DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
 def default_runs():
@@ -87,22 +86,10 @@ def parse_args(argv=None):
                                 "activation checkpointing.", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Usage" + __doc__.split("Usage", 1)[1])
     p.add_argument("--runs", default="", help="IMPL:MODEL:SEQ[:MODE],... (default: the whole grid)")
-    p.add_argument("--warmup", type=int, default=1, help="optimizer steps not timed (default 1)")
-    p.add_argument("--timed", type=int, default=3, help="optimizer steps timed, median (default 3)")
-    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    bench_train.add_run_options(p, "bench_long_context", warmup=1, timed=3, timeout=300, results="long_context")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both (default 3e-4)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="linear warmup steps of both (default 0; e.g. 10 for a falling loss over the first steps)")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
-    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
-    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
-    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per run before it is stopped (default 300)")
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_long_context"),
-                   help="logs of every run (default build/bench_long_context)")
-    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
-                   help="where long_context_<gpu>.json and .md go (default scripts/results)")
-    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
     args = p.parse_args(argv)
     try:
         args.runs = parse_runs(args.runs) if args.runs else default_runs()

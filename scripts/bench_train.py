@@ -76,6 +76,25 @@ RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn", "kv_heads")  # k
 DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
+def add_run_options(p, name, warmup, timed, timeout, results):
+    """The options bench_train.py and bench_long_context.py share: steps, backend, peak, data, binaries,
+    time limit and where logs (build/NAME) and results (RESULTS_<gpu>.json and .md) go."""
+    p.add_argument("--warmup", type=int, default=warmup, help=f"optimizer steps not timed (default {warmup})")
+    p.add_argument("--timed", type=int, default=timed, help=f"optimizer steps timed, median (default {timed})")
+    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
+    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
+    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
+    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds per run before it is stopped (default {timeout:g})")
+    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", name),
+                   help=f"logs of every run (default build/{name})")
+    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
+                   help=f"where {results}_<gpu>.json and .md go (default scripts/results)")
+    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description="End-to-end training speed and memory: train_gpt vs PyTorch.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,24 +103,12 @@ def parse_args():
                    help=f"comma-separated: {', '.join(CONFIGS)} or MODEL:SEQ:MICRO (default {DEFAULT_CONFIGS})")
     p.add_argument("--impls", default="train_gpt,torch", help="train_gpt, torch or both (default both)")
     p.add_argument("--total-batch-tokens", type=int, default=131072, help="tokens per optimizer step (default 131072)")
-    p.add_argument("--warmup", type=int, default=2, help="optimizer steps not timed (default 2)")
-    p.add_argument("--timed", type=int, default=4, help="optimizer steps timed, median (default 4)")
-    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    add_run_options(p, "bench_train", warmup=2, timed=4, timeout=900, results="train")
     p.add_argument("--kv-heads", type=int, default=0,
                    help="key/value heads of every config (grouped-query attention; default 0: the heads)")
     p.add_argument("--sdpa", default="flash", choices=tg.SDPA_BACKENDS, help="PyTorch's SDPA backend (default flash)")
     p.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
                    help="PyTorch: torch.compile the whole model (default), each block, or nothing")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
-    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
-    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
-    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is stopped (default 900)")
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_train"),
-                   help="logs of every run (default build/bench_train)")
-    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
-                   help="where train_<gpu>.json and .md go (default scripts/results)")
-    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
     p.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)  # cpu: to test this script
     args = p.parse_args()
     args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
