@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "attention/attention.h"
+#include "data/batch_upload.h"
 #include "data/checkpoint.h"
 #include "data/dataloader.h"
 #include "data/train_state.cuh"
@@ -848,6 +849,8 @@ typedef struct {
     cudaStream_t stream;     // the model's; everything runs on it
     cudaEvent_t start, stop; // around each step
     int *inputs, *targets;   // device (B, T) int32: the current micro batch
+    BatchUpload upload;      // the host's micro batches into inputs, targets, without a host wait
+    float* step_loss;        // device: the step's mean loss, summed over its micro steps
     void* staging;           // pinned host memory for checkpoints (NULL: none needed)
     FILE* log;               // --log-file (rank 0)
     char last_checkpoint[CHECKPOINT_PATH_MAX + 64];
@@ -890,9 +893,8 @@ static double learning_rate(const Options* opt, long long step, long long steps)
 // Copies the loader's current batch (inputs, targets (B, T) int32) to the GPU. cudaMemcpy runs on
 // the legacy default stream, which the model's blocking stream (cudaStreamCreate) waits for and is
 // waited for by: the previous micro-step's backward, which reads the tokens again, is done first.
-static void upload_batch(const DataLoader* loader, int* inputs_dev, int* targets_dev, size_t tokens) {
-    CUDA_CHECK(cudaMemcpy(inputs_dev, loader->inputs, tokens * sizeof(int), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(targets_dev, loader->targets, tokens * sizeof(int), cudaMemcpyHostToDevice));
+static void upload_batch(Trainer* t, const DataLoader* loader) {
+    batch_upload_send(&t->upload, loader->inputs, loader->targets, t->inputs, t->targets, t->stream);
 }
 
 // The weights to start from: the checkpoint, the --init-from file, or the GPT-2 initialization;
@@ -932,6 +934,8 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     optimizer_create(&t->optimizer, p->state_offset, p->state_elems, (float)opt->weight_decay, (float)opt->grad_clip);
     CUDA_CHECK(cudaMalloc(&t->inputs, p->tokens_per_micro_step * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&t->targets, p->tokens_per_micro_step * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&t->step_loss, sizeof(float)));
+    batch_upload_create(&t->upload, (size_t)p->tokens_per_micro_step);
     if (p->checkpoint_dir || p->resume_path[0]) CUDA_CHECK(cudaMallocHost(&t->staging, TRAIN_STATE_STAGING_BYTES));
     load_weights(p, t);
     if (opt->log_file && p->rank == 0) {
@@ -960,6 +964,8 @@ static void trainer_destroy(Trainer* t) {
     optimizer_destroy(&t->optimizer);
     CUDA_CHECK(cudaFree(t->inputs));
     CUDA_CHECK(cudaFree(t->targets));
+    CUDA_CHECK(cudaFree(t->step_loss));
+    batch_upload_destroy(&t->upload);
     if (t->staging) CUDA_CHECK(cudaFreeHost(t->staging));
     gpt_model_destroy(&t->model);
     CUDA_CHECK(cudaStreamDestroy(t->stream));
@@ -967,19 +973,19 @@ static void trainer_destroy(Trainer* t) {
 
 // Forward and backward over the step's micro batches, the gradients accumulated (mean over the
 // step's tokens); several GPUs: the last micro step's backward reduces each layer's gradients as it
-// goes. Returns this rank's mean loss.
+// goes. The host waits on the GPU once, for the loss at the end, so it queues the next micro step
+// while the GPU runs this one. Returns this rank's mean loss.
 static double forward_backward(Plan* p, Trainer* t) {
     gpt_model_zero_grad(&t->model);
-    double loss = 0.0;
     for (long long micro = 0; micro < p->accumulation_steps; micro++) {
         next_batch_or_exit(&p->train, "training");
-        upload_batch(&p->train, t->inputs, t->targets, (size_t)p->tokens_per_micro_step);
+        upload_batch(t, &p->train);
         gpt_model_forward(&t->model, t->inputs, t->targets);
+        gpt_model_add_mean_loss(&t->model, t->step_loss, 1.0f / (float)p->accumulation_steps, micro == 0);
         if (t->mg) multi_gpu_arm_hook(t->mg, &t->model, micro == p->accumulation_steps - 1);
         gpt_model_backward(&t->model, 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps));
-        loss += gpt_model_mean_loss(&t->model) / (double)p->accumulation_steps;
     }
-    return loss;
+    return cuda_read_float(t->step_loss, t->stream);
 }
 
 // The global gradient norm (on the host; the device copy is norm_device()); several GPUs: also the
@@ -1040,7 +1046,7 @@ static void validate(Plan* p, Trainer* t, long long step) {
     double sum = 0.0;
     for (long long i = 0; i < n; i++) {
         next_batch_or_exit(val, "validation");
-        upload_batch(val, t->inputs, t->targets, (size_t)p->tokens_per_micro_step);
+        upload_batch(t, val);
         gpt_model_forward(&t->model, t->inputs, t->targets);
         sum += gpt_model_mean_loss(&t->model);
     }

@@ -26,6 +26,8 @@
 // launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
 // never waits on one that has not started.
 //
+// Around it, one pass before (the prepare kernel: the workspace zeroed, D and LSE·log2 e) and one
+// after (the convert kernel: dq from dq_accum), each a thread block per (b·NH + h, query block).
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
 //            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction);
@@ -484,24 +486,93 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// dq (B, T, NH, HD) bf16 = dq_accum · scale, un-permuting the fragment order: 8 columns per thread.
+// ---- the passes before and after the main kernel: one thread block of 256 per (b·NH + h, query
+// block), so that every global read and write is a whole coalesced row or a contiguous run.
+
+// Before: this query block's workspace: dq_accum and its counter zeroed; D = rowsum(dO ∘ O) and
+// LSE·log2 e for its rows (zero past T). Writes every byte of the workspace, so no memset is needed.
+template <int HD, int BLOCK_M>
+__global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* dq_accum, float* d_rows,
+                                                  float* lse_log2, int* counters, int m_blocks, int T_pad) {
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
+    constexpr int GROUP = preprocess_lanes_per_row<HD>(), ROWS = 256 / GROUP;  // lanes per row, rows per pass
+    const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
+    const long bh = block / m_blocks;
+    const int m = (int)(block % m_blocks), h = (int)(bh % p.NH), b = (int)(bh / p.NH);
+    float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
+#pragma unroll
+    for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (threadIdx.x == 0) counters[block] = 0;
+
+    const int chunk = threadIdx.x % GROUP, row0 = m * BLOCK_M + (int)threadIdx.x / GROUP;
+    constexpr int PASSES = BLOCK_M / ROWS;
+    uint4 o4[PASSES], d4[PASSES];  // every pass's loads issued before any is used: bytes in flight
+#pragma unroll
+    for (int pass = 0; pass < PASSES; pass++) {
+        const int t = row0 + pass * ROWS;
+        o4[pass] = d4[pass] = make_uint4(0u, 0u, 0u, 0u);
+        if (t < p.T && chunk < HD / 8) {
+            const long offset = ((long)b * p.T + t) * p.out_stride + (long)h * HD + chunk * 8;
+            o4[pass] = *(const uint4*)(p.out + offset);
+            d4[pass] = *(const uint4*)(p.dout + offset);
+        }
+    }
+    float dot[PASSES];
+#pragma unroll
+    for (int pass = 0; pass < PASSES; pass++) {
+        const __nv_bfloat162 *o2 = (const __nv_bfloat162*)&o4[pass], *d2 = (const __nv_bfloat162*)&d4[pass];
+        dot[pass] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
+            dot[pass] += of.x * df.x + of.y * df.y;
+        }
+    }
+#pragma unroll
+    for (int pass = 0; pass < PASSES; pass++) {
+        const int t = row0 + pass * ROWS;
+#pragma unroll
+        for (int off = GROUP / 2; off > 0; off /= 2) dot[pass] += __shfl_xor_sync(0xffffffffu, dot[pass], off);
+        if (chunk == 0) {
+            d_rows[bh * T_pad + t] = dot[pass];
+            lse_log2[bh * T_pad + t] = t < p.T ? p.lse[bh * p.T + t] * FLASH2_LOG2E : 0.f;
+        }
+    }
+}
+
+// After: dq (B, T, NH, HD) bf16 = dq_accum · scale for one query block: its fragment-ordered slots
+// read in order (a float4 is rows r and r + 8 of two adjacent columns, see dq_slot), scattered into a
+// shared tile, then written out as whole rows.
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,
-                                                     int NH, int m_blocks, float scale, long chunks) {
+                                                     int NH, int m_blocks, float scale) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= chunks) return;
-    const int col = (int)(i % (HD / 8)) * 8;
-    const long token = i / (HD / 8);  // (b·T + t)·NH + h
-    const int h = (int)(token % NH), t = (int)(token / NH % T), b = (int)(token / NH / T);
-    const float* block = dq_accum + (((long)b * NH + h) * m_blocks + t / BLOCK_M) * C::DQ_SLOTS;
-    uint32_t packed[4];
+    constexpr int PITCH = HD + 8;  // bf16 per tile row: 16 bytes of padding, so a warp's 8 rows hit 32 banks
+    __shared__ __align__(16) __nv_bfloat16 tile[BLOCK_M * PITCH];
+    const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
+    const float4* slots = (const float4*)(dq_accum + block * C::DQ_SLOTS);
+    constexpr int PER_THREAD = C::DQ_SLOTS / 4 / 256;
+    static_assert(C::DQ_SLOTS % (4 * 256) == 0, "whole float4s per thread");
+    float4 v[PER_THREAD];  // all loads issued before any is used: bytes in flight
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 v = *(const float2*)(block + dq_slot<C>(t % BLOCK_M, col + 2 * k));
-        packed[k] = pack_bf16(v.x * scale, v.y * scale);
+    for (int k = 0; k < PER_THREAD; k++) v[k] = slots[threadIdx.x + 256 * k];
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; k++) {
+        const int i = threadIdx.x + 256 * k, tid = i % 128, group = i / 128, wg = group / (C::DQ_N / 8);
+        const int row = (C::DQ_M_SPLIT ? 64 * wg : 0) + (tid / 32) * 16 + (tid % 32) / 4;
+        const int col = (C::DQ_M_SPLIT ? 0 : wg * C::DQ_COL0) + (group % (C::DQ_N / 8)) * 8 + (tid % 4) * 2;
+        if (!C::DQ_M_SPLIT && wg == 1 && col < C::DQ_N) continue;  // head dim 80: columns 32-47 from warpgroup 0
+        *(uint32_t*)&tile[row * PITCH + col] = pack_bf16(v[k].x * scale, v[k].y * scale);
+        *(uint32_t*)&tile[(row + 8) * PITCH + col] = pack_bf16(v[k].z * scale, v[k].w * scale);
     }
-    *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    __syncthreads();
+    const long bh = block / m_blocks;
+    const int m = (int)(block % m_blocks), h = (int)(bh % NH), b = (int)(bh / NH);
+    for (int i = threadIdx.x; i < BLOCK_M * (HD / 8); i += 256) {
+        const int row = i / (HD / 8), col = (i % (HD / 8)) * 8, t = m * BLOCK_M + row;
+        if (t < T)
+            *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = *(const uint4*)&tile[row * PITCH + col];
+    }
 }
 
 template <int HD, int BLOCK_M>
@@ -537,14 +608,10 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
-    CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
-
-    Flash2BackwardParams pre = *p;  // D and LSE·log2 e into the padded rows; dq_accum is zeroed above
-    pre.dq_accum = NULL;
-    pre.d_rows = d_rows;
-    pre.lse_log2 = lse_log2;
-    pre.lse_rows = T_pad;
-    launch_backward_preprocess<HD>(&pre, B, stream);
+    const unsigned query_blocks = (unsigned)(heads * m_blocks);
+    flash2_backward_ws_prepare_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
+        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad);
+    CUDA_CHECK(cudaGetLastError());
 
     constexpr int SUB = C::QoTile::SUB_COLS;
     Flash2BackwardMaps maps;
@@ -556,9 +623,8 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
         dim3((unsigned)((long)w.key_blocks * w.pairs)),
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
-    const long chunks = (long)B * p->T * p->NH * (HD / 8);
-    flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(
-        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale, chunks);
+    flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
+        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,14 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
 }
 #define CUDA_CHECK(call) cuda_check((call), __FILE__, __LINE__)
 
+// The float at `device`, after the work queued on `stream` (waits for the stream).
+static inline float cuda_read_float(const float* device, cudaStream_t stream) {
+    float value = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&value, device, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return value;
+}
+
 // cudaMalloc that, when the GPU is out of memory, says how much `what` needed, how much was free
 // and `hint` (what to lower), then exits; other CUDA errors exit as CUDA_CHECK does.
 static inline void cuda_malloc_or_explain(void** ptr, size_t bytes, const char* what, const char* hint) {

@@ -581,13 +581,19 @@ static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Copies the last forward's mean loss to the host (synchronizes the stream).
-static float gpt_model_mean_loss(GPTModel* m) {
-    float loss = 0.0f;
-    CUDA_CHECK(cudaMemcpyAsync(&loss, m->mean_loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    return loss;
+// *sum = (first ? 0 : *sum) + weight · mean[0], on the GPU: micro steps add their loss without a host wait.
+static __global__ void gpt_add_loss_kernel(float* sum, const float* mean, float weight, int first) {
+    *sum = (first ? 0.0f : *sum) + weight * mean[0];
 }
+
+// Adds weight × the last forward's mean loss into the device scalar *sum (first: sets it).
+static void gpt_model_add_mean_loss(GPTModel* m, float* sum, float weight, int first) {
+    gpt_add_loss_kernel<<<1, 1, 0, m->stream>>>(sum, m->mean_loss, weight, first);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Copies the last forward's mean loss to the host (synchronizes the stream).
+static float gpt_model_mean_loss(GPTModel* m) { return cuda_read_float(m->mean_loss, m->stream); }
 
 // ---- backward ---------------------------------------------------------------------------------------
 

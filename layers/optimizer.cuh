@@ -116,11 +116,8 @@ static void optimizer_upload_master(const Optimizer* o, size_t at, const float* 
 // One GPU: the global norm of all the model's gradients, on the device (o->norm) and returned to the
 // host (synchronizes, so a non-finite norm is seen before the update).
 static float optimizer_grad_norm(const Optimizer* o, const GPTModel* model) {
-    float norm = 0.0f;
     global_norm(o->norm, o->norm_scratch, model->grads, model->num_params, model->stream);
-    CUDA_CHECK(cudaMemcpyAsync(&norm, o->norm, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    CUDA_CHECK(cudaStreamSynchronize(model->stream));
-    return norm;
+    return cuda_read_float(o->norm, model->stream);
 }
 
 // One AdamW step (step counts from 1) at learning rate lr on the state's range, the gradients first
