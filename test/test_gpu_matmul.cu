@@ -18,7 +18,10 @@
 //   dGELU again with the epilogues off (GEMM, then the dGELU / dbias reduction kernels). With dGELU,
 //   dinp is checked against ref_gelu_backward(gelu_pre, dout·weight). With accumulate, dweight and
 //   dbias start from nonzero random values (of the size of one micro-batch's gradient) and the
-//   reference is start + gradient.
+//   reference is start + gradient. Then the timed choice of paths (ctx.fusion = MATMUL_FUSE_AUTO) with
+//   dbias and/or dGELU, and dbias_pre (matmul_backward_dgelu_dbias: the bias gradient of the layer
+//   before the GELU) on the epilogue, kernel and timed paths, with and without accumulate: dbias_pre is
+//   checked against the fp64 column sums of the dinp the call wrote (dinp itself checked as above).
 // - N = 1000 only: determinism: forward and backward (bias, GELU, accumulate) run twice give the
 //   same bits.
 // Checks: relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for every output, printed for every case with the
@@ -63,8 +66,10 @@ static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1
 
 typedef struct {
     int bias, gelu, acc, unfused;
+    int autofuse;  // ctx.fusion = MATMUL_FUSE_AUTO (timed choice) instead of MATMUL_FUSE_EPILOGUES
+    int pre;       // dbias_pre: the bias gradient of the layer before the GELU (needs gelu)
 } BwdVariant;
-static BwdVariant BWD_VARIANTS[16];
+static BwdVariant BWD_VARIANTS[32];
 static int NUM_BWD_VARIANTS = 0;
 
 static void make_bwd_variants(void) {
@@ -74,9 +79,25 @@ static void make_bwd_variants(void) {
             for (int gelu = 0; gelu <= 1; gelu++)
                 for (int acc = 0; acc <= 1; acc++) {
                     if (unfused && !bias && !gelu) continue;  // nothing to fuse: the same as the fused case
-                    BwdVariant v = {bias, gelu, acc, unfused};
+                    BwdVariant v = {bias, gelu, acc, unfused, 0, 0};
                     BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
                 }
+    // The timed choice, and dbias_pre on every path (epilogues, kernels, timed).
+    for (int bias = 0; bias <= 1; bias++)
+        for (int gelu = 0; gelu <= 1; gelu++) {
+            if (!bias && !gelu) continue;
+            BwdVariant v = {bias, gelu, 1, 0, 1, 0};
+            BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
+        }
+    for (int fusion = 0; fusion < 3; fusion++)
+        for (int acc = 0; acc <= 1; acc++) {
+            BwdVariant v = {1, 1, acc, fusion == 1, fusion == 2, 1};
+            BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
+        }
+}
+
+static MatmulFusion bwd_fusion(const BwdVariant* v) {
+    return v->unfused ? MATMUL_FUSE_NONE : v->autofuse ? MATMUL_FUSE_AUTO : MATMUL_FUSE_EPILOGUES;
 }
 
 static void fwd_name(char* buf, size_t size, int N, Dims d, const FwdVariant* v) {
@@ -85,8 +106,9 @@ static void fwd_name(char* buf, size_t size, int N, Dims d, const FwdVariant* v)
 }
 
 static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v) {
-    snprintf(buf, size, "matmul_bwd_N%d_IC%d_OC%d_%s_%s_%s%s", N, d.IC, d.OC, v->bias ? "dbias" : "nodbias",
-             v->gelu ? "dgelu" : "nodgelu", v->acc ? "acc" : "noacc", v->unfused ? "_unfused" : "");
+    snprintf(buf, size, "matmul_bwd_N%d_IC%d_OC%d_%s_%s_%s%s%s%s", N, d.IC, d.OC, v->bias ? "dbias" : "nodbias",
+             v->gelu ? "dgelu" : "nodgelu", v->acc ? "acc" : "noacc", v->pre ? "_dbiaspre" : "",
+             v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
 }
 
 static void det_name(char* buf, size_t size, int N, Dims d) {
@@ -100,6 +122,7 @@ typedef struct {
     // bf16 bits as uploaded: inp (N, IC), weight (OC, IC), bias (OC), dout (N, OC), pre (N, IC) (the
     // backward's gelu_pre), dweight0 (OC, IC) and dbias0 (OC) (starting gradients for accumulate).
     uint16_t *inp_bits, *weight_bits, *bias_bits, *dout_bits, *pre_bits, *dweight0_bits, *dbias0_bits;
+    uint16_t* dbias_pre0_bits;  // (IC): the starting dbias_pre for accumulate
     double *inp, *weight, *bias, *dout, *pre;  // the same values
     int nrows, *rows;    // rows of out, gelu_pre and dinp checked against the reference (sorted)
     int nchans, *chans;  // rows of dweight (output channels) checked (sorted)
@@ -163,6 +186,7 @@ static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     in.pre_bits = (uint16_t*)host_alloc(n_inp * 2);
     in.dweight0_bits = (uint16_t*)host_alloc(n_w * 2);
     in.dbias0_bits = (uint16_t*)host_alloc((size_t)OC * 2);
+    in.dbias_pre0_bits = (uint16_t*)host_alloc((size_t)IC * 2);
     in.inp = test_alloc(n_inp);
     in.weight = test_alloc(n_w);
     in.bias = test_alloc(OC);
@@ -176,6 +200,7 @@ static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     fill(&rng, in.pre_bits, in.pre, n_inp, 2.0);
     fill(&rng, in.dweight0_bits, NULL, n_w, sqrt((double)N));  // about the size of one gradient
     fill(&rng, in.dbias0_bits, NULL, OC, sqrt((double)N));
+    fill(&rng, in.dbias_pre0_bits, NULL, IC, sqrt((double)N));
 
     // Subsets where the full reference would be slow.
     const double mm = (double)N * IC * OC;
@@ -237,6 +262,7 @@ static void free_inputs(InputSet* in) {
     free(in->pre_bits);
     free(in->dweight0_bits);
     free(in->dbias0_bits);
+    free(in->dbias_pre0_bits);
     free(in->inp);
     free(in->weight);
     free(in->bias);
@@ -257,7 +283,7 @@ static void free_inputs(InputSet* in) {
 typedef struct {
     __nv_bfloat16 *inp, *weight, *bias, *dout, *pre;  // inputs (pre: the backward's gelu_pre (N, IC))
     void *inp_base, *weight_base, *bias_base, *dout_base, *pre_base;
-    __nv_bfloat16 *out_buf, *pre_out_buf, *dinp_buf, *dweight_buf, *dbias_buf;  // outputs with guards
+    __nv_bfloat16 *out_buf, *pre_out_buf, *dinp_buf, *dweight_buf, *dbias_buf, *dbias_pre_buf;  // outputs with guards
     size_t n_out, n_inp, n_w, n_bias;  // elements of the tensors (without guards)
     void* scratch;
     size_t scratch_bytes;
@@ -287,14 +313,15 @@ static DeviceSet device_set(const InputSet* in) {
     d.dinp_buf = (__nv_bfloat16*)device_alloc((d.n_inp + 2 * GUARD) * 2);
     d.dweight_buf = (__nv_bfloat16*)device_alloc((d.n_w + 2 * GUARD) * 2);
     d.dbias_buf = (__nv_bfloat16*)device_alloc((d.n_bias + 2 * GUARD) * 2);
-    d.scratch_bytes = matmul_dbias_scratch_bytes(in->N, in->OC);
+    d.dbias_pre_buf = (__nv_bfloat16*)device_alloc(((size_t)in->IC + 2 * GUARD) * 2);
+    d.scratch_bytes = matmul_dbias_scratch_bytes(in->N, in->OC > in->IC ? in->OC : in->IC);
     d.scratch = device_alloc(d.scratch_bytes);
     return d;
 }
 
 static void free_device_set(DeviceSet* d) {
     void* ptrs[] = {d->inp_base, d->weight_base, d->bias_base, d->dout_base, d->pre_base, d->out_buf,
-                    d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf, d->scratch};
+                    d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf, d->dbias_pre_buf, d->scratch};
     for (size_t i = 0; i < COUNT(ptrs); i++) CUDA_CHECK(cudaFree(ptrs[i]));
 }
 
@@ -394,15 +421,17 @@ static void run_backward(MatmulContext* ctx, const DeviceSet* d, const InputSet*
     CUDA_CHECK(cudaMemset(d->dinp_buf, 0xFF, (d->n_inp + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->dweight_buf, 0xFF, (d->n_w + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->dbias_buf, 0xFF, (d->n_bias + 2 * GUARD) * 2));
+    CUDA_CHECK(cudaMemset(d->dbias_pre_buf, 0xFF, ((size_t)in->IC + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->scratch, 0xFF, d->scratch_bytes));
     if (v->acc) {
         CUDA_CHECK(cudaMemcpy(d->dweight_buf + GUARD, in->dweight0_bits, d->n_w * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(d->dbias_buf + GUARD, in->dbias0_bits, d->n_bias * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d->dbias_pre_buf + GUARD, in->dbias_pre0_bits, (size_t)in->IC * 2, cudaMemcpyHostToDevice));
     }
-    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : MATMUL_FUSE_EPILOGUES;
-    matmul_backward(ctx, d->dinp_buf + GUARD, d->dweight_buf + GUARD, v->bias ? d->dbias_buf + GUARD : NULL, d->dout,
-                    d->inp, d->weight, in->N, in->IC, in->OC, v->gelu ? d->pre : NULL, v->acc,
-                    v->bias ? d->scratch : NULL);
+    ctx->fusion = bwd_fusion(v);
+    matmul_backward_dgelu_dbias(ctx, d->dinp_buf + GUARD, d->dweight_buf + GUARD, v->bias ? d->dbias_buf + GUARD : NULL,
+                                d->dout, d->inp, d->weight, in->N, in->IC, in->OC, v->gelu ? d->pre : NULL, v->acc,
+                                (v->bias || v->pre) ? d->scratch : NULL, v->pre ? d->dbias_pre_buf + GUARD : NULL);
 }
 
 static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const BwdVariant* v,
@@ -413,10 +442,13 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     sync_or_die(NULL, name, "backward");
     const char* dinp_path = ctx->last_dinp;
     const char* dbias_path = ctx->last_dbias;
+    const char* dbias_pre_path = ctx->last_dbias_pre;
 
     uint16_t* dinp = fetch_output(d->dinp_buf, d->n_inp, "dinp", problems, sizeof(problems));
     uint16_t* dweight = fetch_output(d->dweight_buf, d->n_w, "dweight", problems, sizeof(problems));
     uint16_t* dbias = v->bias ? fetch_output(d->dbias_buf, d->n_bias, "dbias", problems, sizeof(problems)) : NULL;
+    uint16_t* dbias_pre =
+        v->pre ? fetch_output(d->dbias_pre_buf, (size_t)IC, "dbias_pre", problems, sizeof(problems)) : NULL;
     {
         const uint16_t* bits[] = {in->inp_bits, in->weight_bits, in->dout_bits, in->pre_bits};
         const __nv_bfloat16* dev[] = {d->inp, d->weight, d->dout, d->pre};
@@ -455,6 +487,24 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     double err_dw = test_rel_error(gpu_dw, ref_dw, n_dw);
     check_error(problems, sizeof(problems), "dweight", err_dw);
 
+    // dbias_pre: the column sums of the dinp written (itself checked above on its rows), in fp64, on top
+    // of the starting values when accumulating.
+    if (v->pre) {
+        double* ref_dbp = test_alloc(IC);
+        double* gpu_dbp = test_alloc(IC);
+        for (int n = 0; n < in->N; n++)
+            for (int i = 0; i < IC; i++) ref_dbp[i] += test_bf16_to_float(dinp[GUARD + (size_t)n * IC + i]);
+        for (int i = 0; i < IC; i++) {
+            if (v->acc) ref_dbp[i] += test_bf16_to_float(in->dbias_pre0_bits[i]);
+            gpu_dbp[i] = test_bf16_to_float(dbias_pre[GUARD + i]);
+        }
+        double err_dbp = test_rel_error(gpu_dbp, ref_dbp, IC);
+        check_error(problems, sizeof(problems), "dbias_pre", err_dbp);
+        printf("%s: dbias_pre %.2e [dinp: %s; dbias_pre: %s]\n", name, err_dbp, dinp_path, dbias_pre_path);
+        free(ref_dbp);
+        free(gpu_dbp);
+    }
+
     double err_db = 0.0;
     if (v->bias) {
         double* ref_db = test_alloc(OC);
@@ -482,13 +532,14 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     free(dinp);
     free(dweight);
     free(dbias);
+    free(dbias_pre);
 }
 
 // ---- determinism ---------------------------------------------------------------------------------------
 
 static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const char* name) {
     const FwdVariant fv = {1, 1, 0};
-    const BwdVariant bv = {1, 1, 1, 0};
+    const BwdVariant bv = {1, 1, 1, 0, 0, 0};
     const size_t sizes[5] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias};
     const __nv_bfloat16* bufs[5] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf};
     const char* names[5] = {"out", "gelu_pre", "dinp", "dweight", "dbias"};
