@@ -110,8 +110,8 @@ static const OptionSpec OPTIONS[] = {
      "naive | flash1 | flash2, or naive-recompute: naive that recomputes S and P in the backward (long T)"},
     {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
      "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
-     "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway); GEMMs take "
-     "cuBLASLt's first algorithm instead of the fastest timed at start-up"},
+     "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway); GEMMs then "
+     "take cuBLASLt's first algorithm, as with naive and flash1, not the fastest timed at start-up"},
     SECTION("data"),
     {"train-data", 'i', OPT_STRING, FIELD(train_data), "data/tinyshakespeare/tinyshakespeare_train_*.bin",
      "PATTERN", 0, 0, "training shards, a path or a glob"},
@@ -755,7 +755,9 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
                                 optimizer_pad_multiple(p->world)) != 0)
         exit(1);
     t->model.deterministic_attention = opt->deterministic;
-    t->model.matmul.tune = !opt->deterministic;  // timed GEMM choices may differ between processes
+    // GEMM algorithms timed at start-up may differ between processes: not where reruns must give the
+    // same bits (--deterministic, and the backends whose own kernels are deterministic)
+    t->model.matmul.tune = !opt->deterministic && opt->attn == ATTN_FLASH2;
     gpt_model_print_memory(&t->model, stdout);
     t->mg = mg;
     if (mg) multi_gpu_attach(mg, &t->model);

@@ -20,8 +20,8 @@ Prints (and writes to --out: profile.txt, kernels.csv, profile.json):
     achieved TFLOP/s (GEMMs: the model's linear-layer FLOPs; attention: causal FLOPs, forward 2·B·T²·C per
     layer, backward 2.5 times that) or GB/s (DRAM bytes measured) with the fraction of the ceiling;
   - the GEMMs by role (qkv, attproj, fc, fcproj, LM head × forward, dinp, dweight) when the order of the
-    GEMM launches is the model's (every kernel of cuBLASLt between two of the model's GEMMs is the
-    earlier one's: bias-gradient and split-K reduction kernels);
+    GEMM launches is the model's (cuBLASLt's bias-gradient and split-K kernels and the matmul layer's
+    GELU and dbias kernels count for the GEMM before them);
   - the shares projected to --accum micro steps per optimizer step (default: 131072 tokens per step, as
     bench_train.py): the micro-step kernels times --accum, the optimizer's once.
 """
@@ -59,6 +59,7 @@ KINDS = [
     ("mean loss", r"mean_loss"),
 ]
 OPTIMIZER_KINDS = ("adamw", "global norm")
+EPILOGUE_KINDS = ("matmul dbias/dGELU kernels", "gelu")  # the matmul layer's own kernels after a GEMM
 MEMORY_KINDS = ("matmul dbias/dGELU kernels", "layernorm", "gelu", "cross-entropy", "adamw", "global norm",
                 "encoder", "gemm bias-grad (cuBLASLt)", "gemm split-K reduce (cuBLASLt)")
 
@@ -200,7 +201,7 @@ def main():
     # FLOPs of the step: the linear layers (forward, dinp, dweight) and attention (causal).
     linear_flops = 3 * 2 * N * (12 * L * C * C + C * VOCAB_PADDED)
     att_fwd_flops = L * 2 * B * T * T * C
-    gemm_kinds = [k for k in by_kind if k.startswith("gemm") or k == "matmul dbias/dGELU kernels"]
+    gemm_kinds = [k for k in by_kind if k.startswith("gemm") or k in EPILOGUE_KINDS]
     gemm_ms = sum(by_kind[k][1] for k in gemm_kinds)
 
     lines = []
@@ -242,7 +243,7 @@ def main():
         kind = kind_of(name)
         if kind == "gemm":
             gemm_launches.append([name, ms])
-        elif kind.startswith("gemm ") and gemm_launches:
+        elif (kind.startswith("gemm ") or kind in EPILOGUE_KINDS) and gemm_launches:
             gemm_launches[-1][1] += ms
     role_rows = {}
     if len(gemm_launches) == len(roles):
