@@ -75,6 +75,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"))
     p.add_argument("--ceilings", default=os.path.join(REPO_ROOT, "build", "gpu_ceilings"))
+    p.add_argument("--ceilings-file", default="",
+                   help="gpu_ceilings' output saved earlier in the same session, instead of running it again")
     p.add_argument("--ncu", default="ncu")
     p.add_argument("--model", default="gpt3-1.3b", choices=sorted(MODELS))
     p.add_argument("-t", "--seq-len", type=int, default=2048)
@@ -104,7 +106,10 @@ def run(cmd, timeout, env=None, log=None):
 
 
 def ceilings(args):
-    out = run([args.ceilings], 120, log=os.path.join(args.out, "ceilings.log"))
+    if args.ceilings_file:
+        out = open(args.ceilings_file).read()
+    else:
+        out = run([args.ceilings], 120, log=os.path.join(args.out, "ceilings.log"))
     values = dict(line.split(None, 1) for line in out.splitlines() if " " in line)
     return float(values["gemm_tflops"]), float(values["copy_gbs"]), values.get("device", "?").strip()
 
