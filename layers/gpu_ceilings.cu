@@ -12,7 +12,7 @@
 
 #define CEIL_GEMM_SIZE 8192
 #define CEIL_COPY_BYTES ((size_t)1 << 30)
-#define CEIL_REPEATS 15
+#define CEIL_REPEATS 31
 
 // x[i] = uniform in [-1, 1) from a hash of (i, seed), as bf16.
 static __global__ void ceilings_fill_kernel(__nv_bfloat16* x, size_t n, uint32_t seed) {

@@ -48,6 +48,11 @@
 // paths, a choice that does not depend on timing: the same bits in every process (train_gpt
 // --deterministic). MATMUL_TUNE_LOG=1 in the environment prints every timing and choice to stderr.
 //
+// Streams: everything runs on ctx->stream, except that from the second call of a backward shape on,
+// the dweight half (dweight, dbias) runs on a side stream of the context, with its own workspace
+// and scratch, beside the dinp half, so that each fills the SMs the other leaves idle (wave tails,
+// the bias-gradient kernels); it is joined back before matmul_backward returns. MATMUL_OVERLAP=0 in
+// the environment keeps it on one stream. The results are the same either way.
 // Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
 // reproducibility for a fixed algorithm, workspace and single stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
@@ -73,7 +78,7 @@
 #define MATMUL_TUNE_RUNS 3         // back-to-back runs per timing
 #define MATMUL_TUNE_MARGIN 0.01f   // another algorithm replaces the heuristic's first when this much faster
 #define MATMUL_ALGO_CACHE 96       // GEMM shapes remembered (a GPT uses about 15)
-#define MATMUL_PATH_CACHE 48       // fused-or-kernel choices remembered
+#define MATMUL_PATH_CACHE 128      // fused-or-kernel choices (and backward shapes seen) remembered
 
 typedef enum {
     MATMUL_FUSE_EPILOGUES = 0,  // GELU, dGELU and dbias in cuBLASLt epilogues where cuBLASLt has an algorithm
@@ -122,6 +127,13 @@ typedef struct {
     MatmulPathEntry paths[MATMUL_PATH_CACHE];
     int num_paths;
     cudaEvent_t events[2];   // for the timings
+    // matmul_backward's dweight half beside its dinp half (ctx->overlap, 1 unless MATMUL_OVERLAP=0)
+    int overlap;
+    cudaStream_t side;       // the dweight half's stream, workspace and dbias scratch
+    void* side_workspace;
+    void* side_scratch;
+    size_t side_scratch_bytes;
+    cudaEvent_t fork, join;
 } MatmulContext;
 // ---- sizes and checks ---------------------------------------------------------------------------
 
@@ -206,6 +218,12 @@ static inline void matmul_context_create(MatmulContext* ctx, cudaStream_t stream
     CUDA_CHECK(cudaMalloc(&ctx->workspace, ctx->workspace_bytes));
     CUDA_CHECK(cudaEventCreate(&ctx->events[0]));
     CUDA_CHECK(cudaEventCreate(&ctx->events[1]));
+    const char* overlap = getenv("MATMUL_OVERLAP");
+    ctx->overlap = !(overlap && strcmp(overlap, "0") == 0);
+    CUDA_CHECK(cudaStreamCreate(&ctx->side));
+    CUDA_CHECK(cudaMalloc(&ctx->side_workspace, ctx->workspace_bytes));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
 }
 
 static inline void matmul_context_destroy(MatmulContext* ctx) {
@@ -213,6 +231,14 @@ static inline void matmul_context_destroy(MatmulContext* ctx) {
     if (ctx->lt) CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
     if (ctx->events[0]) CUDA_CHECK(cudaEventDestroy(ctx->events[0]));
     if (ctx->events[1]) CUDA_CHECK(cudaEventDestroy(ctx->events[1]));
+    if (ctx->side_workspace) CUDA_CHECK(cudaFree(ctx->side_workspace));
+    if (ctx->side_scratch) CUDA_CHECK(cudaFree(ctx->side_scratch));
+    if (ctx->side) CUDA_CHECK(cudaStreamDestroy(ctx->side));
+    if (ctx->fork) CUDA_CHECK(cudaEventDestroy(ctx->fork));
+    if (ctx->join) CUDA_CHECK(cudaEventDestroy(ctx->join));
+    ctx->side_workspace = ctx->side_scratch = NULL;
+    ctx->side = NULL;
+    ctx->fork = ctx->join = NULL;
     ctx->workspace = NULL;
     ctx->lt = NULL;
     ctx->events[0] = ctx->events[1] = NULL;
@@ -524,10 +550,12 @@ typedef enum {
     MATMUL_CHOICE_DGELU = 1,    // backward dGELU: 0 epilogue, 1 kernel
     MATMUL_CHOICE_DBIAS = 2,    // backward dbias: 0 BGRADB epilogue, 1 reduction kernels
     MATMUL_CHOICE_DGELU_DBIAS = 3,  // dGELU + dbias_pre: 0 DGELU_BGRAD, 1 dGELU path + reduction, 2 fused kernel
+    MATMUL_CHOICE_SEEN = 4,     // a backward shape whose choices are made (its halves may overlap)
 } MatmulChoiceKind;
 
 static inline const char* matmul_choice_name(int kind) {
-    static const char* names[] = {"forward GELU", "backward dGELU", "backward dbias", "backward dGELU + dbias_pre"};
+    static const char* names[] = {"forward GELU", "backward dGELU", "backward dbias", "backward dGELU + dbias_pre",
+                                  "backward seen"};
     return names[kind];
 }
 
@@ -543,6 +571,30 @@ static inline int matmul_path_find(const MatmulContext* ctx, int kind, int N, in
     return -1;
 }
 
+// Remembers path for (kind, sizes) while there is room (otherwise it is chosen again next time).
+static inline void matmul_path_remember(MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate,
+                                        int has_bias, int path) {
+    if (ctx->num_paths >= MATMUL_PATH_CACHE) return;
+    MatmulPathEntry* p = &ctx->paths[ctx->num_paths++];
+    p->kind = kind, p->N = N, p->IC = IC, p->OC = OC, p->accumulate = accumulate, p->has_bias = has_bias;
+    p->path = path;
+}
+
+// Makes the side scratch at least bytes (stream-ordered on ctx->stream, which the side stream
+// follows at every fork); 0 when there is no room for it (the backward then stays on one stream).
+static inline int matmul_side_reserve(MatmulContext* ctx, size_t bytes) {
+    if (ctx->side_scratch_bytes >= bytes) return 1;
+    void* p = NULL;
+    if (cudaMallocAsync(&p, bytes, ctx->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (ctx->side_scratch) CUDA_CHECK(cudaFreeAsync(ctx->side_scratch, ctx->stream));
+    ctx->side_scratch = p;
+    ctx->side_scratch_bytes = bytes;
+    return 1;
+}
+
 // Picks the cheapest of count paths (cost < 0: not available; path 0 when none is) and remembers it.
 static inline int matmul_path_choose(MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate, int has_bias,
                                      const float* cost, int count) {
@@ -550,11 +602,7 @@ static inline int matmul_path_choose(MatmulContext* ctx, int kind, int N, int IC
     for (int i = 0; i < count; i++)
         if (cost[i] >= 0.0f && (best < 0 || cost[i] < cost[best])) best = i;
     if (best < 0) best = 0;
-    if (ctx->num_paths < MATMUL_PATH_CACHE) {
-        MatmulPathEntry* p = &ctx->paths[ctx->num_paths++];
-        p->kind = kind, p->N = N, p->IC = IC, p->OC = OC, p->accumulate = accumulate, p->has_bias = has_bias;
-        p->path = best;
-    }
+    matmul_path_remember(ctx, kind, N, IC, OC, accumulate, has_bias, best);
     if (ctx->log) {
         fprintf(stderr, "matmul path: %s N=%d IC=%d OC=%d:", matmul_choice_name(kind), N, IC, OC);
         for (int i = 0; i < count; i++) fprintf(stderr, " %s%d %.4f ms", i == best ? "*" : "", i, cost[i]);
@@ -839,45 +887,19 @@ static inline int matmul_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fuse
     return matmul_path_choose(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1, cost, 2);
 }
 
-// Given dout (N, OC) and the forward's inp (N, IC) and weight (OC, IC):
-//   dinp (N, IC) = dout · weight (overwritten; skipped when dinp is NULL); with gelu_pre (N, IC)
-//     non-NULL, dinp = GELU'(gelu_pre) ∘ (dout · weight), for inp = GELU(gelu_pre);
-//   dweight (OC, IC) (+)= doutᵀ · inp;   dbias (OC) (+)= column sums of dout (skipped when NULL);
-//   dbias_pre (IC) (+)= column sums of the dinp written (needs dinp and gelu_pre; skipped when NULL);
-//   "+=" when accumulate (micro-batches after the first, the tied LM head), "=" otherwise.
-// dbias_scratch: device memory of matmul_dbias_scratch_bytes(N, max(OC, IC when dbias_pre)) bytes,
-// 16-byte aligned, needed when dbias or dbias_pre is non-NULL (NULL otherwise); its contents on entry
-// do not matter. Runs on ctx->stream.
-static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16* dinp, __nv_bfloat16* dweight,
-                                               __nv_bfloat16* dbias, const __nv_bfloat16* dout,
-                                               const __nv_bfloat16* inp, const __nv_bfloat16* weight, int N, int IC,
-                                               int OC, const __nv_bfloat16* gelu_pre, int accumulate,
-                                               void* dbias_scratch, __nv_bfloat16* dbias_pre) {
+// The dinp half of matmul_backward_dgelu_dbias (with dbias_pre), on ctx->stream.
+static inline void matmul_backward_dinp(MatmulContext* ctx, __nv_bfloat16* dinp, const __nv_bfloat16* dout,
+                                        const __nv_bfloat16* weight, int N, int IC, int OC,
+                                        const __nv_bfloat16* gelu_pre, int accumulate, void* dbias_scratch,
+                                        __nv_bfloat16* dbias_pre) {
     const char* fn = "matmul_backward";
-    matmul_require_sizes(fn, N, IC, OC);
-    if (dinp) matmul_require_pointer(fn, "dinp", dinp);
-    matmul_require_pointer(fn, "dweight", dweight);
-    matmul_require_pointer(fn, "dout", dout);
-    matmul_require_pointer(fn, "inp", inp);
-    matmul_require_pointer(fn, "weight", weight);
-    if (dinp && gelu_pre) matmul_require_pointer(fn, "gelu_pre", gelu_pre);
-    if (dbias) matmul_require_pointer(fn, "dbias", dbias);
-    if (dbias_pre) {
-        if (!dinp || !gelu_pre)
-            matmul_die(fn, "dbias_pre (the bias gradient of the layer that produced gelu_pre) needs dinp and gelu_pre");
-        matmul_require_pointer(fn, "dbias_pre", dbias_pre);
-    }
-    if (dbias || dbias_pre) matmul_require_pointer(fn, "dbias_scratch", dbias_scratch);
-
     // ---- dinp (and dbias_pre)
     // dinpᶜ (IC, N) = weightᶜ (IC, OC) · doutᶜ (OC, N):
     //   A = weight, stored (IC, OC) ld IC, op N;  B = dout, stored (OC, N) ld OC, op N;
     //   D = dinp (IC, N) ld IC;  m = IC, n = N, k = OC;  DGELU aux = gelu_pre (N, IC) row-major =
     //   (IC, N) ld IC, laid out like D: D = GELU'(aux) ∘ (A·B), elementwise;  DGELU_BGRAD also writes
     //   the row sums of Dᶜ (m = IC values: the column sums of dinp) to the bias pointer.
-    ctx->last_dinp = "skipped";
-    ctx->last_dbias_pre = "skipped";
-    if (dinp) {
+    {
         MatmulLtGemm g;
         g.what = "matmul_backward (dinp = dout·weight)";
         g.transa = CUBLAS_OP_N;
@@ -936,6 +958,13 @@ static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16
         }
     }
 
+}
+
+// The dweight (and dbias) half of matmul_backward_dgelu_dbias, on ctx->stream.
+static inline void matmul_backward_dweight(MatmulContext* ctx, __nv_bfloat16* dweight, __nv_bfloat16* dbias,
+                                           const __nv_bfloat16* dout, const __nv_bfloat16* inp, int N, int IC,
+                                           int OC, int accumulate, void* dbias_scratch) {
+    const char* fn = "matmul_backward";
     // ---- dweight (and dbias)
     // dweightᶜ (IC, OC) = inpᶜ (IC, N) · doutᶜᵀ (N, OC):
     //   A = inp, stored (IC, N) ld IC, op N;  B = dout, stored (OC, N) ld OC, op T;
@@ -979,6 +1008,63 @@ static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16
         matmul_dbias_reduce(ctx, dbias, dbias_scratch, dout, NULL, NULL, N, OC, accumulate);
         ctx->last_dbias = "reduction kernel";
     }
+}
+
+// Given dout (N, OC) and the forward's inp (N, IC) and weight (OC, IC):
+//   dinp (N, IC) = dout · weight (overwritten; skipped when dinp is NULL); with gelu_pre (N, IC)
+//     non-NULL, dinp = GELU'(gelu_pre) ∘ (dout · weight), for inp = GELU(gelu_pre);
+//   dweight (OC, IC) (+)= doutᵀ · inp;   dbias (OC) (+)= column sums of dout (skipped when NULL);
+//   dbias_pre (IC) (+)= column sums of the dinp written (needs dinp and gelu_pre; skipped when NULL);
+//   "+=" when accumulate (micro-batches after the first, the tied LM head), "=" otherwise.
+// dbias_scratch: device memory of matmul_dbias_scratch_bytes(N, max(OC, IC when dbias_pre)) bytes,
+// 16-byte aligned, needed when dbias or dbias_pre is non-NULL (NULL otherwise); its contents on entry
+// do not matter. Runs on ctx->stream.
+static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16* dinp, __nv_bfloat16* dweight,
+                                               __nv_bfloat16* dbias, const __nv_bfloat16* dout,
+                                               const __nv_bfloat16* inp, const __nv_bfloat16* weight, int N, int IC,
+                                               int OC, const __nv_bfloat16* gelu_pre, int accumulate,
+                                               void* dbias_scratch, __nv_bfloat16* dbias_pre) {
+    const char* fn = "matmul_backward";
+    matmul_require_sizes(fn, N, IC, OC);
+    if (dinp) matmul_require_pointer(fn, "dinp", dinp);
+    matmul_require_pointer(fn, "dweight", dweight);
+    matmul_require_pointer(fn, "dout", dout);
+    matmul_require_pointer(fn, "inp", inp);
+    matmul_require_pointer(fn, "weight", weight);
+    if (dinp && gelu_pre) matmul_require_pointer(fn, "gelu_pre", gelu_pre);
+    if (dbias) matmul_require_pointer(fn, "dbias", dbias);
+    if (dbias_pre) {
+        if (!dinp || !gelu_pre)
+            matmul_die(fn, "dbias_pre (the bias gradient of the layer that produced gelu_pre) needs dinp and gelu_pre");
+        matmul_require_pointer(fn, "dbias_pre", dbias_pre);
+    }
+    if (dbias || dbias_pre) matmul_require_pointer(fn, "dbias_scratch", dbias_scratch);
+
+    ctx->last_dinp = "skipped";
+    ctx->last_dbias_pre = "skipped";
+    const int flags = (dinp != NULL) | (dbias != NULL) << 1 | (gelu_pre != NULL) << 2 | (dbias_pre != NULL) << 3;
+    const int overlap = ctx->overlap && dinp && matmul_path_find(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags) >= 0;
+    if (!overlap) {
+        // One stream (and the first call of a shape, whose choices are timed alone).
+        if (dinp) matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+        matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, dbias_scratch);
+        if (ctx->overlap && dinp && matmul_side_reserve(ctx, matmul_dbias_scratch_bytes(N, OC)))
+            matmul_path_remember(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags, 0);
+        return;
+    }
+    // dinp on ctx->stream (the next layer waits for it), dweight and dbias beside it on the side
+    // stream with its own workspace and scratch, so that each fills the other's idle SMs; joined
+    // before return (the caller's scratch and the gradients are then free to use).
+    CUDA_CHECK(cudaEventRecord(ctx->fork, ctx->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+    matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+    cudaStream_t main_stream = ctx->stream;
+    void* main_workspace = ctx->workspace;
+    ctx->stream = ctx->side, ctx->workspace = ctx->side_workspace;
+    matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, ctx->side_scratch);
+    ctx->stream = main_stream, ctx->workspace = main_workspace;
+    CUDA_CHECK(cudaEventRecord(ctx->join, ctx->side));
+    CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
 }
 
 // matmul_backward_dgelu_dbias without dbias_pre (see above).

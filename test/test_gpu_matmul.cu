@@ -12,7 +12,7 @@
 //
 // Cases per input set:
 // - forward: bias on/off × GELU epilogue on/off, and the two GELU variants again with the epilogues
-//   off (ctx.fusion = MATMUL_FUSE_NONE: GEMM, then the GELU kernel). Checks out and, with GELU,
+//   off (ctx.fusion = MATMUL_FUSE_NONE: GEMM, then the GELU kernel), and timed (MATMUL_FUSE_AUTO). Checks out and, with GELU,
 //   gelu_pre (the pre-activation) against inp·weightᵀ + bias and ref_gelu_forward of it.
 // - backward: dbias on/off × dGELU on/off × accumulate on/off, and every variant with dbias or
 //   dGELU again with the epilogues off (GEMM, then the dGELU / dbias reduction kernels). With dGELU,
@@ -23,7 +23,9 @@
 //   before the GELU) on the epilogue, kernel and timed paths, with and without accumulate: dbias_pre is
 //   checked against the fp64 column sums of the dinp the call wrote (dinp itself checked as above).
 // - N = 1000 only: determinism: forward and backward (bias, GELU, accumulate) run twice give the
-//   same bits.
+//   same bits (the second backward of a shape runs its dweight half on the context's side stream).
+// Two contexts: one with ctx.tune = 0 (cuBLASLt's first algorithm) for the epilogue and kernel
+// cases, one that times its algorithms and paths (ctx.tune = 1) for the MATMUL_FUSE_AUTO cases.
 // Checks: relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for every output, printed for every case with the
 // path matmul.cuh took (epilogue or kernel); outputs (and the dbias scratch) are poisoned with NaN
 // (0xFF bytes) before every run and every output element must be finite afterwards (written); a
@@ -61,8 +63,10 @@ static const Dims DIMS[] = {{64, 192}, {768, 2304}, {768, 3072}, {3072, 768}, {7
 
 typedef struct {
     int bias, gelu, unfused;
+    int autofuse;  // ctx.fusion = MATMUL_FUSE_AUTO on the context that times its choices
 } FwdVariant;
-static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1}};
+static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {1, 1, 0, 0},
+                                          {0, 1, 1, 0}, {1, 1, 1, 0}, {0, 1, 0, 1}, {1, 1, 0, 1}};
 
 typedef struct {
     int bias, gelu, acc, unfused;
@@ -101,8 +105,8 @@ static MatmulFusion bwd_fusion(const BwdVariant* v) {
 }
 
 static void fwd_name(char* buf, size_t size, int N, Dims d, const FwdVariant* v) {
-    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
-             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "");
+    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
+             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
 }
 
 static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v) {
@@ -361,7 +365,7 @@ static void check_error(char* problems, size_t size, const char* what, double er
 static void run_forward(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const FwdVariant* v) {
     CUDA_CHECK(cudaMemset(d->out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->pre_out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
-    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : MATMUL_FUSE_EPILOGUES;
+    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : v->autofuse ? MATMUL_FUSE_AUTO : MATMUL_FUSE_EPILOGUES;
     matmul_forward(ctx, d->out_buf + GUARD, d->inp, d->weight, v->bias ? d->bias : NULL, in->N, in->IC, in->OC,
                    v->gelu ? d->pre_out_buf + GUARD : NULL);
 }
@@ -538,7 +542,7 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
 // ---- determinism ---------------------------------------------------------------------------------------
 
 static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const char* name) {
-    const FwdVariant fv = {1, 1, 0};
+    const FwdVariant fv = {1, 1, 0, 0};
     const BwdVariant bv = {1, 1, 1, 0, 0, 0};
     const size_t sizes[5] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias};
     const __nv_bfloat16* bufs[5] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf};
@@ -668,6 +672,9 @@ int main(void) {
     CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after the poisoning cudaMemsets on the default stream
     MatmulContext ctx;
     matmul_context_create(&ctx, stream);
+    ctx.tune = 0;  // the heuristic's first algorithm: the epilogue and kernel cases
+    MatmulContext tuned;  // timed algorithms and paths: the MATMUL_FUSE_AUTO cases
+    matmul_context_create(&tuned, stream);
     atexit(report_exit_during_case);
 
     uint64_t set_index = 0;
@@ -681,13 +688,13 @@ int main(void) {
             for (size_t v = 0; v < COUNT(FWD_VARIANTS); v++) {
                 fwd_name(g_running_case, sizeof(g_running_case), N, dims, &FWD_VARIANTS[v]);
                 snprintf(name, sizeof(name), "%s", g_running_case);
-                forward_case(&ctx, &d, &in, &FWD_VARIANTS[v], name);
+                forward_case(FWD_VARIANTS[v].autofuse ? &tuned : &ctx, &d, &in, &FWD_VARIANTS[v], name);
                 g_running_case[0] = 0;
             }
             for (int v = 0; v < NUM_BWD_VARIANTS; v++) {
                 bwd_name(g_running_case, sizeof(g_running_case), N, dims, &BWD_VARIANTS[v]);
                 snprintf(name, sizeof(name), "%s", g_running_case);
-                backward_case(&ctx, &d, &in, &BWD_VARIANTS[v], name);
+                backward_case(BWD_VARIANTS[v].autofuse ? &tuned : &ctx, &d, &in, &BWD_VARIANTS[v], name);
                 g_running_case[0] = 0;
             }
             if (N == 1000) {
@@ -701,6 +708,7 @@ int main(void) {
         }
 
     matmul_context_destroy(&ctx);
+    matmul_context_destroy(&tuned);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();
 }
