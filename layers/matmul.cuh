@@ -48,11 +48,12 @@
 // paths, a choice that does not depend on timing: the same bits in every process (train_gpt
 // --deterministic). MATMUL_TUNE_LOG=1 in the environment prints every timing and choice to stderr.
 //
-// Streams: everything runs on ctx->stream, except that from the second call of a backward shape on,
-// the dweight half (dweight, dbias) runs on a side stream of the context, with its own workspace
-// and scratch, beside the dinp half, so that each fills the SMs the other leaves idle (wave tails,
-// the bias-gradient kernels); it is joined back before matmul_backward returns. MATMUL_OVERLAP=0 in
-// the environment keeps it on one stream. The results are the same either way.
+// Streams: everything runs on ctx->stream. With ctx->overlap (MATMUL_OVERLAP=1 in the environment;
+// off by default: not yet measured on a GPU), from the second call of a backward shape on, the
+// dweight half (dweight, dbias) runs on a side stream of the context, with its own workspace and
+// scratch, beside the dinp half, so that each may fill the SMs the other leaves idle (wave tails,
+// the bias-gradient kernels); it is joined back before matmul_backward returns. The results are the
+// same either way.
 // Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
 // reproducibility for a fixed algorithm, workspace and single stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
@@ -127,7 +128,7 @@ typedef struct {
     MatmulPathEntry paths[MATMUL_PATH_CACHE];
     int num_paths;
     cudaEvent_t events[2];   // for the timings
-    // matmul_backward's dweight half beside its dinp half (ctx->overlap, 1 unless MATMUL_OVERLAP=0)
+    // matmul_backward's dweight half beside its dinp half (ctx->overlap: MATMUL_OVERLAP=1)
     int overlap;
     cudaStream_t side;       // the dweight half's stream, workspace and dbias scratch
     void* side_workspace;
@@ -219,7 +220,7 @@ static inline void matmul_context_create(MatmulContext* ctx, cudaStream_t stream
     CUDA_CHECK(cudaEventCreate(&ctx->events[0]));
     CUDA_CHECK(cudaEventCreate(&ctx->events[1]));
     const char* overlap = getenv("MATMUL_OVERLAP");
-    ctx->overlap = !(overlap && strcmp(overlap, "0") == 0);
+    ctx->overlap = overlap && overlap[0] && strcmp(overlap, "0") != 0;
     CUDA_CHECK(cudaStreamCreate(&ctx->side));
     CUDA_CHECK(cudaMalloc(&ctx->side_workspace, ctx->workspace_bytes));
     CUDA_CHECK(cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
