@@ -136,20 +136,31 @@ typedef struct {
     size_t side_scratch_bytes;
     cudaEvent_t fork, join;
 } MatmulContext;
+
 // ---- sizes and checks ---------------------------------------------------------------------------
 
-#define MATMUL_DBIAS_MAX_CHUNKS 64     // row chunks of the dbias reduction kernel
+#define MATMUL_DBIAS_MAX_CHUNKS 64     // row chunks of the dbias reduction kernel for OC >= MATMUL_DBIAS_WIDE
+#define MATMUL_DBIAS_WIDE 8192         // narrower outputs get more chunks (as many partial sums in all),
+                                       // so that their grid still fills the GPU
 #define MATMUL_DBIAS_MIN_CHUNK_ROWS 64
 
-static inline int matmul_dbias_chunks(int N) {
-    int chunks = (N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS;
-    return chunks < 1 ? 1 : (chunks > MATMUL_DBIAS_MAX_CHUNKS ? MATMUL_DBIAS_MAX_CHUNKS : chunks);
+// Row chunks of the dbias reduction for N rows and OC columns: one per 64 rows, at most
+// 64·max(OC, 8192)/OC (so at most 64·max(OC, 8192) partial sums).
+static inline int matmul_dbias_chunks(int N, int OC) {
+    const long long wide = OC > MATMUL_DBIAS_WIDE ? OC : MATMUL_DBIAS_WIDE;
+    const int most = (int)(MATMUL_DBIAS_MAX_CHUNKS * wide / (OC > 0 ? OC : 1));
+    const int chunks = (N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS;
+    return chunks < 1 ? 1 : (chunks > most ? most : chunks);
 }
 
-// Bytes of the dbias scratch matmul_backward needs for N rows and OC outputs (fp32 partial sums,
-// (chunks, OC)). Non-decreasing in N and OC: the value for the largest N and OC serves every call.
+// Bytes of the dbias scratch matmul_backward needs for N rows and OC outputs: the fp32 partial sums
+// (chunks, OC), bounded by min(ceil(N / 64)·OC, 64·max(OC, 8192)) values. Non-decreasing in N and
+// OC: the value for the largest N and OC serves every call.
 static inline size_t matmul_dbias_scratch_bytes(int N, int OC) {
-    return (size_t)matmul_dbias_chunks(N) * (size_t)OC * sizeof(float);
+    const size_t by_rows = (size_t)((N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS) * (size_t)OC;
+    const size_t most = (size_t)MATMUL_DBIAS_MAX_CHUNKS * (size_t)(OC > MATMUL_DBIAS_WIDE ? OC : MATMUL_DBIAS_WIDE);
+    const size_t values = by_rows < most ? by_rows : most;
+    return (values > (size_t)OC ? values : (size_t)OC) * sizeof(float);
 }
 
 // 0 when N, IC, OC are usable; otherwise -1 and a message in why saying what to change.
@@ -689,7 +700,7 @@ typedef struct {
 
 static inline int matmul_dbias_pass(MatmulContext* ctx, const void* arg) {
     const MatmulDbiasPass* a = (const MatmulDbiasPass*)arg;
-    const int chunks = matmul_dbias_chunks(a->N);
+    const int chunks = matmul_dbias_chunks(a->N, a->OC);
     const int rows_per_chunk = (a->N + chunks - 1) / chunks;
     dim3 grid((a->OC + MATMUL_DBIAS_THREADS_X * 8 - 1) / (MATMUL_DBIAS_THREADS_X * 8), chunks);
     dim3 block(MATMUL_DBIAS_THREADS_X, MATMUL_DBIAS_THREADS_Y);
@@ -707,7 +718,7 @@ static inline void matmul_dbias_reduce(MatmulContext* ctx, __nv_bfloat16* dbias,
     MatmulDbiasPass a = {(float*)scratch, dout, gelu_pre, dgelu_out, N, OC};
     matmul_dbias_pass(ctx, &a);
     matmul_dbias_finish_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(dbias, (const float*)scratch,
-                                                                          matmul_dbias_chunks(N), OC, accumulate);
+                                                                          matmul_dbias_chunks(N, OC), OC, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
