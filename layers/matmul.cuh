@@ -36,17 +36,19 @@
 //   backward dbias     BGRADB on the dweight GEMM (Σ over k = N of op(B) = doutᶜᵀ: the column sums of
 //                      dout), or DEFAULT + the dbias reduction kernels
 //   MATMUL_FUSE_AUTO (the default) times the paths of each shape once, at its first call, and keeps
-//   the fastest for the context's life; MATMUL_FUSE_EPILOGUES takes the epilogue wherever cuBLASLt
-//   has an algorithm for it; MATMUL_FUSE_NONE always the kernels (gelu.cuh: GELU of the bf16
+//   the fastest for the context's life (untimed, with ctx->tune = 0: the epilogues, except the DGELU
+//   path + reduction for dbias_pre); MATMUL_FUSE_EPILOGUES takes the epilogue wherever cuBLASLt has an
+//   algorithm for it; MATMUL_FUSE_NONE always the kernels (gelu.cuh: GELU of the bf16
 //   pre-activation, dGELU of the bf16 dinp; dbias by a deterministic two-pass reduction: fp32 partial
 //   sums per row chunk, then a fixed-order sum). ctx->last_* say which path ran.
 // Algorithms (ctx->tune = 1, the default): at the first GEMM of each shape (sizes, layouts, epilogue,
 // alignment, beta), the MATMUL_TUNE_CANDIDATES best algorithms of cuBLASLt's heuristic are timed on
 // the call's own buffers (an output read because beta != 0 is saved and restored around the timing)
 // and the fastest is cached for the context's life; the heuristic's first stays unless another is
-// at least MATMUL_TUNE_MARGIN faster. ctx->tune = 0 takes the heuristic's first and the epilogue
-// paths, a choice that does not depend on timing: the same bits in every process (train_gpt
-// --deterministic). MATMUL_TUNE_LOG=1 in the environment prints every timing and choice to stderr.
+// at least MATMUL_TUNE_MARGIN faster. ctx->tune = 0 takes the heuristic's first and fixed paths, a
+// choice that does not depend on timing: the same bits in every process (train_gpt --deterministic,
+// and naive or flash1 attention). MATMUL_TUNE_LOG=1 in the environment prints every timing and
+// choice to stderr.
 //
 // Streams: everything runs on ctx->stream. With ctx->overlap (MATMUL_OVERLAP=1 in the environment;
 // off by default: not yet measured on a GPU), from the second call of a backward shape on, the
@@ -55,7 +57,7 @@
 // the bias-gradient kernels); it is joined back before matmul_backward returns. The results are the
 // same either way.
 // Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
-// reproducibility for a fixed algorithm, workspace and single stream; the reduction kernels sum in a
+// reproducibility for a fixed algorithm and workspace size; each GEMM runs on one stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
 // Errors: sizes that are not multiples of 8, pointers not 16-byte aligned, or a cuBLASLt with no
 // algorithm for a GEMM end the program with a message saying what to change.
@@ -440,7 +442,7 @@ static inline void matmul_algo_describe(const cublasLtMatmulAlgo_t* algo, char* 
 static inline int matmul_lt_tune(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
                                  const cublasLtMatmulHeuristicResult_t* results, int count, float* ms) {
     void* saved = NULL;
-    const size_t d_bytes = (size_t)g->ldd * (size_t)g->n * sizeof(__nv_bfloat16);
+    const size_t d_bytes = ((size_t)g->ldd * (size_t)(g->n - 1) + (size_t)g->m) * sizeof(__nv_bfloat16);
     if (g->beta != 0.0f) {
         if (cudaMallocAsync(&saved, d_bytes, ctx->stream) != cudaSuccess) {
             (void)cudaGetLastError();  // no room to save D: keep the heuristic's first, untimed
@@ -487,7 +489,8 @@ static inline const MatmulAlgoEntry* matmul_lt_algo(MatmulContext* ctx, const Ma
     if (!e->found) return e;
     float ms[MATMUL_TUNE_CANDIDATES];
     for (int i = 0; i < MATMUL_TUNE_CANDIDATES; i++) ms[i] = -1.0f;
-    const int best = tune ? matmul_lt_tune(ctx, g, x, results, count, ms) : 0;  // one candidate is timed too: paths compare times
+    // A single candidate is timed too: the fused-or-kernel choices compare these times.
+    const int best = tune ? matmul_lt_tune(ctx, g, x, results, count, ms) : 0;
     e->algo = results[best].algo;
     e->ms = tune && ms[best] > 0.0f ? ms[best] : 0.0f;
     if (ctx->log) {
@@ -871,7 +874,8 @@ static inline int matmul_dgelu_dbias_path(MatmulContext* ctx, const MatmulLtGemm
                                           const __nv_bfloat16* gelu_pre, void* scratch, int N, int IC, int OC,
                                           int accumulate) {
     if (ctx->fusion == MATMUL_FUSE_NONE) return 2;
-    if (ctx->fusion == MATMUL_FUSE_EPILOGUES || !ctx->tune) return 0;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
+    if (!ctx->tune) return 1;  // untimed: DGELU_BGRAD's kernels ran at ~290 TFLOP/s on an H100, DGELU at ~690
     int path = matmul_path_find(ctx, MATMUL_CHOICE_DGELU_DBIAS, N, IC, OC, accumulate, 1);
     if (path >= 0) return path;
     __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
@@ -899,77 +903,82 @@ static inline int matmul_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fuse
     return matmul_path_choose(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1, cost, 2);
 }
 
+// dinp = GELU'(gelu_pre) ∘ (the GEMM of plain), and dbias_pre (IC) (+)= its column sums, by the
+// path matmul_dgelu_dbias_path picks (fused: the DGELU epilogue, bgrad: DGELU_BGRAD).
+static inline void matmul_dgelu_dbias_run(MatmulContext* ctx, const MatmulLtGemm* bgrad, const MatmulLtGemm* fused,
+                                          const MatmulLtGemm* plain, const __nv_bfloat16* gelu_pre,
+                                          __nv_bfloat16* dbias_pre, void* dbias_scratch, int N, int IC, int OC,
+                                          int accumulate, const char* fn) {
+    __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
+    int path = matmul_dgelu_dbias_path(ctx, bgrad, fused, plain, gelu_pre, dbias_scratch, N, IC, OC, accumulate);
+    if (path == 0) {
+        if (matmul_lt_gemm(ctx, bgrad, 1)) {
+            matmul_dbias_from_epilogue(ctx, dbias_pre, dbias_scratch, IC, accumulate);
+            ctx->last_dinp = "DGELU_BGRAD epilogue";
+            ctx->last_dbias_pre = accumulate ? "DGELU_BGRAD epilogue + add kernel" : "DGELU_BGRAD epilogue";
+            return;
+        }
+        matmul_note_fallback(ctx, bgrad->epilogue, fn);
+        path = 2;
+    }
+    if (path == 1) {
+        matmul_dgelu_run(ctx, fused, plain, gelu_pre, N, IC, OC, fn);
+        matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, NULL, NULL, N, IC, accumulate);
+        ctx->last_dbias_pre = "reduction kernel";
+        return;
+    }
+    matmul_lt_gemm(ctx, plain, 0);
+    matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, gelu_pre, dinp, N, IC, accumulate);
+    ctx->last_dinp = "DEFAULT epilogue + dGELU in the reduction kernel";
+    ctx->last_dbias_pre = "dGELU + reduction kernel";
+}
+
 // The dinp half of matmul_backward_dgelu_dbias (with dbias_pre), on ctx->stream.
 static inline void matmul_backward_dinp(MatmulContext* ctx, __nv_bfloat16* dinp, const __nv_bfloat16* dout,
                                         const __nv_bfloat16* weight, int N, int IC, int OC,
                                         const __nv_bfloat16* gelu_pre, int accumulate, void* dbias_scratch,
                                         __nv_bfloat16* dbias_pre) {
     const char* fn = "matmul_backward";
-    // ---- dinp (and dbias_pre)
     // dinpᶜ (IC, N) = weightᶜ (IC, OC) · doutᶜ (OC, N):
     //   A = weight, stored (IC, OC) ld IC, op N;  B = dout, stored (OC, N) ld OC, op N;
     //   D = dinp (IC, N) ld IC;  m = IC, n = N, k = OC;  DGELU aux = gelu_pre (N, IC) row-major =
     //   (IC, N) ld IC, laid out like D: D = GELU'(aux) ∘ (A·B), elementwise;  DGELU_BGRAD also writes
     //   the row sums of Dᶜ (m = IC values: the column sums of dinp) to the bias pointer.
-    {
-        MatmulLtGemm g;
-        g.what = "matmul_backward (dinp = dout·weight)";
-        g.transa = CUBLAS_OP_N;
-        g.transb = CUBLAS_OP_N;
-        g.m = IC;
-        g.n = N;
-        g.k = OC;
-        g.A = weight;
-        g.lda = IC;
-        g.B = dout;
-        g.ldb = OC;
-        g.D = dinp;
-        g.ldd = IC;
-        g.beta = 0.0f;
-        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-        g.bias = NULL;
-        g.aux = NULL;
-        g.aux_ld = 0;
-        if (!gelu_pre) {
-            matmul_lt_gemm(ctx, &g, 0);
-            ctx->last_dinp = "DEFAULT epilogue";
-        } else {
-            MatmulLtGemm fused = g;
-            fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
-            fused.aux = (void*)gelu_pre;  // read only
-            fused.aux_ld = IC;
-            if (!dbias_pre) {
-                matmul_dgelu_run(ctx, &fused, &g, gelu_pre, N, IC, OC, fn);
-            } else {
-                MatmulLtGemm bgrad = fused;
-                bgrad.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
-                bgrad.bias = accumulate ? dbias_scratch : (void*)dbias_pre;  // written, not accumulated
-                int path = matmul_dgelu_dbias_path(ctx, &bgrad, &fused, &g, gelu_pre, dbias_scratch, N, IC, OC,
-                                                   accumulate);
-                if (path == 0) {
-                    if (matmul_lt_gemm(ctx, &bgrad, 1)) {
-                        matmul_dbias_from_epilogue(ctx, dbias_pre, dbias_scratch, IC, accumulate);
-                        ctx->last_dinp = "DGELU_BGRAD epilogue";
-                        ctx->last_dbias_pre = accumulate ? "DGELU_BGRAD epilogue + add kernel" : "DGELU_BGRAD epilogue";
-                    } else {
-                        matmul_note_fallback(ctx, bgrad.epilogue, fn);
-                        path = 2;
-                    }
-                }
-                if (path == 1) {
-                    matmul_dgelu_run(ctx, &fused, &g, gelu_pre, N, IC, OC, fn);
-                    matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, NULL, NULL, N, IC, accumulate);
-                    ctx->last_dbias_pre = "reduction kernel";
-                } else if (path == 2) {
-                    matmul_lt_gemm(ctx, &g, 0);
-                    matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, gelu_pre, dinp, N, IC, accumulate);
-                    ctx->last_dinp = "DEFAULT epilogue + dGELU in the reduction kernel";
-                    ctx->last_dbias_pre = "dGELU + reduction kernel";
-                }
-            }
-        }
+    MatmulLtGemm g;
+    g.what = "matmul_backward (dinp = dout·weight)";
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_N;
+    g.m = IC;
+    g.n = N;
+    g.k = OC;
+    g.A = weight;
+    g.lda = IC;
+    g.B = dout;
+    g.ldb = OC;
+    g.D = dinp;
+    g.ldd = IC;
+    g.beta = 0.0f;
+    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    g.bias = NULL;
+    g.aux = NULL;
+    g.aux_ld = 0;
+    if (!gelu_pre) {
+        matmul_lt_gemm(ctx, &g, 0);
+        ctx->last_dinp = "DEFAULT epilogue";
+        return;
     }
-
+    MatmulLtGemm fused = g;
+    fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    fused.aux = (void*)gelu_pre;  // read only
+    fused.aux_ld = IC;
+    if (!dbias_pre) {
+        matmul_dgelu_run(ctx, &fused, &g, gelu_pre, N, IC, OC, fn);
+        return;
+    }
+    MatmulLtGemm bgrad = fused;
+    bgrad.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    bgrad.bias = accumulate ? dbias_scratch : (void*)dbias_pre;  // written, not accumulated
+    matmul_dgelu_dbias_run(ctx, &bgrad, &fused, &g, gelu_pre, dbias_pre, dbias_scratch, N, IC, OC, accumulate, fn);
 }
 
 // The dweight (and dbias) half of matmul_backward_dgelu_dbias, on ctx->stream.
@@ -977,7 +986,6 @@ static inline void matmul_backward_dweight(MatmulContext* ctx, __nv_bfloat16* dw
                                            const __nv_bfloat16* dout, const __nv_bfloat16* inp, int N, int IC,
                                            int OC, int accumulate, void* dbias_scratch) {
     const char* fn = "matmul_backward";
-    // ---- dweight (and dbias)
     // dweightᶜ (IC, OC) = inpᶜ (IC, N) · doutᶜᵀ (N, OC):
     //   A = inp, stored (IC, N) ld IC, op N;  B = dout, stored (OC, N) ld OC, op T;
     //   D = dweight (IC, OC) ld IC;  m = IC, n = OC, k = N;  beta = 1 accumulates in place.
@@ -1055,10 +1063,12 @@ static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16
     ctx->last_dinp = "skipped";
     ctx->last_dbias_pre = "skipped";
     const int flags = (dinp != NULL) | (dbias != NULL) << 1 | (gelu_pre != NULL) << 2 | (dbias_pre != NULL) << 3;
-    const int overlap = ctx->overlap && dinp && matmul_path_find(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags) >= 0;
+    const int overlap =
+        ctx->overlap && dinp && matmul_path_find(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags) >= 0;
     if (!overlap) {
         // One stream (and the first call of a shape, whose choices are timed alone).
-        if (dinp) matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+        if (dinp)
+            matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
         matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, dbias_scratch);
         if (ctx->overlap && dinp && matmul_side_reserve(ctx, matmul_dbias_scratch_bytes(N, OC)))
             matmul_path_remember(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags, 0);
