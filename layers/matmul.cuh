@@ -41,7 +41,7 @@
 //   algorithm for it; MATMUL_FUSE_NONE always the kernels (gelu.cuh: GELU of the bf16
 //   pre-activation, dGELU of the bf16 dinp; dbias by a deterministic two-pass reduction: fp32 partial
 //   sums per row chunk, then a fixed-order sum). ctx->last_* say which path ran.
-// Algorithms (ctx->tune = 1, the default): at the first GEMM of each shape (sizes, layouts, epilogue,
+// Algorithms (ctx->tune = 1; 0 after matmul_context_create): at the first GEMM of each shape (sizes, layouts, epilogue,
 // alignment, beta), the MATMUL_TUNE_CANDIDATES best algorithms of cuBLASLt's heuristic are timed on
 // the call's own buffers (an output read because beta != 0 is saved and restored around the timing)
 // and the fastest is cached for the context's life; the heuristic's first stays unless another is
@@ -115,7 +115,7 @@ typedef struct {
     size_t workspace_bytes;
     cudaStream_t stream;     // every GEMM and kernel of this context runs on it
     MatmulFusion fusion;     // MATMUL_FUSE_AUTO after matmul_context_create
-    int tune;                // 1 after matmul_context_create: time the heuristic's candidates per shape
+    int tune;                // 1: time the heuristic's candidates and the paths per shape (0 after create)
     int log;                 // print timings and choices to stderr (MATMUL_TUNE_LOG=1)
     // What the last calls did (static strings, for logs and tests).
     const char* last_forward;
@@ -217,14 +217,15 @@ static inline void matmul_require_pointer(const char* fn, const char* name, cons
 
 // ---- context ------------------------------------------------------------------------------------
 
-// Creates the cuBLASLt handle and the workspace; everything runs on stream (0: the default stream).
-// Tuning and MATMUL_FUSE_AUTO are on; set ctx->tune = 0 (or another fusion) before the first GEMM.
+// Creates the cuBLASLt handle and the workspaces; everything runs on stream (0: the default stream).
+// MATMUL_FUSE_AUTO with ctx->tune = 0: fixed choices, the same in every context and process; set
+// ctx->tune = 1 before the first GEMM to time them (train_gpt does, for flash2 without --deterministic).
 static inline void matmul_context_create(MatmulContext* ctx, cudaStream_t stream) {
     memset(ctx, 0, sizeof(*ctx));
     ctx->workspace_bytes = MATMUL_WORKSPACE_BYTES;
     ctx->stream = stream;
     ctx->fusion = MATMUL_FUSE_AUTO;
-    ctx->tune = 1;
+    ctx->tune = 0;
     const char* log = getenv("MATMUL_TUNE_LOG");
     ctx->log = log && log[0] && strcmp(log, "0") != 0;
     ctx->last_forward = ctx->last_dinp = ctx->last_dbias = ctx->last_dbias_pre = "none";
