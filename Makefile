@@ -34,14 +34,16 @@ TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint \
-             $(BUILD)/test_launcher $(BUILD)/test_stop_signal
+             $(BUILD)/test_launcher $(BUILD)/test_stop_signal $(BUILD)/test_tokenizer $(BUILD)/test_watchdog
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
-             $(BUILD)/test_gpu_gpt
+             $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \
+             $(BUILD)/test_gpu_generate
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
-             $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o
-TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
+             $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
+             $(BUILD)/kv_cache.o
+TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
          $(BUILD)/gpu_ceilings
 
 .PHONY: all train test dataset venv clean
@@ -113,6 +115,10 @@ $(BUILD)/gpu_ceilings: layers/gpu_ceilings.cu | $(BUILD)
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 
+# The decoding attention alone, for scripts/bench_decode.py.
+$(BUILD)/libdecode.so: $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o $(BUILD)/decode_flat_api.o
+	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^
+
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/%.o: test/%.c | $(BUILD)
 	$(CC) $(TEST_CFLAGS) $(DEPFLAGS) -c -o $@ $<
@@ -137,6 +143,9 @@ $(BUILD)/%_plain.o: test/%.c | $(BUILD)
 $(BUILD)/test_gpu_attention: test/test_gpu_attention.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
 
+$(BUILD)/test_gpu_decode: test/test_gpu_decode.cu $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode.d -o $@ $< $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o
+
 $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas
 
@@ -146,6 +155,18 @@ $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o
 $(BUILD)/test_gpu_gpt: test/test_gpu_gpt.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_gpt.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o \
 		$(ATTN_OBJS) -lcublasLt -lcublas
+
+$(BUILD)/test_gpu_recompute: test/test_gpu_recompute.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_recompute.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
+
+# multi_gpu.cuh on one GPU through a one-rank NCCL communicator (skips in a build without NCCL).
+$(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+
+$(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

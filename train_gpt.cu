@@ -15,8 +15,9 @@
 //   data/train_state.cuh   checkpoints (format: data/checkpoint.h) and llm.c weight files
 //   data/dataloader.h      token shards
 //   attention/attention.h  the attention backends (--attn)
+//   layers/gpt_generate.cuh --generate and the samples of --sample-every (KV cache: layers/gpt_decode.cuh)
 //
-// Sections, top to bottom: options, plan, training, main.
+// Sections, top to bottom: options, plan, training, generation, main.
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -36,6 +37,7 @@
 #include "data/train_state.cuh"
 #include "layers/cuda_common.h"
 #include "layers/gpt_config.h"
+#include "layers/gpt_generate.cuh"
 #include "layers/gpt_model.cuh"
 #include "layers/launcher.h"
 #include "layers/multi_gpu.cuh"
@@ -51,6 +53,7 @@ typedef struct {
     int layers, hidden, heads;    // overrides of the named shape; 0 = keep
     AttentionBackend attn;
     int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
+    RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/gpt_model.cuh)
     const char* train_data;       // shard path or glob
     const char* val_data;         // shard path or glob; "" = no validation
     int shuffle;
@@ -75,13 +78,23 @@ typedef struct {
     const char* dump_grads;       // write the first step's gradients here (llm.c format, bf16)
     int zero;                     // 1: ZeRO-1, optimizer state and master weights sharded over the GPUs
     double rendezvous_timeout;    // seconds a rank waits for the others at the start (multi-GPU)
+    const char* rendezvous;       // "tcp" (MASTER_ADDR:MASTER_PORT) or "file:PATH"
+    double nccl_timeout;          // seconds the watchdog waits for a collective before aborting
     double peak_tflops;           // 0 = look up by GPU name
+    int generate;                 // --generate M: continue the prompt by M tokens instead of training; 0 = train
+    const char* prompt_tokens;    // a comma list of token ids or a file of them; NULL = <|endoftext|>
+    int num_samples;              // sequences generated together
+    double temperature;           // 0 = greedy
+    int top_k;                    // 0 = all tokens
+    long long sample_every;       // print a sample every N training steps; 0 = never
+    int sample_tokens;            // tokens per sample during training
+    const char* tokenizer;        // llm.c token table; NULL = gpt2_tokenizer.bin beside the training shards
 } Options;
 
 typedef enum {
     OPT_SECTION,  // a heading of --help (help is its title)
     OPT_TEXT,     // a paragraph of --help, printed as it is
-    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_ZERO, OPT_HELP
+    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_RECOMPUTE, OPT_ZERO, OPT_HELP
 } OptionKind;
 
 typedef struct {
@@ -112,13 +125,19 @@ static const OptionSpec OPTIONS[] = {
      "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
      "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway); GEMMs then "
      "take cuBLASLt's first algorithm, as with naive and flash1, not the fastest timed at start-up"},
+    {"recompute", 0, OPT_RECOMPUTE, FIELD(recompute), "none", "MODE", 0, 0,
+     "none | selective | full: activation recomputation for long sequences. selective keeps the GEMM outputs "
+     "and recomputes LayerNorms and GELU (and naive attention's forward) in the backward; full keeps only each "
+     "block's input and reruns the block's forward in its backward (about a third more compute). The plan "
+     "shows the activation memory of each"},
     SECTION("data"),
     {"train-data", 'i', OPT_STRING, FIELD(train_data), "data/tinyshakespeare/tinyshakespeare_train_*.bin",
      "PATTERN", 0, 0, "training shards, a path or a glob"},
     {"val-data", 'j', OPT_STRING, FIELD(val_data), "data/tinyshakespeare/tinyshakespeare_val_*.bin", "PATTERN", 0,
      0, "validation shards; \"\" for none"},
     {"shuffle", 0, OPT_FLAG, FIELD(shuffle), NULL, NULL, 0, 0, "shuffle shard and batch order every epoch"},
-    {"seed", 0, OPT_SEED, FIELD(seed), "1337", "N", 0, INT64_MAX, "seed for shuffling and the initialization"},
+    {"seed", 0, OPT_SEED, FIELD(seed), "1337", "N", 0, INT64_MAX,
+     "seed for shuffling, the initialization and sampling"},
     SECTION("batch"),
     {"batch-size", 'b', OPT_INT, FIELD(batch_size), "4", "N", 1, 1 << 20, "sequences per micro step per GPU"},
     {"seq-len", 't', OPT_INT, FIELD(seq_len), "1024", "N", 1, 1 << 20, "tokens per sequence"},
@@ -166,16 +185,41 @@ static const OptionSpec OPTIONS[] = {
      "over the GPUs"},
     {"rendezvous-timeout", 0, OPT_DOUBLE, FIELD(rendezvous_timeout), "120", "S", 1, 0,
      "seconds the ranks wait for each other at the start"},
+    {"rendezvous", 0, OPT_STRING, FIELD(rendezvous), "tcp", "HOW", 0, 0,
+     "tcp: rank 0 hands NCCL's id to the others at MASTER_ADDR:MASTER_PORT; file:PATH: through files at PATH on a "
+     "filesystem every rank shares (for nodes that cannot reach each other's ports; no heartbeat then)"},
+    {"nccl-timeout", 0, OPT_DOUBLE, FIELD(nccl_timeout), "300", "S", 1, 0,
+     "the watchdog: when a collective has not completed after S seconds (or NCCL reports an error, or a rank's "
+     "process ended), every rank prints the step, the collective and the suspected rank, aborts NCCL and exits 1"},
     TEXT("  launchers (the rank and world size come from the environment, first match wins):\n"
          "    torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT\n"
          "    mpirun          OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (Open MPI)\n"
          "    srun            SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID\n"
          "  Rank 0 hands NCCL's id to the others over TCP at MASTER_ADDR:MASTER_PORT (default\n"
-         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host). Each process\n"
-         "  uses GPU LOCAL_RANK. -b is per GPU; --total-batch-tokens is global (B*T*GPUs*accumulation).\n"
+         "  127.0.0.1:29500: one node; on several nodes set MASTER_ADDR to rank 0's host), or through\n"
+         "  files with --rendezvous file:PATH. Each process uses GPU LOCAL_RANK. -b is per GPU;\n"
+         "  --total-batch-tokens is global (B*T*GPUs*accumulation). A stop signal to any rank stops\n"
+         "  every rank after the same step.\n"
          "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
          "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
          "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"),
+    SECTION("generation (layers/gpt_generate.cuh)"),
+    {"generate", 0, OPT_INT, FIELD(generate), NULL, "M", 1, 1 << 20,
+     "instead of training, continue the prompt by M tokens with a KV cache, from --resume CKPT or --init-from "
+     "FILE (the model's shape comes from that file), and print the text and tokens/s"},
+    {"prompt-tokens", 0, OPT_STRING, FIELD(prompt_tokens), NULL, "LIST", 0, 0,
+     "the prompt as token ids: a comma list (464,3290) or a file of ids (scripts/encode_prompt.py writes one "
+     "from text); default: <|endoftext|>"},
+    {"num-samples", 0, OPT_INT, FIELD(num_samples), "1", "N", 1, 4096, "sequences generated together (a batch)"},
+    {"temperature", 0, OPT_DOUBLE, FIELD(temperature), "1.0", "X", 0, 0,
+     "sampling temperature; 0 = greedy (the most likely token)"},
+    {"top-k", 0, OPT_INT, FIELD(top_k), "0", "N", 0, 1 << 20, "sample among the N most likely tokens; 0 = all"},
+    {"sample-every", 0, OPT_LONG, FIELD(sample_every), "0", "N", 0, INT64_MAX,
+     "while training, print a sample from <|endoftext|> every N steps (and after the last); 0 = never"},
+    {"sample-tokens", 0, OPT_INT, FIELD(sample_tokens), "64", "M", 1, 1 << 20, "tokens per sample during training"},
+    {"tokenizer", 0, OPT_STRING, FIELD(tokenizer), NULL, "PATH", 0, 0,
+     "GPT-2 token table (llm.c's gpt2_tokenizer.bin format) to print text; default: gpt2_tokenizer.bin beside "
+     "the training shards, else token ids are printed"},
     SECTION("throughput"),
     {"peak-tflops", 0, OPT_DOUBLE, FIELD(peak_tflops), NULL, "X", 0, 0,
      "dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM 989.4, A100 312)"},
@@ -262,6 +306,12 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
                 exit(2);
             }
             break;
+        case OPT_RECOMPUTE:
+            if (gpt_recompute_from_name(text, (RecomputeMode*)field) != 0) {
+                fprintf(stderr, "error: --recompute expects none, selective or full, got \"%s\"\n", text);
+                exit(2);
+            }
+            break;
         case OPT_ZERO:
             if (strcmp(text, "0") != 0 && strcmp(text, "1") != 0) {
                 fprintf(stderr, "error: --zero expects 0 (no sharding) or 1 (ZeRO-1: optimizer state and master "
@@ -275,6 +325,41 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
 }
 
 static int resume_auto(const Options* opt) { return opt->resume && strcmp(opt->resume, "auto") == 0; }
+
+// Exits (2) on generation flags that cannot work: --generate needs weights and does not train;
+// the sampling flags need --generate or --sample-every.
+static void check_generation_options(const Options* opt) {
+    if (!isfinite(opt->temperature)) {
+        fprintf(stderr, "error: --temperature must be a finite number >= 0 (0 = greedy)\n");
+        exit(2);
+    }
+    if (opt->generate) {
+        if ((!opt->resume && !opt->init_from) || resume_auto(opt)) {
+            fprintf(stderr, "error: --generate needs the weights: --resume CKPT (a checkpoint file or directory) or "
+                            "--init-from FILE (an llm.c model file)\n");
+            exit(2);
+        }
+        if (opt->resume && opt->init_from) {
+            fprintf(stderr, "error: --resume and --init-from both set the weights; give one of them\n");
+            exit(2);
+        }
+        if (opt->sample_every) {
+            fprintf(stderr, "error: --sample-every prints samples while training; --generate does not train\n");
+            exit(2);
+        }
+        return;
+    }
+    if (opt->sample_every && opt->sample_tokens > opt->seq_len) {
+        fprintf(stderr, "error: --sample-tokens %d is more than the model's %d positions (--seq-len); sample at most "
+                        "%d tokens\n", opt->sample_tokens, opt->seq_len, opt->seq_len);
+        exit(2);
+    }
+    if (opt->prompt_tokens || opt->num_samples != 1) {
+        fprintf(stderr, "error: --%s is for --generate M (continue a prompt by M tokens)\n",
+                opt->prompt_tokens ? "prompt-tokens" : "num-samples");
+        exit(2);
+    }
+}
 
 // Exits (2) on combinations of flags that cannot work together.
 static void check_option_combinations(const Options* opt) {
@@ -290,6 +375,7 @@ static void check_option_combinations(const Options* opt) {
         fprintf(stderr, "error: --checkpoint-every needs --checkpoint-dir DIR\n");
         exit(2);
     }
+    check_generation_options(opt);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -351,9 +437,13 @@ typedef struct {
     int resume_auto_fresh;                  // --resume auto found no checkpoint
     char resume_dir[CHECKPOINT_PATH_MAX];
     const char* checkpoint_dir;        // NULL: no checkpoints
+    const char* rendezvous_file;       // --rendezvous file:PATH's PATH; NULL: TCP
     long long start_step;              // the first step this run takes: 1, or the checkpoint's step + 1
     DataLoaderState start_data;        // the data position of start_step
     double flops_per_step, state_bytes, peak_tflops;
+    double act_bytes[NUM_RECOMPUTE_MODES];  // activations per GPU of each --recompute mode (plan estimate)
+    double recompute_flops_per_step;       // per GPU: what recomputation adds (hardware FLOPs, not model FLOPs)
+    const char* recompute_what;            // the GEMM and attention work it repeats, for the plan
     int device;
     GpuInfo gpu;
 } Plan;
@@ -369,6 +459,10 @@ static void plan_launch(Plan* p, Options* opt) {
         exit(2);
     }
     p->rank = p->launch.rank, p->world = p->launch.world;
+    if (launcher_parse_method(opt->rendezvous, &p->rendezvous_file, err, sizeof(err)) < 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(2);
+    }
     if (p->rank != 0 && !freopen("/dev/null", "w", stdout)) {
         fprintf(stderr, "error: rank %d cannot silence its output: %s\n", p->rank, strerror(errno));
         exit(1);
@@ -464,6 +558,23 @@ static void plan_data(Plan* p) {
                               : (p->micro_batches_per_epoch + p->accumulation_steps - 1) / p->accumulation_steps;
 }
 
+// The activation memory of each --recompute mode (before any CUDA call: an estimate within a few MiB of
+// scratch) and the FLOPs the chosen mode adds per optimizer step and GPU.
+static void plan_activations(Plan* p) {
+    const Options* opt = p->opt;
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
+        p->act_bytes[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn,
+                                                       (RecomputeMode)r, 0);
+    static GPTModel shape;
+    memset(&shape, 0, sizeof(shape));
+    gpt_model_set_shape(&shape, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0);
+    p->recompute_flops_per_step = gpt_recompute_flops(&shape) * (double)p->accumulation_steps;
+    p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
+                        : opt->recompute == RECOMPUTE_SELECTIVE && shape.att_saved_bytes > 0
+                            ? "the attention forward (its T^2 part) again in the backward, "
+                            : "";
+}
+
 // The checkpoint header fields that describe this run, and the optimizer state's range.
 static void plan_state(Plan* p) {
     const Options* opt = p->opt;
@@ -492,6 +603,7 @@ static void plan_state(Plan* p) {
     p->state_bytes = p->world == 1 ? (double)p->num_params * (2 + 2 + 4 + 4 + 4)
                                    : (double)p->padded_params * (2 + 2) + (double)p->state_elems * (4 + 4 + 4);
     p->flops_per_step = gpt_flops_per_sequence(c, opt->seq_len) * (double)(p->total_batch_tokens / opt->seq_len);
+    plan_activations(p);
 }
 
 // --resume auto: the newest complete checkpoint in --checkpoint-dir, into `found`; 0 when there is none.
@@ -552,6 +664,11 @@ static void plan_files(Plan* p) {
         ModelFile file;
         train_state_open_model_file(&file, opt->init_from, &p->config);
         model_file_close(&file);
+    }
+    if (opt->sample_every > 0 && opt->tokenizer) {  // the samples' token table, checked now (loaded later)
+        Tokenizer table;
+        generate_open_tokenizer(&table, opt->tokenizer, opt->train_data);
+        tokenizer_free(&table);
     }
 }
 
@@ -623,10 +740,52 @@ static void print_plan_run(const Plan* p) {
     } else {
         printf("checkpoints  none (--checkpoint-dir DIR to save them)\n");
     }
+    if (opt->sample_every > 0)
+        printf("samples      every %lld steps and after the last: %d tokens from <|endoftext|>, temperature %g, top-k "
+               "%d (0: all), seed %llu\n", opt->sample_every, opt->sample_tokens, opt->temperature, opt->top_k,
+               (unsigned long long)opt->seed);
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", p->flops_per_step / 1e12);
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
            opt->zero ? ", the last three sharded over the GPUs" : "");
+    printf("activations  none %.2f GiB, selective %.2f GiB, full %.2f GiB (--recompute; a %d x %d micro batch%s); "
+           "this run: %s\n", gib(p->act_bytes[RECOMPUTE_NONE]), gib(p->act_bytes[RECOMPUTE_SELECTIVE]),
+           gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len, p->world > 1 ? ", per GPU" : "",
+           RECOMPUTE_NAMES[opt->recompute]);
+    if (p->recompute_flops_per_step > 0)
+        printf("recompute    %.3f TFLOP per optimizer step per GPU (%s%s): hardware FLOPs, not model FLOPs; the "
+               "log shows both\n", p->recompute_flops_per_step / 1e12, p->recompute_what,
+               "the LM head's logits of all chunks but the last");
+}
+
+// Room left for what is allocated besides the model state and the activations (cuBLASLt workspace,
+// token arrays, optimizer scratch, the CUDA libraries' own allocations).
+#define MEMORY_MARGIN_BYTES (512.0 * 1024 * 1024)
+
+// Exits (1) before any allocation when the model state and this mode's activations cannot fit the free
+// memory, naming the --recompute mode that would (exact sizes: the GPU is set).
+static void check_activations_fit(const Plan* p) {
+    const Options* opt = p->opt;
+    const double free_bytes = (double)p->gpu.free_bytes;
+    double need[NUM_RECOMPUTE_MODES];
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
+        need[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn, (RecomputeMode)r, 1);
+    if (p->state_bytes + need[opt->recompute] + MEMORY_MARGIN_BYTES <= free_bytes) return;
+    fprintf(stderr, "error: out of GPU memory: the activations of a %d x %d micro batch need %.2f GiB with --recompute "
+                    "%s, and the model state %.2f GiB; %.2f GiB are free\n", opt->batch_size, opt->seq_len,
+            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes));
+    int fits = -1;
+    for (int r = opt->recompute + 1; r < NUM_RECOMPUTE_MODES && fits < 0; r++)
+        if (p->state_bytes + need[r] + MEMORY_MARGIN_BYTES <= free_bytes) fits = r;
+    if (fits >= 0)
+        fprintf(stderr, "hint: --recompute %s would fit (its activations need %.2f GiB); or lower --batch-size "
+                        "(--total-batch-tokens keeps the tokens per step through accumulation) or --seq-len\n",
+                RECOMPUTE_NAMES[fits], gib(need[fits]));
+    else
+        fprintf(stderr, "hint: no --recompute mode fits (full needs %.2f GiB); lower --batch-size "
+                        "(--total-batch-tokens keeps the tokens per step through accumulation) or --seq-len, or use "
+                        "a smaller model\n", gib(need[RECOMPUTE_FULL]));
+    exit(1);
 }
 
 // Each process uses GPU LOCAL_RANK (else its rank) of those it sees, set before any other CUDA work;
@@ -642,8 +801,13 @@ static void plan_gpu(Plan* p) {
     p->gpu = gpu_info(p->device);
     printf("gpus         %d (launcher: %s), zero %d", p->world, p->launch.source, opt->zero);
     if (p->world > 1)
-        printf(", rank 0 on GPU %d; rendezvous %s:%d, timeout %g s; TFLOP/s and MFU are per GPU", p->device,
-               p->launch.master_addr, p->launch.master_port, opt->rendezvous_timeout);
+        if (p->rendezvous_file)
+            printf(", rank 0 on GPU %d; rendezvous file %s, timeout %g s; NCCL watchdog %g s; TFLOP/s and MFU are per "
+                   "GPU", p->device, p->rendezvous_file, opt->rendezvous_timeout, opt->nccl_timeout);
+        else
+            printf(", rank 0 on GPU %d; rendezvous %s:%d, timeout %g s; NCCL watchdog %g s; TFLOP/s and MFU are per "
+                   "GPU", p->device, p->launch.master_addr, p->launch.master_port, opt->rendezvous_timeout,
+                   opt->nccl_timeout);
     printf("\n");
     if (!p->gpu.found) {
         printf("gpu          none found\n");
@@ -664,6 +828,7 @@ static void plan_gpu(Plan* p) {
                 gib(p->state_bytes), gib((double)g->free_bytes));
         exit(1);
     }
+    if (!opt->plan_only) check_activations_fit(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -681,6 +846,7 @@ typedef struct {
     FILE* log;               // --log-file (rank 0)
     char last_checkpoint[CHECKPOINT_PATH_MAX + 64];
     long long last_checkpoint_step;
+    int stop_any;              // several GPUs: some rank got a stop signal (this step's all-reduce says)
     // for the ETA and the summary: this launch's steps
     double started;            // wall clock (s) when the first step began
     long long steps_done;
@@ -688,6 +854,8 @@ typedef struct {
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
+    TrainingSampler* sampler;  // --sample-every (rank 0), else NULL
+    Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
 } Trainer;
 
 static double wall_seconds(void) {
@@ -751,8 +919,8 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     const char* profile_step = getenv("TRAIN_GPT_PROFILE_STEP");  // for a profiler started with profiling off
     t->profile_step = profile_step ? atoll(profile_step) : 0;
     CUDA_CHECK(cudaStreamCreate(&t->stream));
-    if (gpt_model_create_padded(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, t->stream,
-                                optimizer_pad_multiple(p->world)) != 0)
+    if (gpt_model_create_with(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0,
+                              t->stream, optimizer_pad_multiple(p->world)) != 0)
         exit(1);
     t->model.deterministic_attention = opt->deterministic;
     // GEMM algorithms timed at start-up may differ between processes: not where reruns must give the
@@ -775,10 +943,18 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     }
     CUDA_CHECK(cudaEventCreate(&t->start));
     CUDA_CHECK(cudaEventCreate(&t->stop));
+    if (opt->sample_every > 0 && p->rank == 0) {
+        static TrainingSampler sampler;
+        generate_open_tokenizer(&t->tokenizer, opt->tokenizer, opt->train_data);
+        training_sampler_create(&sampler, &t->model, opt->sample_tokens, opt->temperature, opt->top_k, opt->seed);
+        t->sampler = &sampler;
+    }
 }
 
 static void trainer_destroy(Trainer* t) {
     if (t->log) fclose(t->log);
+    if (t->sampler) training_sampler_destroy(t->sampler);
+    tokenizer_free(&t->tokenizer);
     CUDA_CHECK(cudaEventDestroy(t->start));
     CUDA_CHECK(cudaEventDestroy(t->stop));
     optimizer_destroy(&t->optimizer);
@@ -807,12 +983,13 @@ static double forward_backward(Plan* p, Trainer* t) {
 }
 
 // The global gradient norm (on the host; the device copy is norm_device()); several GPUs: also the
-// mean loss over all ranks, in *loss.
+// mean loss over all ranks, in *loss, and whether any rank got a stop signal (t->stop_any).
 static float gradient_norm(Trainer* t, double* loss) {
     if (!t->mg) return optimizer_grad_norm(&t->optimizer, &t->model);
     multi_gpu_wait_grads(t->mg, t->stream);
     float norm = 0.0f, mean_loss = 0.0f;
-    multi_gpu_norm_and_loss(t->mg, t->optimizer.norm_scratch, *loss, &norm, &mean_loss, t->stream);
+    multi_gpu_norm_and_loss(t->mg, t->optimizer.norm_scratch, *loss, stop_signal_received() != 0, &norm, &mean_loss,
+                            &t->stop_any, t->stream);
     *loss = mean_loss;
     return norm;
 }
@@ -834,19 +1011,21 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
     const double seconds = ms / 1e3;
     const double tokens_per_s = (double)p->total_batch_tokens / seconds;
     const double tflops = p->flops_per_step / p->world / seconds / 1e12;  // per GPU
+    const double hw_tflops = tflops + p->recompute_flops_per_step / seconds / 1e12;  // with recomputation
     const double mfu = p->peak_tflops > 0 ? 100.0 * tflops / p->peak_tflops : 0.0;
     t->steps_done++;
     t->step_seconds += seconds;
-    char eta[32];
+    char eta[32], hw[64] = "";
     format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
                     sizeof(eta));
+    if (p->recompute_flops_per_step > 0) snprintf(hw, sizeof(hw), "hw %.1f TFLOP/s with recompute | ", hw_tflops);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
-           "ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, eta);
+           "%sETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, hw, eta);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
-                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f}\n",
-                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0);
+                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f, \"hw_tflops_per_gpu\": %.2f}\n",
+                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops);
 }
 
 // Mean loss over --val-batches validation micro batches (0 or more than there are: all of them).
@@ -866,7 +1045,7 @@ static void validate(Plan* p, Trainer* t, long long step) {
         sum += gpt_model_mean_loss(&t->model);
     }
     double loss = sum / (double)n;
-    if (t->mg) loss = multi_gpu_sum(t->mg, loss, t->stream) / p->world;
+    if (t->mg) loss = multi_gpu_sum(t->mg, loss, t->stream, "validation loss all-reduce") / p->world;
     printf("step %5lld/%lld | val loss %.4f\n", step, p->steps, loss);
     if (t->best_val_step == 0 || loss < t->best_val) t->best_val = loss, t->best_val_step = step;
     if (t->log) fprintf(t->log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, loss);
@@ -874,6 +1053,10 @@ static void validate(Plan* p, Trainer* t, long long step) {
 
 static int validation_due(const Plan* p, long long step) {
     return p->have_val && ((p->opt->val_every > 0 && step % p->opt->val_every == 0) || step == p->steps);
+}
+
+static int sample_due(const Plan* p, const Trainer* t, long long step) {
+    return t->sampler && (step % p->opt->sample_every == 0 || step == p->steps);
 }
 
 static int checkpoint_due(const Plan* p, long long step) {
@@ -897,7 +1080,7 @@ static int save_checkpoint(const Plan* p, Trainer* t, long long step, DataLoader
     int failed = 0;
     if (sharded || p->rank == 0)
         failed = train_state_save(p->checkpoint_dir, h, &t->model, &t->optimizer, t->staging, p->rank) != 0;
-    if (t->mg && multi_gpu_sum(t->mg, failed, t->stream) > 0) {
+    if (t->mg && multi_gpu_sum(t->mg, failed, t->stream, "all-reduce of the checkpoint's outcome") > 0) {
         if (!failed && p->rank == 0)
             fprintf(stderr, "warning: checkpoint at step %lld not saved by every rank (see their warnings); the "
                             "previous checkpoints are kept\n", step);
@@ -926,6 +1109,7 @@ static void stop_non_finite(const Plan* p, Trainer* t, long long step, DataLoade
     else
         fprintf(stderr, "hint: lower --lr or raise --warmup-steps (and save checkpoints with --checkpoint-dir to "
                         "resume from the last good step)\n");
+    if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops here (the norm and loss are global)
     exit(1);
 }
 
@@ -940,36 +1124,38 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
     printf("summary      steps %lld-%lld of %lld in %s (wall), %lld tokens; mean %.1f TFLOP/s per GPU, %s (over "
            "the steps' own time)\n", last_step - t->steps_done + 1, last_step, p->steps, wall,
            t->steps_done * p->total_batch_tokens, tflops, mfu);
+    if (p->recompute_flops_per_step > 0 && t->steps_done)
+        printf("             hardware %.1f TFLOP/s per GPU with the recomputation (--recompute %s)\n",
+               tflops + p->recompute_flops_per_step * (double)t->steps_done / t->step_seconds / 1e12,
+               RECOMPUTE_NAMES[p->opt->recompute]);
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->last_checkpoint[0]) printf("             last checkpoint %s\n", t->last_checkpoint);
     else printf("             no checkpoint saved\n");
 }
 
-// Whether a stop signal reached this process or, with several GPUs, any rank (all ranks agree: one
-// all-reduce, so they stop after the same step).
-static int stop_requested(Trainer* t) {
-    int stop = stop_signal_received() != 0;
-    if (t->mg) stop = multi_gpu_sum(t->mg, stop, t->stream) > 0;
-    return stop;
-}
+// Whether a stop signal reached this process or, with several GPUs, any rank: the flag rode in this
+// step's (norm, loss, stop) all-reduce, so every rank sees the same answer after the same step, at
+// no extra cost.
+static int stop_requested(const Trainer* t) { return t->mg ? t->stop_any : stop_signal_received() != 0; }
 
 // After a stop signal: saves the state after `step` (unless this step is saved already), says how to
 // continue, and exits with EXIT_STOPPED; when nothing could be saved, with 128 + the signal's number.
 static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
     const int sig = stop_signal_received() ? stop_signal_received() : SIGTERM;  // 0: another rank's signal
+    const char* by = stop_signal_received() ? stop_signal_name(sig) : "a stop signal on another rank";
     int saved = t->last_checkpoint_step == step;
     if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&p->train)) == 0;
     print_summary(p, t, step);
     fflush(stdout);
+    if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops after this step: a clean end
     if (saved) {
         printf("stopped      by %s after step %lld of %lld, saved in %s; to continue, run the same command with "
-               "--resume auto (or --resume %s)\n", stop_signal_name(sig), step, p->steps, t->last_checkpoint,
-               p->checkpoint_dir);
+               "--resume auto (or --resume %s)\n", by, step, p->steps, t->last_checkpoint, p->checkpoint_dir);
         exit(EXIT_STOPPED);
     }
-    fprintf(stderr, "stopped: by %s after step %lld of %lld; nothing could be saved (%s)\n", stop_signal_name(sig),
-            step, p->steps, p->checkpoint_dir ? "the checkpoint could not be written, see above" : "no --checkpoint-dir");
+    fprintf(stderr, "stopped: by %s after step %lld of %lld; nothing could be saved (%s)\n", by, step, p->steps,
+            p->checkpoint_dir ? "the checkpoint could not be written, see above" : "no --checkpoint-dir");
     exit(128 + sig);
 }
 
@@ -979,7 +1165,8 @@ static void train(Plan* p, Trainer* t) {
     t->started = wall_seconds();
     for (long long step = p->start_step; step <= p->steps; step++) {
         const DataLoaderState step_data = dataloader_get_state(&p->train);  // for a rescue checkpoint
-        if (step == t->profile_step) CUDA_CHECK(cudaProfilerStart());  // scripts/profile_step.py
+        if (t->mg) multi_gpu_set_step(t->mg, step);                         // for the watchdog's message
+        if (step == t->profile_step) CUDA_CHECK(cudaProfilerStart());       // scripts/profile_step.py
         CUDA_CHECK(cudaEventRecord(t->start, t->stream));
         double loss = forward_backward(p, t);                               // over the micro steps
         const float grad_norm = gradient_norm(t, &loss);                    // several GPUs: the mean loss too
@@ -992,6 +1179,7 @@ static void train(Plan* p, Trainer* t) {
         log_step(p, t, step, loss, lr, grad_norm, step_ms(t));
         if (step == t->profile_step) CUDA_CHECK(cudaProfilerStop());
         if (validation_due(p, step)) validate(p, t, step);
+        if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
         if (t->log) fflush(t->log);
         if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&p->train));
         if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1
@@ -1007,7 +1195,8 @@ static void join_gpus(const Plan* p, MultiGpu* mg) {
     same.rank = 0, same.shard_offset = 0;
     uint64_t tag = launcher_hash(0, &same, sizeof(same));
     tag = launcher_hash(tag, &p->steps, sizeof(p->steps));
-    multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout);
+    multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout, p->rendezvous_file,
+                   p->opt->nccl_timeout);
 }
 
 // A save cut short (kill -9, a lost node) leaves DIR/.step_*.ckpt.tmp behind: removed, with a note.
@@ -1036,6 +1225,25 @@ static void run(Plan* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Generation: --generate M continues a prompt (layers/gpt_generate.cuh) instead of training.
+
+static int generate(const Options* opt) {
+    GenerateRun g;
+    memset(&g, 0, sizeof(g));
+    static const int eot = GPT2_EOT_TOKEN;
+    int* prompt = opt->prompt_tokens ? generate_parse_prompt(opt->prompt_tokens, &g.prompt_len) : NULL;
+    g.prompt = prompt ? prompt : &eot;
+    g.prompt_len = prompt ? g.prompt_len : 1;
+    g.tokens = opt->generate, g.num_samples = opt->num_samples;
+    g.temperature = opt->temperature, g.top_k = opt->top_k, g.seed = opt->seed;
+    g.resume = opt->resume, g.init_from = opt->init_from, g.attn = opt->attn;
+    g.tokenizer = opt->tokenizer, g.shard_pattern = opt->train_data;
+    const int status = generate_run(&g);
+    free(prompt);
+    return status;
+}
+
+// ---------------------------------------------------------------------------------------------
 // main: options → plan (printed) → run
 
 int main(int argc, char** argv) {
@@ -1044,6 +1252,7 @@ int main(int argc, char** argv) {
         exit(1);
     }
     Options opt = parse_options(argc, argv);
+    if (opt.generate) return generate(&opt);
     static Plan plan;
     make_plan(&plan, &opt);
     print_plan_model(&plan);

@@ -43,7 +43,9 @@ typedef struct {
     __nv_bfloat16 *dq, *dk, *dv;  // (B, T, NH, HD) rows at stride dqkv_stride
     long dqkv_stride;
     // memory the caller provides (sizes below): `saved` lives from a forward to its backward
-    // (the naive backend keeps P there), `workspace` is scratch for the duration of one call.
+    // (the naive backend keeps P there), `workspace` is scratch for the duration of one call, forward
+    // or backward (flash2's causal forward on Hopper keeps its tile counter there; without one it
+    // launches a block per tile instead).
     void* saved;
     void* workspace;
     // backward: 1 adds the contributions to dq in a fixed order, so that reruns are bit-identical

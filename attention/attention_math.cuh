@@ -17,6 +17,10 @@
 // log-sum-exp (natural log). Backward (Algorithm 2), per block of Sᵀ (rows keys, columns queries):
 //   probs_from_scores   P = exp2(S·scale_log2 − LSE·log2 e), masked to 0
 //   dscores_from_probs  dS = P ∘ (dP − D)
+// The mma.sync and flash1 kernels also use, from the end of this file: rescale_rows_if_moved (the
+// rescale skipped by a warp vote when no row max moved), softmax_base, softmax_inv, softmax_lse (one
+// row's exponent base, 1/ℓ and LSE, for flash1's merge across warps) and block_softmax (the softmax
+// of one key block alone: flash1's per-warp slice).
 #ifndef ATTENTION_MATH_CUH
 #define ATTENTION_MATH_CUH
 
@@ -113,5 +117,61 @@ __device__ __forceinline__ void dscores_from_probs(float* dp, const float* p, co
 #pragma unroll
         for (int e = 0; e < 4; e++) dp[4 * nt + e] = p[4 * nt + e] * (dp[4 * nt + e] - d[nt * 8 + (e & 1)]);
 }
+
+// ---- additions for the mma.sync and flash1 kernels ----------------------------------------------
+// Several m16 tiles per warp (the mma.sync forward): O ·= the online softmax's factors, skipped when
+// every row of the warp kept its max (all factors 1, as in most key blocks once the maxima settle).
+// The test is a warp vote, so the branch is uniform. acc: MT m16 tiles × NT n8 tiles.
+template <int MT, int NT>
+__device__ __forceinline__ void rescale_rows_if_moved(float (&acc)[MT][NT][4], const float (&rescale)[MT][2]) {
+    bool changed = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) changed |= rescale[mt][0] != 1.f || rescale[mt][1] != 1.f;
+    if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) rescale_rows<NT>(&acc[mt][0][0], rescale[mt]);
+    }
+}
+
+// The exponent base of a row whose max is m (units of S·scale_log2): m, or 0 for a row whose keys
+// are all masked (m = −∞), so that exp2(x − base) gives 0 there, not NaN.
+__device__ __forceinline__ float softmax_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
+
+// 1/ℓ for the deferred normalization, 0 for a row with no keys (ℓ = 0).
+__device__ __forceinline__ float softmax_inv(float row_sum) { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
+
+// The row's log-sum-exp (natural log) from m (units of S·scale_log2) and ℓ.
+__device__ __forceinline__ float softmax_lse(float row_max, float row_sum) {
+    return (row_max + __log2f(row_sum)) * FLASH2_LN2;
+}
+
+// The softmax of one key block on its own, not online (flash1's per-warp slice of keys, whose
+// statistics are merged across warps afterwards): row_max = m = rowmax(S)·scale_log2,
+// P = exp2(S·scale_log2 − m) in place, row_sum = ℓ = rowsum(P) over the quad (whole rows).
+template <int NT>
+__device__ __forceinline__ void block_softmax(float* s, float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        row_max[half] = mx * scale_log2;
+        const float base = softmax_base(row_max[half]);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; e++) {
+                s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -base));
+                sum += s[4 * nt + e];
+            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        row_sum[half] = sum;
+    }
+}
+
 
 #endif  // ATTENTION_MATH_CUH

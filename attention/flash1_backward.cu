@@ -22,11 +22,15 @@
 //   finally dq = dq_accum·scale in bf16, read back by the same block after a barrier.
 // Causal: query blocks wholly before the key block are skipped; masking only on diagonal and
 // end-of-sequence blocks.
+// The per-warp step (Sᵀ, dPᵀ, Pᵀ, dSᵀ, dV and dK, dSᵀ to shared memory), the dS K product and the
+// staging of dK, dV are flash2's (flash2_backward_kernel.cuh), on the same tiles; flash1's own are
+// the loop order, D_i in the step and the read-modify-write of dq_accum.
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../layers/cuda_common.h"
 #include "backends.h"
+#include "flash2_backward_kernel.cuh"
 #include "flash2_common.cuh"
 
 void flash1_require_aligned(const void* ptr, long stride, const char* what);  // flash1_forward.cu
@@ -41,35 +45,22 @@ typedef struct {
     float scale, scale_log2;
 } Flash1BackwardParams;
 
+// The step's shapes, tiles and dQ warp split are flash2's; flash1 adds double-buffered O tiles (for
+// D_i) to shared memory.
 template <int HD, int BLOCK_M, int NWARPS>
 struct Flash1BackwardConfig {
-    static constexpr int THREADS = NWARPS * 32;
-    static constexpr int BLOCK_N = 16 * NWARPS;  // each warp owns 16 keys
-    static constexpr int Q_TILES = BLOCK_M / 8;  // n8 tiles of Sᵀ (queries)
-    static constexpr int D_TILES = HD / 8;
-    static constexpr int D_STEPS = HD / 16;
-    // dQ_i (BLOCK_M × HD) = dS K split over warps: DQ_M row groups of DQ_MT m16 tiles by DQ_N column
-    // groups of DQ_TILES n8 tiles. Two m16 tiles per warp where the warps divide that way, so that
-    // each K fragment feeds two MMAs.
-    static constexpr int PAIR_ROWS = BLOCK_M / 32;  // row groups of two m16 tiles
-    static constexpr bool DQ_PAIRS =
-        PAIR_ROWS > 0 && NWARPS % PAIR_ROWS == 0 && D_TILES % (NWARPS / (PAIR_ROWS > 0 ? PAIR_ROWS : 1)) == 0;
-    static constexpr int DQ_MT = DQ_PAIRS ? 2 : 1;
-    static constexpr int DQ_M = BLOCK_M / (16 * DQ_MT);
-    static constexpr int DQ_N = NWARPS / DQ_M;
-    static constexpr int DQ_TILES = D_TILES / DQ_N;
+    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> Step;
+    typedef typename Step::Tile Tile;
+    typedef typename Step::DsTile DsTile;  // dSᵀ (BLOCK_N keys, BLOCK_M queries)
+    static constexpr int THREADS = Step::THREADS;
+    static constexpr int BLOCK_N = Step::BLOCK_N;  // 16 keys per warp
+    static constexpr int D_TILES = Step::D_TILES;
+    static constexpr int DQ_MT = Step::DQ_MT, DQ_M = Step::DQ_M, DQ_TILES = Step::DQ_TILES;
     // D_i: THREADS_PER_ROW consecutive threads share one query row.
     static constexpr int THREADS_PER_ROW = THREADS / BLOCK_M;
-    typedef SmemTile<HD> Tile;
-    typedef SmemTile<BLOCK_M> DsTile;  // dSᵀ (BLOCK_N keys, BLOCK_M queries)
-    static constexpr int KV_ELEMS = Tile::elems(BLOCK_N);
-    static constexpr int QO_ELEMS = Tile::elems(BLOCK_M);
-    static constexpr int DS_ELEMS = DsTile::elems(BLOCK_N);
+    static constexpr int KV_ELEMS = Step::KV_ELEMS, QO_ELEMS = Step::QO_ELEMS, DS_ELEMS = Step::DS_ELEMS;
     static constexpr size_t SMEM_BYTES =
         (size_t)(2 * KV_ELEMS + 6 * QO_ELEMS + 2 * DS_ELEMS) * sizeof(__nv_bfloat16) + 4 * BLOCK_M * sizeof(float);
-    static_assert(NWARPS % DQ_M == 0 && D_TILES % DQ_N == 0, "dQ warp split");
-    static_assert(!Tile::SWIZZLE || DQ_TILES % 2 == 0, "SmemTile::at needs even chunks in swizzled tiles");
-    static_assert(BLOCK_M % 16 == 0, "query blocks are whole m16 tiles");
     static_assert(THREADS % BLOCK_M == 0 && THREADS_PER_ROW <= 32 && (THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0,
                   "D_i: a power-of-two group of lanes per row");
 };
@@ -152,41 +143,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
     // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
     const uint32_t ds_lane = DsTile::lane_base(ds_tiles, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
-    // dQ_m += dS K from dS buffer dbuf: this warp's DQ_MT m16 tiles and DQ_TILES columns of dq_accum,
-    // k = the BLOCK_N keys. The old values are all loaded before the first store, one latency for all
-    // (loading them before the products instead would hold 32 more registers through them: spills).
+    // dQ_m += dS K from dS buffer dbuf: this warp's DQ_MT m16 tiles and DQ_TILES columns of dq_accum.
+    // The old values are all loaded after the product and before the first store, one latency for
+    // all (loading them before the product instead would hold 32 more registers through it: spills).
     auto add_dq_block = [&](int m, int dbuf, bool overwrite) {
         float acc_dq[C::DQ_MT][C::DQ_TILES][4];
-#pragma unroll
-        for (int mt = 0; mt < C::DQ_MT; mt++)
-#pragma unroll
-            for (int dt = 0; dt < C::DQ_TILES; dt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc_dq[mt][dt][e] = 0.f;
-        const uint32_t ds_buf_lane = ds_lane + dbuf * C::DS_ELEMS * 2;
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_N / 16; ks++) {
-            uint32_t dsa[C::DQ_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < C::DQ_MT; mt++)
-                ldmatrix_x4_trans(dsa[mt], DsTile::at(ds_buf_lane, ks * 16, (dq_m * C::DQ_MT + mt) * 2));
-#pragma unroll
-            for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
-                uint32_t kb[4];
-                ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
-#pragma unroll
-                for (int mt = 0; mt < C::DQ_MT; mt++) {
-                    mma_16816(acc_dq[mt][2 * dp2], dsa[mt], kb[0], kb[1]);
-                    mma_16816(acc_dq[mt][2 * dp2 + 1], dsa[mt], kb[2], kb[3]);
-                }
-            }
-            if (C::DQ_TILES % 2) {
-                uint32_t kb[2];
-                ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
-#pragma unroll
-                for (int mt = 0; mt < C::DQ_MT; mt++) mma_16816(acc_dq[mt][C::DQ_TILES - 1], dsa[mt], kb[0], kb[1]);
-            }
-        }
+        dq_block_product<HD, BLOCK_M, NWARPS>(acc_dq, ds_lane + dbuf * C::DS_ELEMS * 2, k_t_lane, dq_m, dq_chunk0);
         if (!overwrite) {
 #pragma unroll
             for (int mt = 0; mt < C::DQ_MT; mt++)
@@ -234,12 +196,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
 
         for (int m = m_begin; m < m_blocks; m++) {
             const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
-            const __nv_bfloat16* q_tile = q_tiles + buf * C::QO_ELEMS;
-            const __nv_bfloat16* do_tile = do_tiles + buf * C::QO_ELEMS;
-            const uint32_t q_b_lane = Tile::lane_base(q_tile, b_row(lane), b_chunk(lane));
-            const uint32_t do_b_lane = Tile::lane_base(do_tile, b_row(lane), b_chunk(lane));
-            const uint32_t q_t_lane = Tile::lane_base(q_tile, bt_row(lane), bt_chunk(lane));
-            const uint32_t do_t_lane = Tile::lane_base(do_tile, bt_row(lane), bt_chunk(lane));
+            const BackwardLanes lanes =
+                backward_lanes<HD>(k_a_lane, v_a_lane, q_tiles + buf * C::QO_ELEMS, do_tiles + buf * C::QO_ELEMS);
             // Barrier A publishes block m (and K, V) and the dS of step m-1, and frees the other
             // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
             cp_async_wait<0>();
@@ -249,97 +207,18 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
             row_terms(buf);
             if (m > m_begin) add_dq_block(m - 1, buf ^ 1, first);
 
-            // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 16 keys × BLOCK_M queries per warp
-            float s[C::Q_TILES][4], dp[C::Q_TILES][4];
-#pragma unroll
-            for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < C::D_STEPS; ks++) {
-                uint32_t ka[4], va[4];
-                ldmatrix_x4(ka, Tile::at(k_a_lane, key_row0, ks * 2));
-                ldmatrix_x4(va, Tile::at(v_a_lane, key_row0, ks * 2));
-#pragma unroll
-                for (int np = 0; np < C::Q_TILES / 2; np++) {
-                    uint32_t qb[4], dob[4];
-                    ldmatrix_x4(qb, Tile::at(q_b_lane, np * 16, ks * 2));
-                    ldmatrix_x4(dob, Tile::at(do_b_lane, np * 16, ks * 2));
-                    mma_16816(s[2 * np], ka, qb[0], qb[1]);
-                    mma_16816(s[2 * np + 1], ka, qb[2], qb[3]);
-                    mma_16816(dp[2 * np], va, dob[0], dob[1]);
-                    mma_16816(dp[2 * np + 1], va, dob[2], dob[3]);
-                }
-            }
-            __syncthreads();  // barrier B: D and LSE·log2 e of block m are in shared memory
-
-            // Pᵀ = exp2(Sᵀ·scale_log2 − LSE·log2 e); dSᵀ = Pᵀ ∘ (dPᵀ − D). Masked entries get P = 0.
-            const float* lse_tile = lse_tiles + buf * BLOCK_M;
-            const float* d_tile = d_tiles + buf * BLOCK_M;
-            const bool needs_mask = m0 + BLOCK_M > T || n0 + BLOCK_N > T || (CAUSAL && n0 + BLOCK_N - 1 > m0);
-#pragma unroll
-            for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = n0 + key_row0 + g + (e >= 2 ? 8 : 0);
-                    const int qi = nt * 8 + 2 * t4 + (e & 1);
-                    float pe = fast_exp2(fmaf(s[nt][e], p.scale_log2, -lse_tile[qi]));
-                    if (needs_mask && (key >= T || m0 + qi >= T || (CAUSAL && key > m0 + qi))) pe = 0.f;
-                    s[nt][e] = pe;
-                    dp[nt][e] = pe * (dp[nt][e] - d_tile[qi]);
-                }
-
-            // dV += Pᵀ dO and dK += dSᵀ Q (k = queries), A operands straight from the accumulators
-#pragma unroll
-            for (int ks = 0; ks < BLOCK_M / 16; ks++) {
-                uint32_t pa[4], dsa[4];
-                accumulators_to_a(pa, s[2 * ks], s[2 * ks + 1]);
-                accumulators_to_a(dsa, dp[2 * ks], dp[2 * ks + 1]);
-#pragma unroll
-                for (int dp2 = 0; dp2 < C::D_TILES / 2; dp2++) {
-                    uint32_t dob[4], qb[4];
-                    ldmatrix_x4_trans(dob, Tile::at(do_t_lane, ks * 16, dp2 * 2));
-                    ldmatrix_x4_trans(qb, Tile::at(q_t_lane, ks * 16, dp2 * 2));
-                    mma_16816(acc_dv[2 * dp2], pa, dob[0], dob[1]);
-                    mma_16816(acc_dv[2 * dp2 + 1], pa, dob[2], dob[3]);
-                    mma_16816(acc_dk[2 * dp2], dsa, qb[0], qb[1]);
-                    mma_16816(acc_dk[2 * dp2 + 1], dsa, qb[2], qb[3]);
-                }
-                if (C::D_TILES % 2) {
-                    uint32_t dob[2], qb[2];
-                    ldmatrix_x2_trans(dob, Tile::at(do_t_lane, ks * 16, C::D_TILES - 1));  // unswizzled (HD 80)
-                    ldmatrix_x2_trans(qb, Tile::at(q_t_lane, ks * 16, C::D_TILES - 1));
-                    mma_16816(acc_dv[C::D_TILES - 1], pa, dob[0], dob[1]);
-                    mma_16816(acc_dk[C::D_TILES - 1], dsa, qb[0], qb[1]);
-                }
-            }
-
-            // dSᵀ (bf16) to shared memory for the dQ product of the next step
-#pragma unroll
-            for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int row = key_row0 + g + 8 * half;
-                    *(uint32_t*)(ds_tiles + buf * C::DS_ELEMS + DsTile::index(row, nt) + 2 * t4) =
-                        pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
-                }
+            // The warp's step (flash2's); its barrier B, after the products, publishes D and
+            // LSE·log2 e of block m (row_terms above).
+            backward_warp_step<HD, BLOCK_M, NWARPS, CAUSAL, true>(
+                acc_dk, acc_dv, lanes, lse_tiles + buf * BLOCK_M, d_tiles + buf * BLOCK_M, ds_tiles + buf * C::DS_ELEMS,
+                key_row0, n0, m0, T, p.scale_log2);
         }
         __syncthreads();  // the last dS is in shared memory
         add_dq_block(m_blocks - 1, (m_blocks - 1 - m_begin) & 1, first);
         cp_async_wait<0>();
         __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
 
-        // dK·scale and dV to bf16 in this warp's own rows of the K and V tiles, then 16-byte stores.
-#pragma unroll
-        for (int dt = 0; dt < C::D_TILES; dt++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int row = key_row0 + g + 8 * half;
-                *(uint32_t*)(k_tile + Tile::index(row, dt) + 2 * t4) =
-                    pack_bf16(acc_dk[dt][2 * half] * p.scale, acc_dk[dt][2 * half + 1] * p.scale);
-                *(uint32_t*)(v_tile + Tile::index(row, dt) + 2 * t4) =
-                    pack_bf16(acc_dv[dt][2 * half], acc_dv[dt][2 * half + 1]);
-            }
+        stage_dk_dv<HD>(acc_dk, acc_dv, k_tile, v_tile, key_row0, p.scale);
         __syncwarp();
         const long key_offset = dqkv_offset + (long)(n0 + key_row0) * p.dqkv_stride;
         store_tile<16, HD, 32>(p.dk + key_offset, p.dqkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,

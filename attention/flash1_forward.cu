@@ -21,11 +21,13 @@
 // Causal: query blocks wholly before the key block are not visited, a warp whose keys all lie
 // after the query block skips its products, and masking is applied only to slices that cross the
 // diagonal or the end of the sequence.
-// Exponentials are base 2 of S·scale·log2(e); m is kept in those units in HBM.
+// Exponentials are base 2 of S·scale·log2(e); m is kept in those units in HBM. The arithmetic (masking,
+// the per-warp softmax, the merge's base, 1/ℓ and LSE) is attention_math.cuh's.
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../layers/cuda_common.h"
+#include "attention_math.cuh"
 #include "backends.h"
 #include "flash2_common.cuh"
 
@@ -201,42 +203,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
                 if (needs_mask) {
 #pragma unroll
                     for (int mt = 0; mt < C::M_TILES; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < C::S_TILES; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int row = m0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                                const int col = warp_key0 + nt * 8 + 2 * t4 + (e & 1);
-                                if (col >= T || (CAUSAL && col > row)) s[mt][nt][e] = -INFINITY;
-                            }
+                        mask_scores<C::S_TILES, CAUSAL>(&s[mt][0][0], m0 + mt * 16 + g, warp_key0 + 2 * t4, T);
                 }
 
                 // m_w, P_w = exp2(S·scale_log2 − m_w) and ℓ_w, per row over this warp's keys
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; mt++)
-#pragma unroll
-                    for (int half = 0; half < 2; half++) {
-                        float mx = -INFINITY;
-#pragma unroll
-                        for (int nt = 0; nt < C::S_TILES; nt++)
-                            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        warp_max[mt][half] = mx * p.scale_log2;
-                        // A row whose keys are all masked keeps max −∞: subtract 0 so exp2 gives 0, not NaN.
-                        const float base = mx == -INFINITY ? 0.f : warp_max[mt][half];
-                        float sum = 0.f;
-#pragma unroll
-                        for (int nt = 0; nt < C::S_TILES; nt++)
-#pragma unroll
-                            for (int e = 2 * half; e < 2 * half + 2; e++) {
-                                s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
-                                sum += s[mt][nt][e];
-                            }
-                        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                        warp_sum[mt][half] = sum;
-                    }
+                    block_softmax<C::S_TILES>(&s[mt][0][0], warp_max[mt], warp_sum[mt], p.scale_log2);
 
                 // P_w V_w (BLOCK_M × HD), P straight from the S accumulators (bf16), k = this warp's keys
 #pragma unroll
@@ -297,7 +270,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
                 for (int w = 0; w < NWARPS; w++) m_tilde = fmaxf(m_tilde, partial_max[w * BLOCK_M + row]);
                 const float m_old = first ? -INFINITY : state[row];
                 const float m_new = fmaxf(m_old, m_tilde);
-                const float base = m_new == -INFINITY ? 0.f : m_new;
+                const float base = softmax_base(m_new);
                 // diag(ℓ_i) e^{m_i − m_new}, then ℓ_new; alpha[w] = e^{m_w − m_new} (0 for a warp with no keys)
                 const float carried = first ? 0.f : state[BLOCK_M + row] * fast_exp2(m_old - base);
                 float alpha[NWARPS];
@@ -307,7 +280,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
                     alpha[w] = fast_exp2(partial_max[w * BLOCK_M + row] - base);
                     l_new += alpha[w] * partial_sum[w * BLOCK_M + row];
                 }
-                const float inv = l_new > 0.f ? 1.f / l_new : 0.f;
+                const float inv = softmax_inv(l_new);
                 // The last key block this query block meets: the final O and LSE leave the workspace.
                 const bool last = CAUSAL ? n == (min(T, m0 + BLOCK_M) - 1) / BLOCK_N : n == n_blocks - 1;
                 const float* o_tile = o_tiles + buf * C::ACC_ELEMS + row * C::ACC_STRIDE;
@@ -344,7 +317,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
                 }
                 if (part == 0 && qi < T) {
                     if (last) {
-                        p.lse[head_row0 + qi] = (m_new + __log2f(l_new)) * FLASH2_LN2;
+                        p.lse[head_row0 + qi] = softmax_lse(m_new, l_new);
                     } else {
                         max_head[qi] = m_new;
                         sum_head[qi] = l_new;

@@ -136,6 +136,7 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
     mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
     tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, h, n0, b);
     tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, h, n0, b);
+#pragma unroll 1  // 24 registers here: an unrolled loop spills
     for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         mbar_wait(&sm.q_empty[stage], phase ^ 1);
@@ -154,6 +155,7 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
 template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int bh, int m_begin) {
+#pragma unroll 1
     for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;

@@ -16,10 +16,13 @@
 //  3. convert: dq = dq_accum · scale, to bf16, into the strided dq.
 // Causal: query blocks wholly before the key block are skipped; masking only on diagonal and
 // end-of-sequence blocks.
+// The per-warp step (backward_warp_step, dq_block_product, stage_dk_dv) is shared with flash1's
+// backward (flash1_backward.cu); its arithmetic (P and dS) is attention_math.cuh's.
 #ifndef FLASH2_BACKWARD_KERNEL_CUH
 #define FLASH2_BACKWARD_KERNEL_CUH
 
 #include "../layers/cuda_common.h"
+#include "attention_math.cuh"
 #include "flash2_common.cuh"
 
 typedef struct {
@@ -94,7 +97,7 @@ __global__ void flash2_backward_convert_dq_kernel(Flash2BackwardParams p, long c
     *(uint4*)(p.dq + ((long)b * p.T + t) * p.dqkv_stride + (long)h * HD + chunk * 8) = packed;
 }
 
-// ---- 2. the main kernel -------------------------------------------------------------------------
+// ---- 2. the main kernel's shapes (also flash1's backward's) -------------------------------------
 template <int HD, int BLOCK_M, int NWARPS>
 struct Flash2BackwardConfig {
     static constexpr int THREADS = NWARPS * 32;
@@ -123,6 +126,183 @@ struct Flash2BackwardConfig {
     static_assert(BLOCK_M % 16 == 0, "query blocks are whole m16 tiles");
 };
 
+// ---- the per-warp step, shared with flash1's backward (flash1_backward.cu) -----------------------
+// Both K/V-outer backwards give each warp 16 keys of a key block of BLOCK_N = 16·NWARPS keys and
+// step over query blocks of BLOCK_M rows, with the same shared-memory tiles (Config::Tile,
+// Config::DsTile); they differ in where D and LSE come from and in how dQ is added to dq_accum.
+
+// ldmatrix lane addresses (SmemTile::lane_base) of one step's operands: K and V as A operands,
+// Q and dO as B operands (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ) and read transposed (dV += Pᵀ dO, dK += dSᵀ Q).
+typedef struct {
+    uint32_t k_a, v_a, q_b, do_b, q_t, do_t;
+} BackwardLanes;
+
+// The lanes of the step on q_tile and do_tile (BLOCK_M, HD). The kernels compute them at the top
+// of the step, before its barrier and the dQ product: computed inside backward_warp_step instead,
+// ptxas spills more.
+template <int HD>
+__device__ __forceinline__ BackwardLanes backward_lanes(uint32_t k_a_lane, uint32_t v_a_lane,
+                                                        const __nv_bfloat16* q_tile, const __nv_bfloat16* do_tile) {
+    typedef SmemTile<HD> Tile;
+    const int lane = threadIdx.x % 32;
+    BackwardLanes l;
+    l.k_a = k_a_lane;
+    l.v_a = v_a_lane;
+    l.q_b = Tile::lane_base(q_tile, b_row(lane), b_chunk(lane));
+    l.do_b = Tile::lane_base(do_tile, b_row(lane), b_chunk(lane));
+    l.q_t = Tile::lane_base(q_tile, bt_row(lane), bt_chunk(lane));
+    l.do_t = Tile::lane_base(do_tile, bt_row(lane), bt_chunk(lane));
+    return l;
+}
+
+// One step for this warp: its 16 keys (rows key_row0.. of the K and V tiles, key block at n0)
+// against query block m0 (the Q and dO tiles of `lanes`; lse_log2 and d, BLOCK_M floats each):
+// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ (attention_math.cuh), dV += Pᵀ dO and dK += dSᵀ Q in
+// acc_dv, acc_dk (rows g, g + 8 of the 16 keys), and dSᵀ in bf16 into this warp's 16 rows of
+// ds_tile (BLOCK_N, BLOCK_M) for the dQ product. SYNC_BEFORE_P: a block-wide barrier between the
+// products and Pᵀ, for a caller whose lse_log2 and d other threads are still writing (flash1
+// computes them in the step).
+template <int HD, int BLOCK_M, int NWARPS, bool CAUSAL, bool SYNC_BEFORE_P>
+__device__ __forceinline__ void backward_warp_step(float (&acc_dk)[HD / 8][4], float (&acc_dv)[HD / 8][4],
+                                                   const BackwardLanes& lanes, const float* lse_log2, const float* d,
+                                                   __nv_bfloat16* ds_tile, int key_row0, int n0, int m0, int T,
+                                                   float scale_log2) {
+    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
+    typedef typename C::Tile Tile;
+    typedef typename C::DsTile DsTile;
+    const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const uint32_t k_a_lane = lanes.k_a, v_a_lane = lanes.v_a, q_b_lane = lanes.q_b, do_b_lane = lanes.do_b;
+    const uint32_t q_t_lane = lanes.q_t, do_t_lane = lanes.do_t;
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 16 keys × BLOCK_M queries
+    float s[C::Q_TILES][4], dp[C::Q_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < C::Q_TILES; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::D_STEPS; ks++) {
+        uint32_t ka[4], va[4];
+        ldmatrix_x4(ka, Tile::at(k_a_lane, key_row0, ks * 2));
+        ldmatrix_x4(va, Tile::at(v_a_lane, key_row0, ks * 2));
+#pragma unroll
+        for (int np = 0; np < C::Q_TILES / 2; np++) {
+            uint32_t qb[4], dob[4];
+            ldmatrix_x4(qb, Tile::at(q_b_lane, np * 16, ks * 2));
+            ldmatrix_x4(dob, Tile::at(do_b_lane, np * 16, ks * 2));
+            mma_16816(s[2 * np], ka, qb[0], qb[1]);
+            mma_16816(s[2 * np + 1], ka, qb[2], qb[3]);
+            mma_16816(dp[2 * np], va, dob[0], dob[1]);
+            mma_16816(dp[2 * np + 1], va, dob[2], dob[3]);
+        }
+    }
+    if (SYNC_BEFORE_P) __syncthreads();
+
+    // dV += Pᵀ dO and dK += dSᵀ Q (k = queries), A operands straight from the accumulators: Pᵀ =
+    // exp2(Sᵀ·scale_log2 − LSE·log2 e) (masked to 0 on diagonal and end-of-sequence blocks) and
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D), formed a k16 step (two n8 tiles, queries m0 + 16·ks + 2·t4 + {0, 1, 8, 9})
+    // at a time just before their MMAs: ptxas then holds fewer fp32 values (fewer spills than all
+    // of Pᵀ and dSᵀ first).
+    const bool masked = m0 + BLOCK_M > T || n0 + C::BLOCK_N > T || (CAUSAL && n0 + C::BLOCK_N - 1 > m0);
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_M / 16; ks++) {
+        uint32_t pa[4], dsa[4];
+        probs_from_scores<2, CAUSAL>(&s[2 * ks][0], n0 + key_row0 + g, m0 + 2 * t4 + 16 * ks, T, masked,
+                                     lse_log2 + 2 * t4 + 16 * ks, scale_log2);
+        dscores_from_probs<2>(&dp[2 * ks][0], &s[2 * ks][0], d + 2 * t4 + 16 * ks);
+        accumulators_to_a(pa, s[2 * ks], s[2 * ks + 1]);
+        accumulators_to_a(dsa, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+        for (int dp2 = 0; dp2 < C::D_TILES / 2; dp2++) {
+            uint32_t dob[4], qb[4];
+            ldmatrix_x4_trans(dob, Tile::at(do_t_lane, ks * 16, dp2 * 2));
+            ldmatrix_x4_trans(qb, Tile::at(q_t_lane, ks * 16, dp2 * 2));
+            mma_16816(acc_dv[2 * dp2], pa, dob[0], dob[1]);
+            mma_16816(acc_dv[2 * dp2 + 1], pa, dob[2], dob[3]);
+            mma_16816(acc_dk[2 * dp2], dsa, qb[0], qb[1]);
+            mma_16816(acc_dk[2 * dp2 + 1], dsa, qb[2], qb[3]);
+        }
+        if (C::D_TILES % 2) {
+            uint32_t dob[2], qb[2];
+            ldmatrix_x2_trans(dob, Tile::at(do_t_lane, ks * 16, C::D_TILES - 1));  // unswizzled (HD 80)
+            ldmatrix_x2_trans(qb, Tile::at(q_t_lane, ks * 16, C::D_TILES - 1));
+            mma_16816(acc_dv[C::D_TILES - 1], pa, dob[0], dob[1]);
+            mma_16816(acc_dk[C::D_TILES - 1], dsa, qb[0], qb[1]);
+        }
+    }
+
+    // dSᵀ (bf16) to shared memory for the dQ product
+#pragma unroll
+    for (int nt = 0; nt < C::Q_TILES; nt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = key_row0 + g + 8 * half;
+            *(uint32_t*)(ds_tile + DsTile::index(row, nt) + 2 * t4) = pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
+        }
+}
+
+// dQ_block = dS K for this warp's share of it, into acc_dq (zeroed here): DQ_MT m16 tiles of queries
+// (row group dq_m) × DQ_TILES n8 tiles of head dims from chunk dq_chunk0, k = the BLOCK_N keys.
+// A = dS (queries × keys) read transposed from dSᵀ at ds_buf_lane (the buffer's ds_lane); B = K
+// read transposed at k_t_lane. The caller adds acc_dq into dq_accum its own way.
+template <int HD, int BLOCK_M, int NWARPS, int DQ_MT, int DQ_TILES>
+__device__ __forceinline__ void dq_block_product(float (&acc_dq)[DQ_MT][DQ_TILES][4], uint32_t ds_buf_lane,
+                                                 uint32_t k_t_lane, int dq_m, int dq_chunk0) {
+    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
+    typedef typename C::Tile Tile;
+    typedef typename C::DsTile DsTile;
+    static_assert(DQ_MT == C::DQ_MT && DQ_TILES == C::DQ_TILES, "acc_dq is this warp's share of dQ_block");
+#pragma unroll
+    for (int mt = 0; mt < DQ_MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DQ_TILES; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc_dq[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::BLOCK_N / 16; ks++) {
+        uint32_t dsa[DQ_MT][4];
+#pragma unroll
+        for (int mt = 0; mt < DQ_MT; mt++)
+            ldmatrix_x4_trans(dsa[mt], DsTile::at(ds_buf_lane, ks * 16, (dq_m * DQ_MT + mt) * 2));
+#pragma unroll
+        for (int dp2 = 0; dp2 < DQ_TILES / 2; dp2++) {
+            uint32_t kb[4];
+            ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
+#pragma unroll
+            for (int mt = 0; mt < DQ_MT; mt++) {
+                mma_16816(acc_dq[mt][2 * dp2], dsa[mt], kb[0], kb[1]);
+                mma_16816(acc_dq[mt][2 * dp2 + 1], dsa[mt], kb[2], kb[3]);
+            }
+        }
+        if (DQ_TILES % 2) {
+            uint32_t kb[2];
+            ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + DQ_TILES - 1));  // unswizzled
+#pragma unroll
+            for (int mt = 0; mt < DQ_MT; mt++) mma_16816(acc_dq[mt][DQ_TILES - 1], dsa[mt], kb[0], kb[1]);
+        }
+    }
+}
+
+// After the last step: dK·scale and dV to bf16 in this warp's own 16 rows of the K and V tiles
+// (the caller has made sure no warp still reads them), for 16-byte stores (store_tile) after a
+// __syncwarp. (The stores stay in the kernels: with them in here ptxas spills more.)
+template <int HD>
+__device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[HD / 8][4], const float (&acc_dv)[HD / 8][4],
+                                            __nv_bfloat16* k_tile, __nv_bfloat16* v_tile, int key_row0, float scale) {
+    typedef SmemTile<HD> Tile;
+    const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = key_row0 + g + 8 * half;
+            *(uint32_t*)(k_tile + Tile::index(row, dt) + 2 * t4) =
+                pack_bf16(acc_dk[dt][2 * half] * scale, acc_dk[dt][2 * half + 1] * scale);
+            *(uint32_t*)(v_tile + Tile::index(row, dt) + 2 * t4) = pack_bf16(acc_dv[dt][2 * half], acc_dv[dt][2 * half + 1]);
+        }
+}
+
+// ---- 2. the main kernel: one thread block per (key block, b·NH + h) -----------------------------
 template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kernel(Flash2BackwardParams p) {
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
@@ -185,42 +365,13 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
     const uint32_t ds_lane = DsTile::lane_base(ds_tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
-    // dQ_block(mq) += dS K from dS buffer dbuf: this warp's DQ_MT m16 tiles and its DQ_TILES columns;
-    // k = the BLOCK_N keys. A = dS (queries × keys) read transposed from dSᵀ; B = K read transposed.
-    // Called one step late (after the next step's barrier), so dS needs no barrier of its own.
+    // dQ_block(mq) += dS K from dS buffer dbuf, added into dq_accum with fp32 atomics (other key
+    // blocks add to the same rows). Called one step late (after the next step's barrier), so dS
+    // needs no barrier of its own.
     auto add_dq_block = [&](int mq, int dbuf) {
         float acc_dq[C::DQ_MT][C::DQ_TILES][4];
-#pragma unroll
-        for (int mt = 0; mt < C::DQ_MT; mt++)
-#pragma unroll
-            for (int dt = 0; dt < C::DQ_TILES; dt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc_dq[mt][dt][e] = 0.f;
         const int dq_chunk0 = dq_n * C::DQ_TILES;
-        const uint32_t ds_buf_lane = ds_lane + dbuf * C::DS_ELEMS * 2;
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_N / 16; ks++) {
-            uint32_t dsa[C::DQ_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < C::DQ_MT; mt++)
-                ldmatrix_x4_trans(dsa[mt], DsTile::at(ds_buf_lane, ks * 16, (dq_m * C::DQ_MT + mt) * 2));
-#pragma unroll
-            for (int dp2 = 0; dp2 < C::DQ_TILES / 2; dp2++) {
-                uint32_t kb[4];
-                ldmatrix_x4_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + dp2 * 2));
-#pragma unroll
-                for (int mt = 0; mt < C::DQ_MT; mt++) {
-                    mma_16816(acc_dq[mt][2 * dp2], dsa[mt], kb[0], kb[1]);
-                    mma_16816(acc_dq[mt][2 * dp2 + 1], dsa[mt], kb[2], kb[3]);
-                }
-            }
-            if (C::DQ_TILES % 2) {
-                uint32_t kb[2];
-                ldmatrix_x2_trans(kb, Tile::at(k_t_lane, ks * 16, dq_chunk0 + C::DQ_TILES - 1));  // unswizzled
-#pragma unroll
-                for (int mt = 0; mt < C::DQ_MT; mt++) mma_16816(acc_dq[mt][C::DQ_TILES - 1], dsa[mt], kb[0], kb[1]);
-            }
-        }
+        dq_block_product<HD, BLOCK_M, NWARPS>(acc_dq, ds_lane + dbuf * C::DS_ELEMS * 2, k_t_lane, dq_m, dq_chunk0);
 #pragma unroll
         for (int mt = 0; mt < C::DQ_MT; mt++)
 #pragma unroll
@@ -237,14 +388,8 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
 
     for (int m = m_begin; m < m_end; m++) {
         const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
-        const __nv_bfloat16* q_tile = q_tiles + buf * C::QO_ELEMS;
-        const __nv_bfloat16* do_tile = do_tiles + buf * C::QO_ELEMS;
-        const float* lse_tile = lse_tiles + buf * BLOCK_M;
-        const uint32_t q_b_lane = Tile::lane_base(q_tile, b_row(lane), b_chunk(lane));
-        const uint32_t do_b_lane = Tile::lane_base(do_tile, b_row(lane), b_chunk(lane));
-        const uint32_t q_t_lane = Tile::lane_base(q_tile, bt_row(lane), bt_chunk(lane));
-        const uint32_t do_t_lane = Tile::lane_base(do_tile, bt_row(lane), bt_chunk(lane));
-        const float* d_tile = d_tiles + buf * BLOCK_M;
+        const BackwardLanes lanes =
+            backward_lanes<HD>(k_a_lane, v_a_lane, q_tiles + buf * C::QO_ELEMS, do_tiles + buf * C::QO_ELEMS);
         // One barrier per step: it publishes block m and the dS of step m-1, and frees the other
         // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
         cp_async_wait<0>();  // block m (and K, V) have landed
@@ -252,95 +397,15 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
         if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
         cp_async_commit();
         if (m > m_begin) add_dq_block(m - 1, buf ^ 1);
-
-        // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, 16 keys × BLOCK_M queries per warp
-        float s[C::Q_TILES][4], dp[C::Q_TILES][4];
-#pragma unroll
-        for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < C::D_STEPS; ks++) {
-            uint32_t ka[4], va[4];
-            ldmatrix_x4(ka, Tile::at(k_a_lane, key_row0, ks * 2));
-            ldmatrix_x4(va, Tile::at(v_a_lane, key_row0, ks * 2));
-#pragma unroll
-            for (int np = 0; np < C::Q_TILES / 2; np++) {
-                uint32_t qb[4], dob[4];
-                ldmatrix_x4(qb, Tile::at(q_b_lane, np * 16, ks * 2));
-                ldmatrix_x4(dob, Tile::at(do_b_lane, np * 16, ks * 2));
-                mma_16816(s[2 * np], ka, qb[0], qb[1]);
-                mma_16816(s[2 * np + 1], ka, qb[2], qb[3]);
-                mma_16816(dp[2 * np], va, dob[0], dob[1]);
-                mma_16816(dp[2 * np + 1], va, dob[2], dob[3]);
-            }
-        }
-
-        // Pᵀ = exp2(Sᵀ·scale_log2 − LSE_log2); dSᵀ = Pᵀ ∘ (dPᵀ − D). Masked entries get P = 0.
-        const bool needs_mask = m0 + BLOCK_M > T || n0 + BLOCK_N > T || (CAUSAL && n0 + BLOCK_N - 1 > m0);
-#pragma unroll
-        for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = n0 + key_row0 + g + (e >= 2 ? 8 : 0);
-                const int qi = nt * 8 + 2 * t4 + (e & 1);
-                float pe = fast_exp2(fmaf(s[nt][e], p.scale_log2, -lse_tile[qi]));
-                if (needs_mask && (key >= T || m0 + qi >= T || (CAUSAL && key > m0 + qi))) pe = 0.f;
-                s[nt][e] = pe;
-                dp[nt][e] = pe * (dp[nt][e] - d_tile[qi]);
-            }
-
-        // dV += Pᵀ dO and dK += dSᵀ Q (k = queries), A operands straight from the accumulators
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_M / 16; ks++) {
-            uint32_t pa[4], dsa[4];
-            accumulators_to_a(pa, s[2 * ks], s[2 * ks + 1]);
-            accumulators_to_a(dsa, dp[2 * ks], dp[2 * ks + 1]);
-#pragma unroll
-            for (int dp2 = 0; dp2 < C::D_TILES / 2; dp2++) {
-                uint32_t dob[4], qb[4];
-                ldmatrix_x4_trans(dob, Tile::at(do_t_lane, ks * 16, dp2 * 2));
-                ldmatrix_x4_trans(qb, Tile::at(q_t_lane, ks * 16, dp2 * 2));
-                mma_16816(acc_dv[2 * dp2], pa, dob[0], dob[1]);
-                mma_16816(acc_dv[2 * dp2 + 1], pa, dob[2], dob[3]);
-                mma_16816(acc_dk[2 * dp2], dsa, qb[0], qb[1]);
-                mma_16816(acc_dk[2 * dp2 + 1], dsa, qb[2], qb[3]);
-            }
-            if (C::D_TILES % 2) {
-                uint32_t dob[2], qb[2];
-                ldmatrix_x2_trans(dob, Tile::at(do_t_lane, ks * 16, C::D_TILES - 1));  // unswizzled (HD 80)
-                ldmatrix_x2_trans(qb, Tile::at(q_t_lane, ks * 16, C::D_TILES - 1));
-                mma_16816(acc_dv[C::D_TILES - 1], pa, dob[0], dob[1]);
-                mma_16816(acc_dk[C::D_TILES - 1], dsa, qb[0], qb[1]);
-            }
-        }
-
-        // dSᵀ (bf16) to shared memory for the dQ product
-#pragma unroll
-        for (int nt = 0; nt < C::Q_TILES; nt++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int row = key_row0 + g + 8 * half;
-                *(uint32_t*)(ds_tile + buf * C::DS_ELEMS + DsTile::index(row, nt) + 2 * t4) =
-                    pack_bf16(dp[nt][2 * half], dp[nt][2 * half + 1]);
-            }
-
+        backward_warp_step<HD, BLOCK_M, NWARPS, CAUSAL, false>(
+            acc_dk, acc_dv, lanes, lse_tiles + buf * BLOCK_M, d_tiles + buf * BLOCK_M, ds_tile + buf * C::DS_ELEMS,
+            key_row0, n0, m0, T, p.scale_log2);
     }
     __syncthreads();  // the last dS is in shared memory
     add_dq_block(m_end - 1, (m_end - 1 - m_begin) & 1);
     cp_async_wait<0>();
     __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
-
-    // dK·scale and dV to bf16 in this warp's own rows of the K and V tiles, then 16-byte stores.
-#pragma unroll
-    for (int dt = 0; dt < C::D_TILES; dt++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int row = key_row0 + g + 8 * half;
-            *(uint32_t*)(k_tile + Tile::index(row, dt) + 2 * t4) =
-                pack_bf16(acc_dk[dt][2 * half] * p.scale, acc_dk[dt][2 * half + 1] * p.scale);
-            *(uint32_t*)(v_tile + Tile::index(row, dt) + 2 * t4) = pack_bf16(acc_dv[dt][2 * half], acc_dv[dt][2 * half + 1]);
-        }
+    stage_dk_dv<HD>(acc_dk, acc_dv, k_tile, v_tile, key_row0, p.scale);
     __syncwarp();
     const long key_offset = ((long)b * T + n0 + key_row0) * p.dqkv_stride + (long)h * HD;
     store_tile<16, HD, 32>(p.dk + key_offset, p.dqkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,

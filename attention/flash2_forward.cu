@@ -52,7 +52,13 @@ int flash2_use_wgmma(void) {
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
-    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
+    if constexpr (HD == 64) {  // the only head dim with a choice of consumer warpgroups
+        if (Tiles::consumers(p->T) == 3) {
+            launch_forward_ws<HD, Tiles::BLOCK_N, 3, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
+            return;
+        }
+    }
+    launch_forward_ws<HD, Tiles::BLOCK_N, 2, CAUSAL, Tiles::PERSISTENT>(p, B, stream);
 }
 
 template <bool CAUSAL>
@@ -107,6 +113,7 @@ void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     p.T = s->T;
     p.NH = s->NH;
     p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
+    p.tile_counter = s->causal ? (int*)args->workspace : NULL;  // the causal Hopper forward's tile order
     if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);
     else dispatch_forward<false>(&p, s->B, s->HD, stream);
 }

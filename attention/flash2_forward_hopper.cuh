@@ -43,9 +43,9 @@ struct Flash2ForwardWsConfig {
     static constexpr int BARRIERS = 4 + 4 * STAGES;
     // Two Q tiles where shared memory allows: a persistent block then loads the next tile's Q while
     // this tile's O is still being stored from the other.
-    static constexpr int Q_BUFFERS = 1024 + 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS <= 227 * 1024 ? 2 : 1;
+    static constexpr int Q_BUFFERS = 1024 + 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 <= 227 * 1024 ? 2 : 1;
     static constexpr size_t SMEM_BYTES =
-        1024 /* alignment slack */ + Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;
+        1024 /* alignment slack */ + Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 4 * Q_BUFFERS;
     // named barriers: 1..CONSUMERS the ping-pong turns, then one per consumer for its epilogue
     static constexpr int TURN_BARRIER = 1, EPILOGUE_BARRIER = 1 + CONSUMERS;
     static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
@@ -61,6 +61,7 @@ template <typename C>
 struct Flash2ForwardSmem {
     __nv_bfloat16 *q, *k, *v;  // Q_BUFFERS × (BLOCK_M, HD), STAGES × (BLOCK_N, HD), STAGES × (BLOCK_N, HD)
     uint64_t *q_full, *q_empty, *k_full, *k_empty, *v_full, *v_empty;
+    int* tile_of_q;  // Q_BUFFERS: the tile whose Q the buffer holds (the producer's choice), or `tiles`: stop
 };
 
 // The tiles in the order the blocks take them: tile t is query block m_blocks − 1 − t % m_blocks of
@@ -97,12 +98,20 @@ __device__ __forceinline__ Flash2ForwardSmem<C> forward_smem(uint8_t* raw) {
     sm.k_empty = sm.k_full + C::STAGES;
     sm.v_full = sm.k_empty + C::STAGES;
     sm.v_empty = sm.v_full + C::STAGES;
+    sm.tile_of_q = (int*)(sm.v_empty + C::STAGES);
     return sm;
 }
 
 #if WGMMA_AVAILABLE
-// One thread: per tile, Q (once the previous tile's O has left its shared memory), then K(j) and
-// V(j) for j = n_blocks − 1 down to 0 through the ring.
+// The tile a block takes after tile t: the next of a fixed round-robin, or with a tile counter the
+// next one no block has taken yet (blocks that drew short causal tiles come back sooner).
+__device__ __forceinline__ int next_tile(const Flash2ForwardParams& p, int t) {
+    return p.tile_counter ? gridDim.x + atomicAdd(p.tile_counter, 1) : t + gridDim.x;
+}
+
+// One thread: per tile, Q (once the previous tile's O has left its shared memory) with the tile's
+// index beside it for the consumers, then K(j) and V(j) for j = n_blocks − 1 down to 0 through the
+// ring. At the end, `tiles` in the next Q buffer tells the consumers to stop.
 template <typename C, int HD, int BLOCK_N, bool CAUSAL>
 __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
                                                 const Flash2ForwardSmem<C>& sm, int tiles, int heads) {
@@ -110,13 +119,16 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
     tma_prefetch_map(&maps.k);
     tma_prefetch_map(&maps.v);
     int ring = 0;  // K/V blocks loaded so far: slot ring % STAGES, its use (ring / STAGES)
-    for (int t = blockIdx.x, iter = 0; t < tiles; t += gridDim.x, iter++) {
+    int t = blockIdx.x, iter = 0;
+    for (; t < tiles; t = next_tile(p, t), iter++) {
         const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
         const int qb = iter % C::Q_BUFFERS, q_use = iter / C::Q_BUFFERS;
         mbar_wait(&sm.q_empty[qb], (q_use & 1) ^ 1);
+        sm.tile_of_q[qb] = t;  // published by the arrival below (release), read after q_full (acquire)
         mbar_arrive_expect_tx(&sm.q_full[qb], C::Q_BYTES);
         tma_load_tile<typename C::QTile, HD>(sm.q + qb * C::QTile::ELEMS, &maps.q, &sm.q_full[qb], tile.h, tile.m0,
                                              tile.b);
+#pragma unroll 1  // the producer has 24 registers: an unrolled loop spills
         for (int i = 0; i < tile.n_blocks; i++, ring++) {
             const int n = tile.n_blocks - 1 - i, stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
             mbar_wait(&sm.k_empty[stage], phase ^ 1);
@@ -129,6 +141,10 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
                                                   n * BLOCK_N, tile.b);
         }
     }
+    const int qb = iter % C::Q_BUFFERS;
+    mbar_wait(&sm.q_empty[qb], ((iter / C::Q_BUFFERS) & 1) ^ 1);
+    sm.tile_of_q[qb] = tiles;
+    mbar_arrive(&sm.q_full[qb]);
 }
 
 // A consumer warp is done with a ring slot (its wgmma reads of it have completed).
@@ -275,10 +291,13 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
     constexpr int CONSUMERS = C::BLOCK_M / 64;
     if (cw == CONSUMERS - 1) named_barrier_arrive(C::TURN_BARRIER, 256);  // warpgroup 0 issues first
     int ring = 0;
-    for (int t = blockIdx.x, iter = 0; t < tiles; t += gridDim.x, iter++) {
+    for (int iter = 0;; iter++) {
+        const int qb = iter % C::Q_BUFFERS;
+        mbar_wait(&sm.q_full[qb], (iter / C::Q_BUFFERS) & 1);
+        const int t = sm.tile_of_q[qb];
+        if (t >= tiles) break;
         Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
         tile.iter = iter;
-        mbar_wait(&sm.q_full[iter % C::Q_BUFFERS], (iter / C::Q_BUFFERS) & 1);
         forward_consume_tile<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, cw, tile, ring);
     }
     // Warpgroup 0's turn was announced once more than it took (the first arrival above).
@@ -320,7 +339,8 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #endif
 }
 
-// PERSISTENT: one block per multiprocessor walks the tiles; otherwise one block per tile.
+// PERSISTENT: one block per multiprocessor walks the tiles, taking them in turn through
+// p->tile_counter when that is given (zeroed here) or round-robin; otherwise one block per tile.
 template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL, bool PERSISTENT = true>
 static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
@@ -333,8 +353,14 @@ static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaSt
     const int tiles = (p->T + C::BLOCK_M - 1) / C::BLOCK_M * B * p->NH;
     Flash2ForwardParams params = *p;
     params.B = B;
+    // Causal tiles differ in length: walked round-robin, blocks finish far apart (and where the SM
+    // count is a multiple of the query blocks per head, one block gets every longest tile), so
+    // without a counter causal runs one block per tile.
+    const bool persistent = PERSISTENT && (!CAUSAL || params.tile_counter);
+    if (!persistent) params.tile_counter = NULL;
+    if (params.tile_counter) CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
     launch_with_smem<flash2_forward_ws_kernel<HD, BLOCK_N, CONSUMERS, CAUSAL>>(
-        dim3(PERSISTENT && tiles > flash2_sm_count() ? flash2_sm_count() : tiles), C::THREADS, C::SMEM_BYTES, stream,
+        dim3(persistent && tiles > flash2_sm_count() ? flash2_sm_count() : tiles), C::THREADS, C::SMEM_BYTES, stream,
         maps, params);
 }
 

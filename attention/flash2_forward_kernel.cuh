@@ -9,11 +9,13 @@
 // the running row max m, the running row sum ℓ and the unnormalized O in registers, dividing by ℓ
 // once at the end (deferred normalization). Only O and LSE = m + log ℓ are written.
 // Causal: key blocks wholly above the diagonal are skipped, and masking is applied only to the
-// blocks that cross the diagonal or the end of the sequence.
+// blocks that cross the diagonal or the end of the sequence. The arithmetic (masking, online softmax,
+// rescale, O/LSE epilogue) is attention_math.cuh's.
 #ifndef FLASH2_FORWARD_KERNEL_CUH
 #define FLASH2_FORWARD_KERNEL_CUH
 
 #include "../layers/cuda_common.h"
+#include "attention_math.cuh"
 #include "flash2_common.cuh"
 
 typedef struct {
@@ -24,6 +26,9 @@ typedef struct {
     int T, NH;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
     int B;             // the persistent Hopper kernel walks all B·NH heads itself
+    // Hopper, persistent: an int the launch zeroes, from which the blocks take their next tile in
+    // turn (atomicAdd), or NULL for a fixed round-robin (uniform non-causal tiles need no more).
+    int* tile_counter;
 } Flash2ForwardParams;
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>
@@ -157,56 +162,16 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
         if (needs_mask) {
 #pragma unroll
             for (int mt = 0; mt < C::M_TILES; mt++)
-#pragma unroll
-                for (int nt = 0; nt < C::N_TILES; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int row = m0 + warp_row0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                        int col = n0 + nt * 8 + 2 * t4 + (e & 1);
-                        if (col >= T || (CAUSAL && col > row)) s[mt][nt][e] = -INFINITY;
-                    }
+                mask_scores<C::N_TILES, CAUSAL>(&s[mt][0][0], m0 + warp_row0 + mt * 16 + g, n0 + 2 * t4, T);
         }
 
         // Online softmax: new row max, P = exp2(S·scale_log2 − max), and the running sum and O
-        // rescaled by exp2(old max − new max). Once the maxima settle that factor is 1 in every row
-        // of the warp, and the multiply of O is skipped.
+        // rescaled by exp2(old max − new max) (O's multiply skipped when no row of the warp moved).
         float rescale[C::M_TILES][2];
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; mt++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < C::N_TILES; nt++)
-                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float new_max = fmaxf(row_max[mt][half], mx * p.scale_log2);
-                // A row with every key masked so far keeps max −∞: subtract 0 so exp2 gives 0, not NaN.
-                const float base = new_max == -INFINITY ? 0.f : new_max;
-                rescale[mt][half] = fast_exp2(row_max[mt][half] - base);
-                row_max[mt][half] = new_max;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < C::N_TILES; nt++)
-#pragma unroll
-                    for (int e = 2 * half; e < 2 * half + 2; e++) {
-                        s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
-                        sum += s[mt][nt][e];
-                    }
-                row_sum[mt][half] = row_sum[mt][half] * rescale[mt][half] + sum;  // per-thread partial sum
-            }
-        bool changed = false;
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; mt++) changed |= rescale[mt][0] != 1.f || rescale[mt][1] != 1.f;
-        if (__any_sync(0xffffffffu, changed)) {
-#pragma unroll
-            for (int mt = 0; mt < C::M_TILES; mt++)
-#pragma unroll
-                for (int dt = 0; dt < C::D_TILES; dt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc_o[mt][dt][e] *= rescale[mt][e / 2];
-        }
+            online_softmax<C::N_TILES>(&s[mt][0][0], row_max[mt], row_sum[mt], p.scale_log2, rescale[mt]);
+        rescale_rows_if_moved(acc_o, rescale);
 
         cp_async_wait<2>();  // V_n has landed
         __syncthreads();
@@ -241,21 +206,20 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
     // the Q tile (no other warp reads them), then stores them with 16-byte writes.
     float* lse_row = p.lse + (long)bh * T;
 #pragma unroll
-    for (int mt = 0; mt < C::M_TILES; mt++)
+    for (int mt = 0; mt < C::M_TILES; mt++) {
+        float inv[2], lse[2];
+        softmax_finish(row_max[mt], row_sum[mt], inv, lse);
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            float sum = row_sum[mt][half];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int row = warp_row0 + mt * 16 + g + 8 * half;
-            if (t4 == 0 && m0 + row < T) lse_row[m0 + row] = (row_max[mt][half] + __log2f(sum)) * FLASH2_LN2;
+            if (t4 == 0 && m0 + row < T) lse_row[m0 + row] = lse[half];
 #pragma unroll
             for (int dt = 0; dt < C::D_TILES; dt++) {
-                uint32_t packed = pack_bf16(acc_o[mt][dt][2 * half] * inv, acc_o[mt][dt][2 * half + 1] * inv);
-                *(uint32_t*)(q_tile + Tile::index(row, dt) + 2 * t4) = packed;
+                *(uint32_t*)(q_tile + Tile::index(row, dt) + 2 * t4) =
+                    pack_bf16(acc_o[mt][dt][2 * half] * inv[half], acc_o[mt][dt][2 * half + 1] * inv[half]);
             }
         }
+    }
     __syncwarp();
     store_tile<C::WARP_ROWS, HD, 32>(p.out + ((long)b * T + m0 + warp_row0) * p.out_stride + (long)h * HD,
                                      p.out_stride, q_tile + Tile::index(warp_row0, 0), T - m0 - warp_row0,

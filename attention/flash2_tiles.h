@@ -5,14 +5,17 @@
 #define FLASH2_TILES_H
 
 // Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step;
-// PERSISTENT: one block per multiprocessor walks the tiles (else one block per tile). Causal tiles
-// differ in length, and blocks that walk them drift apart over many heads' K and V, which then no
-// longer fit in L2: there one block per tile, scheduled by the hardware, measured faster.
+// PERSISTENT: one block per multiprocessor walks the tiles (else one block per tile): non-causal
+// round-robin, causal taking the next tile from a counter in the workspace (tiles differ in length;
+// without a workspace, one block per tile).
+// CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
+// tiles) balance the SMs better; else 2.
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
-    static constexpr int CONSUMERS = HD == 64 ? 3 : 2;
+    static constexpr int CAUSAL_SHORT_T = 1024;
+    static constexpr int consumers(int T) { return HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2; }
     static constexpr int BLOCK_N = 128;
-    static constexpr bool PERSISTENT = !CAUSAL;
+    static constexpr bool PERSISTENT = true;
 };
 
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow

@@ -18,10 +18,8 @@
 
 #include "flash2_backward_hopper.cuh"
 #include "flash2_backward_kernel.cuh"
-#include "flash2_backward_hopper.cuh"
 #include "flash2_forward_hopper.cuh"
 #include "flash2_forward_kernel.cuh"
-#include "flash2_forward_hopper.cuh"
 #include "flash2_tiles.h"
 
 typedef void (*ForwardLaunch)(const Flash2ForwardParams*, int, cudaStream_t);
@@ -75,21 +73,21 @@ static const BackwardCandidate BACKWARD[] = {
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
 template <int HD, bool CAUSAL>
-static bool forward_chosen_as(const ForwardCandidate& c) {
+static bool forward_chosen_as(const ForwardCandidate& c, int seq_len) {
     typedef Flash2ForwardTiles<HD, CAUSAL> T;
-    return c.block_n == T::BLOCK_N && c.consumers == T::CONSUMERS && c.persistent == (int)T::PERSISTENT;
+    return c.block_n == T::BLOCK_N && c.consumers == T::consumers(seq_len) && c.persistent == (int)T::PERSISTENT;
 }
 template <int HD>
-static bool forward_chosen(const ForwardCandidate& c, int causal) {
-    return causal ? forward_chosen_as<HD, true>(c) : forward_chosen_as<HD, false>(c);
+static bool forward_chosen(const ForwardCandidate& c, int causal, int seq_len) {
+    return causal ? forward_chosen_as<HD, true>(c, seq_len) : forward_chosen_as<HD, false>(c, seq_len);
 }
-static bool forward_is_chosen(const ForwardCandidate& c, int causal) {
+static bool forward_is_chosen(const ForwardCandidate& c, int causal, int seq_len) {
     if (!c.consumers) return false;
     switch (c.hd) {
-        case 64: return forward_chosen<64>(c, causal);
-        case 80: return forward_chosen<80>(c, causal);
-        case 96: return forward_chosen<96>(c, causal);
-        default: return forward_chosen<128>(c, causal);
+        case 64: return forward_chosen<64>(c, causal, seq_len);
+        case 80: return forward_chosen<80>(c, causal, seq_len);
+        case 96: return forward_chosen<96>(c, causal, seq_len);
+        default: return forward_chosen<128>(c, causal, seq_len);
     }
 }
 template <int HD>
@@ -204,7 +202,8 @@ int main(int argc, char** argv) {
                 fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(dout, n, 2);
                 const long stride = 3L * NH * hd;
                 Flash2ForwardParams fp = {qkv, qkv + NH * hd, qkv + 2 * NH * hd, out, lse, stride, (long)NH * hd,
-                                          T, NH, 1.4426950408889634f / sqrtf((float)hd), B};
+                                          T, NH, 1.4426950408889634f / sqrtf((float)hd), B,
+                                          causal ? (int*)work : NULL};  // tile counter, as flash2_forward.cu
                 Flash2BackwardParams bp;
                 bp.q = fp.q;
                 bp.k = fp.k;
@@ -236,7 +235,7 @@ int main(int argc, char** argv) {
                     double err = 0;
                     if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
                     else err = rel_error_bf16(out, out_first, n);
-                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal) ? "*" : " ",
+                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal, T) ? "*" : " ",
                            hd, causal, T, fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
                     first = false;
                 }

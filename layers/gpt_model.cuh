@@ -18,11 +18,31 @@
 //   lnf (N, C)              = LNf(residual3[L−1])
 //   logits (N, Vp)          = lnf · wteᵀ                            (tied LM head, no bias)
 //   losses (N) fp32         = cross-entropy(logits[:, :V], targets); mean_loss = mean of losses
-// gpt_model_forward leaves the logits intact (they can be read back); gpt_model_backward first runs
-// the fused cross-entropy, which rewrites the logits in place with dlogits = grad_scale·(softmax −
-// onehot) (and writes the same losses again), then goes through the layers in reverse. The residual
+// gpt_model_forward leaves the logits of the last LM-head chunk intact (all of them when N <=
+// lm_head_rows: they can be read back); gpt_model_backward first runs the fused cross-entropy, which
+// rewrites the logits in place with dlogits = grad_scale·(softmax − onehot) (and writes the same
+// losses again), then goes through the layers in reverse. The residual
 // stream's gradient lives in one (N, C) buffer, dresidual: every LayerNorm backward ADDS into it, and
 // the matmuls whose output is added to the residual (attproj, fcproj) read it as their dout.
+//
+// Long sequences: activation recomputation (--recompute) and the LM head in chunks.
+//   --recompute none       every activation above is kept for all L layers (the fastest).
+//   --recompute selective  the GEMM outputs (qkv, atty, residual2, fch) are kept per layer; ln1, ln2 and
+//                          fch_gelu keep one layer's slot and the backward recomputes them (two LayerNorms
+//                          and a GELU per layer; the MLP's GELU then runs as its own kernel in the forward
+//                          too, so the backward sees the same bits); a backend that keeps T² data per
+//                          layer (naive's P) keeps one layer of it and the backward reruns its forward.
+//   --recompute full       only each block's input (encoded, residual3[0..L−2]) and residual3[L−1] are
+//                          kept per layer (with the LayerNorm statistics); every other per-layer tensor has
+//                          one slot, and the backward of block l first reruns block l's forward into it.
+//   The backward does the same arithmetic on the same bits in every mode, so the loss and gradients
+//   do not depend on the mode (with deterministic attention; selective vs none also needs the same GELU
+//   path, i.e. MATMUL_FUSE_NONE, since the fused GELU epilogue starts from the fp32 pre-activation).
+//   The LM head runs in chunks of lm_head_rows rows (GPT_LM_HEAD_CHUNK_ROWS): logits holds one chunk
+//   (lm_head_rows, Vp), never the whole (N, Vp). The forward computes each chunk's logits and losses;
+//   the backward goes over the chunks in reverse, recomputing each chunk's logits except the last
+//   one's (still in place from the forward). With N <= lm_head_rows there is one chunk and nothing is
+//   recomputed. gpt_recompute_flops counts what the recomputation costs.
 //
 // Gradients: every backward kernel ADDS into the bf16 parameter gradients (matmul_backward with
 // accumulate = 1, layernorm/encoder backward always add). The caller zeroes them with
@@ -37,7 +57,7 @@
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
-// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded pads both allocations to a multiple of
+// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded (and _with) pads both allocations to a multiple of
 // pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
 // gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
@@ -64,29 +84,31 @@
 
 // Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
 // the given element type), its shape as printed in the memory plan, and its size in bytes, an
-// expression in L, N = B·T, C, NH, Vp, bf = 2 and f4 = 4 (evaluated in gpt_model_plan_acts).
+// expression in N = B·T, C, NH, Vp, bf = 2 and f4 = 4, the layers a tensor keeps (L for all; Lg, Lc,
+// La: L or 1 by the recompute mode, see gpt_model_set_shape) and Nh = lm_head_rows (evaluated in
+// gpt_model_plan_acts). "l" in a shape is that layer count.
 #define GPT_ACTIVATIONS(X)                                                                                         \
     X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
-    X(ln1,       __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(ln1,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
     X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(qkv,       __nv_bfloat16, "(L, B, T, 3, NH, HD) bf16",  L * N * 3 * C * bf)                                  \
-    X(atty,      __nv_bfloat16, "(L, B, T, NH, HD) bf16",     L * N * C * bf)                                      \
-    X(att_lse,   float,         "(L, B, NH, T) fp32",         L * NH * N * f4)                                     \
+    X(qkv,       __nv_bfloat16, "(l, B, T, 3, NH, HD) bf16",  Lg * N * 3 * C * bf)                                 \
+    X(atty,      __nv_bfloat16, "(l, B, T, NH, HD) bf16",     Lg * N * C * bf)                                     \
+    X(att_lse,   float,         "(l, B, NH, T) fp32",         Lg * NH * N * f4)                                    \
     /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
-    X(att_saved, char,          "(L, backend saved bytes)",   L * layer_align256(m->att_saved_bytes))              \
-    X(residual2, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
-    X(ln2,       __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
+    X(att_saved, char,          "(l, backend saved bytes)",   La * layer_align256(m->att_saved_bytes))             \
+    X(residual2, __nv_bfloat16, "(l, B, T, C) bf16",          Lg * N * C * bf)                                     \
+    X(ln2,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
     X(ln2_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln2_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(fch,       __nv_bfloat16, "(L, B, T, 4C) bf16",         L * N * 4 * C * bf) /* before GELU */                \
-    X(fch_gelu,  __nv_bfloat16, "(L, B, T, 4C) bf16",         L * N * 4 * C * bf)                                  \
+    X(fch,       __nv_bfloat16, "(l, B, T, 4C) bf16",         Lg * N * 4 * C * bf) /* before GELU */               \
+    X(fch_gelu,  __nv_bfloat16, "(l, B, T, 4C) bf16",         Lc * N * 4 * C * bf)                                 \
     X(residual3, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
     X(lnf,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(lnf_mean,  float,         "(B, T) fp32",                N * f4)                                              \
     X(lnf_rstd,  float,         "(B, T) fp32",                N * f4)                                              \
-    /* dlogits in place after the backward's cross-entropy */                                                      \
-    X(logits,    __nv_bfloat16, "(B, T, Vp) bf16",            N * Vp * bf)                                         \
+    /* one LM-head chunk of rows; dlogits in place after the backward's cross-entropy */                           \
+    X(logits,    __nv_bfloat16, "(chunk rows, Vp) bf16",      Nh * Vp * bf)                                        \
     X(losses,    float,         "(B, T) fp32",                N * f4)                                              \
     X(mean_loss, float,         "(1) fp32",                   f4)                                                  \
     /* attproj / fcproj output before its residual add */                                                          \
@@ -104,6 +126,25 @@ enum {
 #undef GPT_ACT_ENUM
     GPT_NUM_ACTS
 };
+
+// --recompute: what the backward recomputes instead of keeping (see the top of the file).
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE = 1, RECOMPUTE_FULL = 2 } RecomputeMode;
+#define NUM_RECOMPUTE_MODES 3
+static const char* const RECOMPUTE_NAMES[NUM_RECOMPUTE_MODES] = {"none", "selective", "full"};
+
+// 0 and *mode set for "none", "selective" or "full"; -1 otherwise.
+static inline int gpt_recompute_from_name(const char* name, RecomputeMode* mode) {
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
+        if (strcmp(name, RECOMPUTE_NAMES[i]) == 0) {
+            *mode = (RecomputeMode)i;
+            return 0;
+        }
+    return -1;
+}
+
+// Rows of one LM-head chunk: logits (16384, 50304) bf16 are 1.5 GiB. Micro batches of at most this
+// many tokens (every Table 1 config) run the head in one piece, as without chunking.
+#define GPT_LM_HEAD_CHUNK_ROWS 16384
 
 typedef struct {
     const char* name;
@@ -136,6 +177,12 @@ typedef struct {
 #undef GPT_ACT_MEMBER
     size_t att_saved_bytes;  // per layer
     size_t scratch_bytes;
+    // recomputation: the layers each kind of per-layer activation keeps (L, or 1 slot reused by every layer)
+    RecomputeMode recompute;
+    int layers_gemm;   // qkv, atty, att_lse, residual2, fch: 1 with full
+    int layers_cheap;  // ln1, ln2, fch_gelu: 1 with selective and full
+    int layers_att;    // att_saved: 1 with selective and full
+    int lm_head_rows;  // rows of one LM-head chunk, <= N
 
     // compute
     AttentionBackend backend;
@@ -158,6 +205,7 @@ typedef struct {
 
 static void gpt_model_plan_acts(GPTModel* m) {
     const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp;
+    const size_t Lg = m->layers_gemm, Lc = m->layers_cheap, La = m->layers_att, Nh = m->lm_head_rows;
     const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
     GPTActTensor* t = m->act_table;
 #define GPT_ACT_PLAN(member, type, shp, nbytes) \
@@ -181,7 +229,10 @@ static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
             m->num_params * sizeof(__nv_bfloat16) / MiB);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
         fprintf(f, "    %-10s %12zu elements at %12zu\n", GPT_PARAMS[i].name, m->param_sizes[i], m->param_offsets[i]);
-    fprintf(f, "  activations: %.1f MiB in one allocation\n", m->act_bytes / MiB);
+    fprintf(f, "  activations: %.1f MiB in one allocation; --recompute %s: l = %d for qkv, atty, att_lse, "
+               "residual2, fch; %d for ln1, ln2, fch_gelu; %d for att_saved; LM head in chunks of %d rows\n",
+            m->act_bytes / MiB, RECOMPUTE_NAMES[m->recompute], m->layers_gemm, m->layers_cheap, m->layers_att,
+            m->lm_head_rows);
     for (int i = 0; i < GPT_NUM_ACTS; i++)
         fprintf(f, "    %-10s %-28s %10.2f MiB at %12zu\n", m->act_table[i].name, m->act_table[i].shape,
                 m->act_table[i].bytes / MiB, m->act_table[i].offset);
@@ -189,14 +240,83 @@ static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
 
 static inline size_t gpt_max_size(size_t a, size_t b) { return a > b ? a : b; }
 
+// ---- shapes, memory and FLOPs of a recompute mode (no GPU needed) ----------------------------------
+
+// Sets m's shape fields for micro batches (B, T) with attention `backend` and what each kind of
+// per-layer activation keeps under `recompute`; lm_head_rows: rows of an LM-head chunk (0: the
+// default, GPT_LM_HEAD_CHUNK_ROWS), capped at N. No CUDA call; the config and (B, T) must be valid.
+static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                                RecomputeMode recompute, int lm_head_rows) {
+    m->config = config;
+    m->B = B, m->T = T;
+    m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
+    m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
+    m->backend = backend;
+    m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
+    m->att_shape.causal = 1;
+    m->recompute = recompute;
+    m->layers_gemm = recompute == RECOMPUTE_FULL ? 1 : m->L;
+    m->layers_cheap = recompute == RECOMPUTE_NONE ? m->L : 1;
+    m->layers_att = m->layers_cheap;
+    const int N = B * T, rows = lm_head_rows > 0 ? lm_head_rows : GPT_LM_HEAD_CHUNK_ROWS;
+    m->lm_head_rows = rows < N ? rows : N;
+    m->att_saved_bytes = attention_saved_bytes(backend, &m->att_shape);
+}
+
+// Bytes of the shared scratch buffer. exact = 1 asks the GPU (LayerNorm's backward grid and CUB's
+// sort storage depend on it); exact = 0 (the plan, before any CUDA call) leaves those two out: they
+// are small next to the attention workspace and the dbias partial sums.
+static size_t gpt_model_scratch_bytes(const GPTModel* m, int exact) {
+    const int N = m->B * m->T, C = m->C;
+    size_t scratch = matmul_dbias_scratch_bytes(N, 4 * C);  // the widest biased output, 4C
+    scratch = gpt_max_size(scratch, attention_workspace_bytes(m->backend, &m->att_shape));
+    if (exact) {
+        scratch = gpt_max_size(scratch, encoder_backward_scratch_bytes(N, C, m->Vp));
+        scratch = gpt_max_size(scratch, layernorm_backward_scratch_bytes(N, C));
+    } else {
+        const size_t chunks = layer_ceil_div((size_t)N, ENCODER_BWD_CHUNK);
+        scratch = gpt_max_size(scratch, 3 * layer_align256((size_t)N * sizeof(int)) +
+                                            layer_align256(chunks * 2 * (size_t)C * sizeof(float)));
+    }
+    return scratch;
+}
+
+// Bytes of the activation allocation of a (B, T) micro batch under `recompute` (exact: as above).
+static size_t gpt_activation_bytes(GPTConfig config, int B, int T, AttentionBackend backend, RecomputeMode recompute,
+                                   int exact) {
+    static GPTModel m;  // large; only its shape fields and table are used
+    memset(&m, 0, sizeof(m));
+    gpt_model_set_shape(&m, config, B, T, backend, recompute, 0);
+    m.scratch_bytes = gpt_model_scratch_bytes(&m, exact);
+    gpt_model_plan_acts(&m);
+    return m.act_bytes;
+}
+
+// FLOPs per micro step (B sequences) that recomputation adds, counted as the model FLOPs are (a GEMM
+// 2·m·n·k; attention's forward 4·B·T²·C, not halved for the causal mask; LayerNorm and GELU nothing):
+// full reruns each block's forward up to its last GEMM (qkv, attproj and fc: 16·N·C² per layer) and
+// its attention forward; selective reruns the attention forward where the backend keeps T² data; the
+// LM head recomputes the logits of every chunk but the last, 2·rows·C·Vp.
+static double gpt_recompute_flops(const GPTModel* m) {
+    const double B = m->B, T = m->T, N = B * T, C = m->C, L = m->L, Vp = m->Vp;
+    const double attention_forward = 4.0 * B * T * T * C;
+    double flops = 0.0;
+    if (m->recompute == RECOMPUTE_FULL) flops += L * (16.0 * N * C * C + attention_forward);
+    if (m->recompute == RECOMPUTE_SELECTIVE && m->att_saved_bytes > 0) flops += L * attention_forward;
+    const int rows = m->B * m->T, last_chunk_rows = rows - (rows - 1) / m->lm_head_rows * m->lm_head_rows;
+    return flops + 2.0 * (double)(rows - last_chunk_rows) * C * Vp;
+}
+
 // ---- create / destroy -------------------------------------------------------------------------------
 
-// Allocates the model for micro-batches (B, T), T <= config.max_seq_len, with attention `backend`, all
-// work on `stream`. Parameters and gradients are left zero (the caller uploads or initializes the
-// parameters into model->params). Returns 0, or -1 after printing "error: ..." for an unusable config
-// (head dim, sizes) or backend/shape; CUDA errors exit.
-static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                                   cudaStream_t stream, size_t pad_multiple) {
+// Allocates the model for micro-batches (B, T), T <= config.max_seq_len, with attention `backend`, the
+// given recompute mode and LM-head chunk rows (0: GPT_LM_HEAD_CHUNK_ROWS), all work on `stream`; both
+// allocations padded to a multiple of pad_multiple elements. Parameters and gradients are left zero (the
+// caller uploads or initializes the parameters into model->params). Returns 0, or -1 after printing
+// "error: ..." for an unusable config (head dim, sizes) or backend/shape; CUDA errors exit.
+static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                                 RecomputeMode recompute, int lm_head_rows, cudaStream_t stream,
+                                 size_t pad_multiple) {
     memset(m, 0, sizeof(*m));
     char why[512];
     if (gpt_config_check(&config, why, sizeof(why)) != 0) {
@@ -213,14 +333,8 @@ static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, 
                 config.channels, config.padded_vocab_size);
         return -1;
     }
-    m->config = config;
-    m->B = B, m->T = T;
-    m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
-    m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
-    m->backend = backend;
+    gpt_model_set_shape(m, config, B, T, backend, recompute, lm_head_rows);
     m->stream = stream;
-    m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
-    m->att_shape.causal = 1;
     if (attention_check(backend, &m->att_shape, why, sizeof(why)) != 0) {
         const char* name = attention_backend_name(backend);
         fprintf(stderr, "error: attention backend %s cannot run head dim %d (hidden %d / %d heads), T = %d: %s\n",
@@ -249,20 +363,16 @@ static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, 
     }
 
     // activations
-    const int N = B * T, C = m->C;
-    m->att_saved_bytes = attention_saved_bytes(backend, &m->att_shape);
-    size_t scratch = encoder_backward_scratch_bytes(N, C, m->Vp);
-    scratch = gpt_max_size(scratch, layernorm_backward_scratch_bytes(N, C));
-    scratch = gpt_max_size(scratch, matmul_dbias_scratch_bytes(N, 4 * C));  // the widest biased output, 4C
-    scratch = gpt_max_size(scratch, attention_workspace_bytes(backend, &m->att_shape));
-    m->scratch_bytes = scratch;
+    m->scratch_bytes = gpt_model_scratch_bytes(m, 1);
     gpt_model_plan_acts(m);
-    char acts_what[128], acts_hint[512];
-    snprintf(acts_what, sizeof(acts_what), "the activations of a %d x %d micro batch", B, T);
+    char acts_what[160], acts_hint[512];
+    snprintf(acts_what, sizeof(acts_what), "the activations of a %d x %d micro batch (--recompute %s)", B, T,
+             RECOMPUTE_NAMES[recompute]);
     snprintf(acts_hint, sizeof(acts_hint),
-             "activations grow with --batch-size x --seq-len%s; lower --batch-size (--total-batch-tokens keeps the "
-             "tokens per step through accumulation) or --seq-len%s",
+             "activations grow with --batch-size x --seq-len%s; %slower --batch-size (--total-batch-tokens keeps "
+             "the tokens per step through accumulation) or --seq-len%s",
              backend == ATTN_NAIVE ? ", and naive attention stores B x heads x T^2 probabilities per layer" : "",
+             recompute != RECOMPUTE_FULL ? "use --recompute full (or selective), " : "",
              backend == ATTN_NAIVE ? ", or use --attn naive-recompute or flash2" : "");
     cuda_malloc_or_explain(&m->acts_memory, m->act_bytes, acts_what, acts_hint);
     char* base = (char*)m->acts_memory;
@@ -280,6 +390,11 @@ static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, 
     return 0;
 }
 
+static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
+                                   cudaStream_t stream, size_t pad_multiple) {
+    return gpt_model_create_with(m, config, B, T, backend, RECOMPUTE_NONE, 0, stream, pad_multiple);
+}
+
 static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
                             cudaStream_t stream) {
     return gpt_model_create_padded(m, config, B, T, backend, stream, 1);
@@ -294,6 +409,36 @@ static void gpt_model_destroy(GPTModel* m) {
     memset(m, 0, sizeof(*m));
 }
 
+// ---- one block's activations ------------------------------------------------------------------------
+
+// Where layer l's slice of a per-layer activation that keeps `kept` layers lives: its own (kept = L),
+// or the one slot every layer reuses (kept = 1: recomputed in the backward).
+static inline size_t gpt_slot(int kept, int l) { return kept == 1 ? 0 : (size_t)l; }
+
+// Block l's activations, each (N, ·) as in the table.
+typedef struct {
+    const __nv_bfloat16* residual;  // (N, C) the block's input: encoded (l = 0) or residual3[l−1]
+    __nv_bfloat16 *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+} GPTBlockActs;
+
+static GPTBlockActs gpt_block_acts(const GPTModel* m, int l) {
+    const size_t N = (size_t)m->B * m->T, NC = N * m->C, g = gpt_slot(m->layers_gemm, l);
+    const size_t c = gpt_slot(m->layers_cheap, l);
+    GPTBlockActs a;
+    a.residual = l == 0 ? m->encoded : m->residual3 + (size_t)(l - 1) * NC;
+    a.ln1 = m->ln1 + c * NC;
+    a.qkv = m->qkv + g * NC * 3;
+    a.atty = m->atty + g * NC;
+    a.residual2 = m->residual2 + g * NC;
+    a.ln2 = m->ln2 + c * NC;
+    a.fch = m->fch + g * NC * 4;
+    a.fch_gelu = m->fch_gelu + c * NC * 4;
+    a.ln1_mean = m->ln1_mean + l * N, a.ln1_rstd = m->ln1_rstd + l * N;
+    a.ln2_mean = m->ln2_mean + l * N, a.ln2_rstd = m->ln2_rstd + l * N;
+    return a;
+}
+
 // ---- forward ----------------------------------------------------------------------------------------
 
 // mean[0] = (Σ_i losses[i]) / n, one block, summed in a fixed order (deterministic).
@@ -306,84 +451,128 @@ static __global__ void __launch_bounds__(256) gpt_mean_loss_kernel(float* mean, 
 
 // The attention arguments of layer l (forward and backward fields both filled).
 static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
-    const size_t N = (size_t)m->B * m->T, C = m->C;
+    const size_t N = (size_t)m->B * m->T, C = m->C, g = gpt_slot(m->layers_gemm, l);
     AttentionArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = m->att_shape;
-    __nv_bfloat16* qkv = m->qkv + l * N * 3 * C;
+    __nv_bfloat16* qkv = m->qkv + g * N * 3 * C;
     a.q = qkv;
     a.k = qkv + C;
     a.v = qkv + 2 * C;
     a.qkv_stride = (long)(3 * C);
-    a.out = m->atty + l * N * C;
+    a.out = m->atty + g * N * C;
     a.out_stride = (long)C;
-    a.lse = m->att_lse + l * N * m->NH;
+    a.lse = m->att_lse + g * N * m->NH;
     a.dout = m->dln;  // datty lives in dln during the backward
     a.dq = m->dwide;  // dqkv (N, 3C) in the first 3C columns' worth of dwide
     a.dk = m->dwide + C;
     a.dv = m->dwide + 2 * C;
     a.dqkv_stride = (long)(3 * C);
-    a.saved = m->att_saved_bytes ? (void*)(m->att_saved + l * layer_align256(m->att_saved_bytes)) : NULL;
+    a.saved = m->att_saved_bytes
+                  ? (void*)(m->att_saved + gpt_slot(m->layers_att, l) * layer_align256(m->att_saved_bytes))
+                  : NULL;
     a.workspace = m->scratch;
     a.deterministic = m->deterministic_attention;
     return a;
 }
 
+// fch (N, 4C) = ln2 · fcwᵀ + fcb, fch_gelu = GELU(fch). Selective recomputation redoes the GELU from
+// the bf16 fch with gelu_forward, so then the forward runs that kernel too (the fused epilogue starts
+// from the fp32 pre-activation and would give other bits).
+static void gpt_mlp_up_forward(GPTModel* m, const GPTBlockActs* a, int l) {
+    const size_t lC = (size_t)l * m->C;
+    const int N = m->B * m->T, C = m->C;
+    __nv_bfloat16* const* p = m->param_tensors;
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        matmul_forward(&m->matmul, a->fch, a->ln2, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, NULL);
+        gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, m->stream);
+    } else {
+        matmul_forward(&m->matmul, a->fch_gelu, a->ln2, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C,
+                       a->fch);
+    }
+}
+
+// Block l's forward. In the forward pass (recomputing = 0), LN1 of l > 0 also adds the previous
+// block's MLP output: residual3[l−1] = residual2[l−1] + proj; the block ends with proj = its MLP
+// output. Recomputing (full, in the backward), residual3[l−1] is kept, LN1 reads it (the same bits as
+// the fused kernel, which normalizes the bf16-rounded sum), and the last GEMM is skipped (its output
+// only feeds residual3[l], which is kept).
+static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
+    const int N = m->B * m->T, C = m->C;
+    const size_t NC = (size_t)N * C, lC = (size_t)l * C;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->matmul;
+    __nv_bfloat16* const* p = m->param_tensors;
+    const GPTBlockActs a = gpt_block_acts(m, l);
+
+    if (l == 0 || recomputing) {
+        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
+    } else {  // the previous block's residual2 slot is still its own: this block writes it below
+        const __nv_bfloat16* prev_residual2 = m->residual2 + gpt_slot(m->layers_gemm, l - 1) * NC;
+        fused_residual_layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, m->residual3 + (l - 1) * NC, prev_residual2,
+                                         m->proj, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
+    }
+    // qkv (N, 3C) = ln1 · qkvwᵀ + qkvb
+    matmul_forward(mm, a.qkv, a.ln1, p[GPT_QKVW] + lC * 3 * C, p[GPT_QKVB] + lC * 3, N, C, 3 * C, NULL);
+    AttentionArgs att = gpt_attention_args(m, l);
+    attention_forward(m->backend, &m->att_ctx, &att, s);  // atty (B, T, NH, HD), lse (B, NH, T)
+    // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
+    matmul_forward(mm, m->proj, a.atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C, NULL);
+    fused_residual_layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, a.residual, m->proj,
+                                     p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
+    gpt_mlp_up_forward(m, &a, l);  // fch, fch_gelu (N, 4C)
+    if (recomputing) return;
+    // proj (N, C) = fch_gelu · fcprojwᵀ + fcprojb (added to residual2 by the next LayerNorm)
+    matmul_forward(mm, m->proj, a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C, C, NULL);
+}
+
+// Selective, in the backward of block l: ln1, ln2 and fch_gelu again from the kept residual,
+// residual2 and fch (LayerNorm of the same bf16 input gives the same bits), and the attention forward
+// where the backend keeps T² data per layer (naive's P).
+static void gpt_block_recompute_selective(GPTModel* m, int l) {
+    const int N = m->B * m->T, C = m->C;
+    const size_t lC = (size_t)l * C;
+    __nv_bfloat16* const* p = m->param_tensors;
+    const GPTBlockActs a = gpt_block_acts(m, l);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, m->stream);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C,
+                      m->stream);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, m->stream);
+    if (m->att_saved_bytes > 0) {
+        AttentionArgs att = gpt_attention_args(m, l);
+        attention_forward(m->backend, &m->att_ctx, &att, m->stream);
+    }
+}
+
+// logits (rows, Vp) = lnf[row0 : row0 + rows] · wteᵀ: one LM-head chunk.
+static void gpt_lm_head_chunk(GPTModel* m, int row0, int rows) {
+    matmul_forward(&m->matmul, m->logits, m->lnf + (size_t)row0 * m->C, m->param_tensors[GPT_WTE], NULL, rows, m->C,
+                   m->Vp, NULL);
+}
+
 // Forward on inputs and targets (device, (B, T) int32, inputs in [0, Vp), targets in [0, V)): fills
-// model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; logits (N, Vp) are left intact.
-// Enqueued on model->stream; nothing is synchronized (gpt_model_mean_loss copies the scalar back).
+// model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; the logits of the last LM-head
+// chunk (all of them when N <= lm_head_rows) are left intact. Enqueued on model->stream; nothing is
+// synchronized (gpt_model_mean_loss copies the scalar back).
 static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
     const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
-    MatmulContext* mm = &m->matmul;
     __nv_bfloat16* const* p = m->param_tensors;
     m->inputs = inputs;
     m->targets = targets;
 
     encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
-    for (int l = 0; l < L; l++) {
-        const size_t lC = (size_t)l * C;
-        __nv_bfloat16* ln1 = m->ln1 + l * NC;  // (B, T, C)
-        float* ln1_mean = m->ln1_mean + (size_t)l * N;
-        float* ln1_rstd = m->ln1_rstd + (size_t)l * N;
-        __nv_bfloat16* qkv = m->qkv + l * NC * 3;        // (B, T, 3C)
-        __nv_bfloat16* atty = m->atty + l * NC;          // (B, T, C)
-        __nv_bfloat16* residual2 = m->residual2 + l * NC;
-        __nv_bfloat16* ln2 = m->ln2 + l * NC;
-        float* ln2_mean = m->ln2_mean + (size_t)l * N;
-        float* ln2_rstd = m->ln2_rstd + (size_t)l * N;
-        __nv_bfloat16* fch = m->fch + l * NC * 4;        // (B, T, 4C)
-        __nv_bfloat16* fch_gelu = m->fch_gelu + l * NC * 4;
-        const __nv_bfloat16* residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * NC;
-
-        // LN1: on the embedding for block 0; otherwise residual3[l−1] = residual2[l−1] + proj (the
-        // previous block's MLP output) fused with the LayerNorm.
-        if (l == 0)
-            layernorm_forward(ln1, ln1_mean, ln1_rstd, m->encoded, p[GPT_LN1W], p[GPT_LN1B], N, C, s);
-        else
-            fused_residual_layernorm_forward(ln1, ln1_mean, ln1_rstd, m->residual3 + (l - 1) * NC,
-                                             m->residual2 + (l - 1) * NC, m->proj, p[GPT_LN1W] + lC,
-                                             p[GPT_LN1B] + lC, N, C, s);
-        // qkv (N, 3C) = ln1 · qkvwᵀ + qkvb
-        matmul_forward(mm, qkv, ln1, p[GPT_QKVW] + lC * 3 * C, p[GPT_QKVB] + lC * 3, N, C, 3 * C, NULL);
-        AttentionArgs a = gpt_attention_args(m, l);
-        attention_forward(m->backend, &m->att_ctx, &a, s);  // atty (B, T, NH, HD), lse (B, NH, T)
-        // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
-        matmul_forward(mm, m->proj, atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C, NULL);
-        fused_residual_layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, residual, m->proj, p[GPT_LN2W] + lC,
-                                         p[GPT_LN2B] + lC, N, C, s);
-        // fch (N, 4C) = ln2 · fcwᵀ + fcb, fch_gelu = GELU(fch)
-        matmul_forward(mm, fch_gelu, ln2, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, fch);
-        // proj (N, C) = fch_gelu · fcprojwᵀ + fcprojb (added to residual2 by the next LayerNorm)
-        matmul_forward(mm, m->proj, fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C, C, NULL);
-    }
+    for (int l = 0; l < L; l++) gpt_block_forward(m, l, 0);
     // residual3[L−1] = residual2[L−1] + proj; lnf = LNf(residual3[L−1])
     fused_residual_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * NC,
-                                     m->residual2 + (L - 1) * NC, m->proj, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
-    // logits (N, Vp) = lnf · wteᵀ
-    matmul_forward(mm, m->logits, m->lnf, p[GPT_WTE], NULL, N, C, Vp, NULL);
-    crossentropy_forward(m->losses, m->logits, targets, N, m->V, Vp, s);
+                                     gpt_block_acts(m, L - 1).residual2, m->proj, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
+    // per chunk of rows: logits (rows, Vp) = lnf · wteᵀ, then their losses
+    for (int row0 = 0; row0 < N; row0 += m->lm_head_rows) {
+        const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
+        gpt_lm_head_chunk(m, row0, rows);
+        crossentropy_forward(m->losses + row0, m->logits, targets + row0, rows, m->V, Vp, s);
+    }
     gpt_mean_loss_kernel<<<1, 256, 0, s>>>(m->mean_loss, m->losses, N);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -403,6 +592,21 @@ static void gpt_model_zero_grad(GPTModel* m) {
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params_padded * sizeof(__nv_bfloat16), m->stream));
 }
 
+// The LM head and the loss, chunk by chunk from the last: losses again and dlogits in place of the
+// chunk's logits (recomputed, except the last chunk's, which the forward left), then dln (rows, C) =
+// dlogits · wte and dwte += dlogitsᵀ · lnf.
+static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
+    const int N = m->B * m->T, C = m->C, Vp = m->Vp, last = (N - 1) / m->lm_head_rows * m->lm_head_rows;
+    for (int row0 = last; row0 >= 0; row0 -= m->lm_head_rows) {
+        const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
+        if (row0 != last) gpt_lm_head_chunk(m, row0, rows);
+        crossentropy_forward_backward(m->losses + row0, m->logits, m->targets + row0, grad_scale, rows, m->V, Vp,
+                                      m->stream);
+        matmul_backward(&m->matmul, m->dln + (size_t)row0 * C, m->grad_tensors[GPT_WTE], NULL, m->logits,
+                        m->lnf + (size_t)row0 * C, m->param_tensors[GPT_WTE], rows, C, Vp, NULL, 1, NULL);
+    }
+}
+
 // ADDS the gradient of grad_scale · Σ losses (grad_scale = 1/(B·T·accum_steps) for the mean over a
 // step) into model->grads. Must follow gpt_model_forward on the same batch (its inputs and targets
 // still valid). Overwrites the logits with dlogits.
@@ -415,10 +619,8 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
     __nv_bfloat16* const* g = m->grad_tensors;
     float* ln_scratch = (float*)m->scratch;
 
-    // losses again, and logits (N, Vp) := dlogits = grad_scale·(softmax − onehot)
-    crossentropy_forward_backward(m->losses, m->logits, m->targets, grad_scale, N, m->V, Vp, s);
-    // LM head: dln (N, C) = dlogits · wte; dwte += dlogitsᵀ · lnf
-    matmul_backward(mm, m->dln, g[GPT_WTE], NULL, m->logits, m->lnf, p[GPT_WTE], N, C, Vp, NULL, 1, NULL);
+    // LM head: losses again, dln (N, C) = d(lnf), dwte +=
+    gpt_lm_head_backward(m, grad_scale);
     // final LN: dresidual (N, C) = 0 + LNf backward (the gradient of residual3[L−1])
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, NC * sizeof(__nv_bfloat16), s));
     layernorm_backward(m->dresidual, g[GPT_LNFW], g[GPT_LNFB], ln_scratch, m->scratch_bytes, m->dln,
@@ -426,32 +628,32 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
 
     for (int l = L - 1; l >= 0; l--) {
         const size_t lC = (size_t)l * C;
-        const __nv_bfloat16* residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * NC;
+        if (m->recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
+        if (m->recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
+        const GPTBlockActs a = gpt_block_acts(m, l);
         // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU,
         // and the fc bias gradient dfcb += column sums of d(fch), made with it
         matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, g[GPT_FCPROJB] + lC, m->dresidual,
-                                    m->fch_gelu + l * NC * 4, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C,
-                                    m->fch + l * NC * 4, 1, m->scratch, g[GPT_FCB] + lC * 4);
+                                    a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a.fch, 1, m->scratch,
+                                    g[GPT_FCB] + lC * 4);
         // dln (N, C) = d(ln2) (the fc bias gradient is done)
-        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, m->ln2 + l * NC,
+        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, a.ln2,
                         p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
         // dresidual += LN2 backward: now d(residual2)
         layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, ln_scratch, m->scratch_bytes, m->dln,
-                           m->residual2 + l * NC, p[GPT_LN2W] + lC, m->ln2_mean + (size_t)l * N,
-                           m->ln2_rstd + (size_t)l * N, N, C, s);
+                           a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
         // attention projection: dln (N, C) = d(atty)
-        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, m->atty + l * NC,
+        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, a.atty,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
         // attention: dwide[:, :3C] = dqkv (B, T, 3, NH, HD) (overwritten)
-        AttentionArgs a = gpt_attention_args(m, l);
-        attention_backward(m->backend, &m->att_ctx, &a, s);
+        AttentionArgs att = gpt_attention_args(m, l);
+        attention_backward(m->backend, &m->att_ctx, &att, s);
         // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, 3C) contiguous in dwide)
-        matmul_backward(mm, m->dln, g[GPT_QKVW] + lC * 3 * C, g[GPT_QKVB] + lC * 3, m->dwide, m->ln1 + l * NC,
+        matmul_backward(mm, m->dln, g[GPT_QKVW] + lC * 3 * C, g[GPT_QKVB] + lC * 3, m->dwide, a.ln1,
                         p[GPT_QKVW] + lC * 3 * C, N, C, 3 * C, NULL, 1, m->scratch);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding)
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
-                           residual, p[GPT_LN1W] + lC, m->ln1_mean + (size_t)l * N, m->ln1_rstd + (size_t)l * N, N,
-                           C, s);
+                           a.residual, p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);
         if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);  // layer l's gradients are final
     }
     // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)

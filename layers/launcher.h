@@ -18,6 +18,9 @@
 // disagreement, or when not every rank arrives in time, rank 0 tells every connected rank why and
 // all of them return -1 with one line in `err` (what happened and what to check); nothing here
 // prints or exits, and nothing waits longer than the timeout (plus a few seconds on a client).
+// launcher_rendezvous_keep can leave the connections open afterwards, for the watchdog's heartbeat
+// (layers/heartbeat.h). `--rendezvous file:PATH` exchanges the same things through files on a
+// shared filesystem instead (below, "the file exchange"), for nodes that cannot reach each other's ports.
 //
 // Wire format (little-endian, 24-byte hello, 16-byte reply header + payload_bytes):
 //   hello  uint32 magic 'GPTR', uint32 version, int32 rank, int32 world, uint64 tag
@@ -161,7 +164,7 @@ static inline void launcher_reply(int fd, int status, int world, int detail, con
 
 // Rank 0: collects world − 1 hellos, checks them, sends the payload (or the error) to everyone.
 static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const void* payload, size_t bytes,
-                                 double timeout_s, char* err, size_t err_len) {
+                                 double timeout_s, int* keep, char* err, size_t err_len) {
     const int W = info->world;
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     if (listener < 0) {
@@ -183,6 +186,7 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
         return -1;
     }
     int* fds = (int*)malloc(sizeof(int) * (size_t)W);
+    int* ranks = (int*)malloc(sizeof(int) * (size_t)W);
     int* seen = (int*)calloc((size_t)W, sizeof(int));
     int arrived = 0, status = LAUNCH_OK, detail = 0;
     const double deadline = launcher_now() + timeout_s;
@@ -203,6 +207,7 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
             close(fd);  // not one of ours (a port scanner, another program): ignore it
             continue;
         }
+        ranks[arrived] = h.rank;
         fds[arrived++] = fd;
         if (h.world != W) {
             status = LAUNCH_WORLD_MISMATCH, detail = h.rank;
@@ -236,9 +241,11 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
     }
     for (int i = 0; i < arrived; i++) {
         launcher_reply(fds[i], status, W, detail, payload, bytes, launcher_now() + 5.0);
-        close(fds[i]);
+        if (keep && status == LAUNCH_OK) keep[ranks[i]] = fds[i];  // the heartbeat's socket to that rank
+        else close(fds[i]);
     }
     free(fds);
+    free(ranks);
     free(seen);
     close(listener);
     return status == LAUNCH_OK ? 0 : -1;
@@ -246,7 +253,7 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
 
 // Other ranks: connect (retrying), say hello, read the payload or rank 0's reason.
 static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes, double timeout_s,
-                                char* err, size_t err_len) {
+                                int* keep, char* err, size_t err_len) {
     char port[16];
     snprintf(port, sizeof(port), "%d", info->master_port);
     const double deadline = launcher_now() + timeout_s;
@@ -302,8 +309,9 @@ static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payl
                  timeout_s + 10.0);
         return -1;
     }
-    close(fd);
     memcpy(&r, buf, sizeof(r));
+    if (keep && r.magic == LAUNCH_MAGIC && r.status == LAUNCH_OK) keep[0] = fd;  // the heartbeat's socket
+    else close(fd);
     if (r.magic != LAUNCH_MAGIC) {
         snprintf(err, err_len, "rendezvous: rank %d got a foreign answer at %s:%d: another program listens on "
                  "MASTER_PORT; choose another port", info->rank, info->master_addr, info->master_port);
@@ -341,17 +349,264 @@ static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payl
     return -1;
 }
 
+// ---- the file exchange (--rendezvous file:PATH) -------------------------------------------------
+//
+// For clusters whose nodes cannot open ports to each other but share a filesystem. Files:
+//   PATH.rank<r>  rank r's check-in (r >= 1): magic, version, rank, world, tag and a fresh random nonce
+//   PATH          rank 0's answer: magic, version, status, world, detail, tag, nonces[world], payload
+// Each is written to a temporary name and renamed, so a reader never sees half a file.
+// Rank 0 first deletes PATH and every PATH.rank<r> (whatever an older run left), then collects a
+// check-in from every rank, checks world and tag, and writes PATH with every rank's nonce. A rank
+// accepts PATH only when it holds its own nonce at its own index: a file left by an older run (or
+// written for another one) can never carry a nonce this process has just drawn, so it is ignored
+// whatever its age or the clocks of the nodes. A rank whose check-in disappears (rank 0 started
+// after it and cleaned up) writes it again. On success each rank removes its check-in; PATH stays
+// until the next run's rank 0 removes it (harmless: no later nonce matches it).
+
+#define LAUNCH_FILE_MAGIC 0x46545047u  // "GPTF"
+#define LAUNCH_FILE_POLL_MS 50
+
+typedef struct { uint32_t magic, version; int32_t rank, world; uint64_t tag, nonce; } LaunchCheckIn;
+typedef struct { uint32_t magic, version; int32_t status, world, detail, unused; uint64_t tag; } LaunchAnswer;
+
+// Writes `n` bytes to `path` atomically (a temporary name beside it, then rename). 0 or -1 (errno).
+static inline int launcher_write_atomic(const char* path, const void* data, size_t n) {
+    char tmp[4400];  // path (< 4200, see launcher_rendezvous_keep) + the suffix
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld.%lx", path, (long)getpid(), (unsigned long)(launcher_now() * 1e6));
+    FILE* f = fopen(tmp, "wb");
+    if (!f) return -1;
+    const int ok = fwrite(data, 1, n, f) == n;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+        const int e = errno;
+        unlink(tmp);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+// Reads up to `max` bytes of `path` into a malloc'd buffer (*n: how many); NULL when it is absent.
+static inline unsigned char* launcher_read_file(const char* path, size_t max, size_t* n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char* buf = (unsigned char*)malloc(max ? max : 1);
+    *n = buf ? fread(buf, 1, max, f) : 0;
+    fclose(f);
+    return buf;
+}
+
+static inline uint64_t launcher_nonce(void) {
+    uint64_t v = 0;
+    FILE* f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&v, sizeof(v), 1, f) != 1) v = 0;
+        fclose(f);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);  // without /dev/urandom: time and pid, still fresh per process
+    v ^= ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    return v ? v : 1;  // 0 means "no nonce" in rank 0's answer
+}
+
+static inline void launcher_checkin_path(char* out, size_t len, const char* path, int rank) {
+    snprintf(out, len, "%s.rank%d", path, rank);
+}
+
+// Rank 0 writes its answer (nonces of the ranks it heard from; payload only when status is OK).
+static inline int launcher_file_answer(const char* path, int status, int world, int detail, uint64_t tag,
+                                       const uint64_t* nonces, const void* payload, size_t bytes) {
+    const size_t n = sizeof(LaunchAnswer) + sizeof(uint64_t) * (size_t)world + bytes;
+    unsigned char* buf = (unsigned char*)calloc(1, n);
+    if (!buf) return -1;
+    LaunchAnswer a = {LAUNCH_FILE_MAGIC, LAUNCH_VERSION, status, world, detail, 0, tag};
+    memcpy(buf, &a, sizeof(a));
+    memcpy(buf + sizeof(a), nonces, sizeof(uint64_t) * (size_t)world);
+    if (status == LAUNCH_OK) memcpy(buf + sizeof(a) + sizeof(uint64_t) * (size_t)world, payload, bytes);
+    const int rc = launcher_write_atomic(path, buf, n);
+    free(buf);
+    return rc;
+}
+
+// Rank 0's side of the file exchange.
+static inline int launcher_file_serve(const LaunchInfo* info, const char* path, uint64_t tag, const void* payload,
+                                      size_t bytes, double timeout_s, char* err, size_t err_len) {
+    const int W = info->world;
+    char name[4200];
+    unlink(path);  // an older run's leftovers: never read
+    for (int r = 1; r < W; r++) launcher_checkin_path(name, sizeof(name), path, r), unlink(name);
+    uint64_t* nonces = (uint64_t*)calloc((size_t)W, sizeof(uint64_t));
+    int arrived = 1, status = LAUNCH_OK, detail = 0;
+    const double deadline = launcher_now() + timeout_s;
+    while (arrived < W && status == LAUNCH_OK) {
+        for (int r = 1; r < W && status == LAUNCH_OK; r++) {
+            if (nonces[r]) continue;
+            launcher_checkin_path(name, sizeof(name), path, r);
+            size_t n = 0;
+            unsigned char* buf = launcher_read_file(name, sizeof(LaunchCheckIn), &n);
+            LaunchCheckIn c;
+            if (!buf || n != sizeof(c)) {
+                free(buf);
+                continue;
+            }
+            memcpy(&c, buf, sizeof(c));
+            free(buf);
+            if (c.magic != LAUNCH_FILE_MAGIC || c.version != LAUNCH_VERSION || c.rank != r || !c.nonce) continue;
+            nonces[r] = c.nonce, arrived++;
+            if (c.world != W) {
+                status = LAUNCH_WORLD_MISMATCH, detail = r;
+                snprintf(err, err_len, "rendezvous: rank %d says world size %d, rank 0 says %d: start every process "
+                         "with the same -np / WORLD_SIZE / --ntasks", r, c.world, W);
+            } else if (c.tag != tag) {
+                status = LAUNCH_TAG_MISMATCH, detail = r;
+                snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, "
+                         "batch, --zero, data or steps differ): start every rank with the same command line", r);
+            }
+        }
+        if (arrived < W && status == LAUNCH_OK) {
+            if (launcher_now() >= deadline) {
+                status = LAUNCH_TIMEOUT, detail = arrived;
+                break;
+            }
+            launcher_sleep_ms(LAUNCH_FILE_POLL_MS);
+        }
+    }
+    if (status == LAUNCH_TIMEOUT) {
+        int n = snprintf(err, err_len, "rendezvous: only %d of %d ranks checked in at %.500s within %g s; missing ranks:",
+                         arrived, W, path, timeout_s);
+        for (int r = 1, shown = 0; r < W && n > 0 && (size_t)n < err_len; r++)
+            if (!nonces[r] && shown++ < 8) n += snprintf(err + n, err_len - (size_t)n, " %d", r);
+        if (n > 0 && (size_t)n < err_len)
+            snprintf(err + n, err_len - (size_t)n, "; check that all %d processes were started with the same "
+                     "--rendezvous file:PATH on a filesystem every node shares (or raise --rendezvous-timeout)", W);
+    }
+    const int wrote = launcher_file_answer(path, status, W, detail, tag, nonces, payload, bytes);
+    free(nonces);
+    if (wrote != 0 && status == LAUNCH_OK) {
+        snprintf(err, err_len, "rendezvous: rank 0 cannot write %.500s: %s; --rendezvous file:PATH needs a directory "
+                 "every rank can write", path, strerror(errno));
+        return -1;
+    }
+    return status == LAUNCH_OK ? 0 : -1;
+}
+
+// Reads rank 0's answer; 1 when it is meant for this process (its nonce at its index), else 0.
+static inline int launcher_file_answer_for_me(const char* path, const LaunchInfo* info, uint64_t nonce,
+                                              LaunchAnswer* a, void* payload, size_t bytes) {
+    const size_t want = sizeof(LaunchAnswer) + sizeof(uint64_t) * (size_t)info->world + bytes;
+    size_t n = 0;
+    unsigned char* buf = launcher_read_file(path, want, &n);
+    if (!buf) return 0;
+    int mine = 0;
+    if (n >= sizeof(LaunchAnswer)) {
+        memcpy(a, buf, sizeof(*a));
+        const size_t need = sizeof(LaunchAnswer) + sizeof(uint64_t) * (size_t)(a->world > 0 ? a->world : 0);
+        uint64_t theirs = 0;
+        if (a->magic == LAUNCH_FILE_MAGIC && a->world > info->rank && n >= need) {
+            memcpy(&theirs, buf + sizeof(LaunchAnswer) + sizeof(uint64_t) * (size_t)info->rank, sizeof(theirs));
+            mine = theirs == nonce;
+        }
+        if (mine && a->status == LAUNCH_OK) {
+            if (a->world != info->world || n != want) mine = 0;  // cannot be: rank 0 checked the world
+            else memcpy(payload, buf + need, bytes);
+        }
+    }
+    free(buf);
+    return mine;
+}
+
+// The other ranks' side: check in, then wait for rank 0's answer carrying this process's nonce.
+static inline int launcher_file_join(const LaunchInfo* info, const char* path, uint64_t tag, void* payload,
+                                     size_t bytes, double timeout_s, char* err, size_t err_len) {
+    char mine[4200];
+    launcher_checkin_path(mine, sizeof(mine), path, info->rank);
+    LaunchCheckIn c = {LAUNCH_FILE_MAGIC, LAUNCH_VERSION, info->rank, info->world, tag, launcher_nonce()};
+    const double deadline = launcher_now() + timeout_s;
+    for (;;) {
+        LaunchAnswer a;
+        if (launcher_file_answer_for_me(path, info, c.nonce, &a, payload, bytes)) {
+            unlink(mine);
+            switch (a.status) {
+                case LAUNCH_OK: return 0;
+                case LAUNCH_WORLD_MISMATCH:
+                    snprintf(err, err_len, "rendezvous: rank %d disagrees on the world size (rank 0 says %d, this rank "
+                             "%d), so rank 0 stopped the run: start every process with the same -np / WORLD_SIZE / "
+                             "--ntasks", a.detail, a.world, info->world);
+                    return -1;
+                case LAUNCH_TAG_MISMATCH:
+                    snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, "
+                             "batch, --zero, data or steps differ), so rank 0 stopped the run: start every rank with "
+                             "the same command line", a.detail);
+                    return -1;
+                case LAUNCH_TIMEOUT:
+                    snprintf(err, err_len, "rendezvous: rank 0 gave up waiting: only %d of %d ranks checked in at %.500s "
+                             "in time; check that all %d processes were started with the same --rendezvous", a.detail,
+                             a.world, path, a.world);
+                    return -1;
+                default:
+                    snprintf(err, err_len, "rendezvous: rank 0 refused rank %d (status %d)", info->rank, (int)a.status);
+                    return -1;
+            }
+        }
+        if (access(mine, F_OK) != 0 && launcher_write_atomic(mine, &c, sizeof(c)) != 0) {  // (again: rank 0 cleaned up)
+            snprintf(err, err_len, "rendezvous: rank %d cannot write %.500s: %s; --rendezvous file:PATH needs a "
+                     "directory every rank can write", info->rank, mine, strerror(errno));
+            return -1;
+        }
+        if (launcher_now() >= deadline) {
+            unlink(mine);
+            snprintf(err, err_len, "rendezvous: rank %d got no answer from rank 0 at %.500s within %g s; check that rank 0 "
+                     "was started with the same --rendezvous file:PATH, that the path is on a filesystem every node "
+                     "shares, that every rank has the same world size and no other process claims rank %d (or "
+                     "raise --rendezvous-timeout)", info->rank, path, timeout_s, info->rank);
+            return -1;
+        }
+        launcher_sleep_ms(LAUNCH_FILE_POLL_MS);
+    }
+}
+
+// ---- the entry points ------------------------------------------------------------------------------
+
+// --rendezvous: "tcp" (or NULL/""): MASTER_ADDR:MASTER_PORT; "file:PATH": the file exchange, *path =
+// PATH. 0 (tcp), 1 (file) or -1 with the reason in err.
+static inline int launcher_parse_method(const char* text, const char** path, char* err, size_t err_len) {
+    *path = NULL;
+    if (!text || !*text || strcmp(text, "tcp") == 0) return 0;
+    if (strncmp(text, "file:", 5) == 0 && text[5]) {
+        *path = text + 5;
+        return 1;
+    }
+    snprintf(err, err_len, "--rendezvous expects tcp or file:PATH (a path on a filesystem every rank shares), got "
+             "\"%s\"", text);
+    return -1;
+}
+
 // Rank 0 sends `payload` (bytes <= LAUNCH_MAX_PAYLOAD) to every other rank, which receive it into
-// `payload`. All ranks must agree on world and tag. 0, or -1 with the reason in err (see the top).
-static inline int launcher_rendezvous(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes,
-                                      double timeout_s, char* err, size_t err_len) {
+// `payload`, over TCP (file_path NULL) or through files at file_path. All ranks must agree on world
+// and tag. keep (TCP only; NULL: close them): world sockets, -1 preset by the caller; rank 0's
+// keep[r] becomes its connection to rank r, another rank's keep[0] its connection to rank 0 (the
+// heartbeat, layers/heartbeat.h). 0, or -1 with the reason in err (see the top).
+static inline int launcher_rendezvous_keep(const LaunchInfo* info, const char* file_path, uint64_t tag, void* payload,
+                                           size_t bytes, double timeout_s, int* keep, char* err, size_t err_len) {
     if (bytes > LAUNCH_MAX_PAYLOAD) {
         snprintf(err, err_len, "rendezvous: payload of %zu bytes is too large (a bug)", bytes);
         return -1;
     }
     if (info->world <= 1) return 0;
-    return info->rank == 0 ? launcher_serve(info, tag, payload, bytes, timeout_s, err, err_len)
-                           : launcher_join(info, tag, payload, bytes, timeout_s, err, err_len);
+    if (file_path && strlen(file_path) > 4000) {
+        snprintf(err, err_len, "rendezvous: the --rendezvous file path is longer than 4000 characters");
+        return -1;
+    }
+    if (file_path)
+        return info->rank == 0 ? launcher_file_serve(info, file_path, tag, payload, bytes, timeout_s, err, err_len)
+                               : launcher_file_join(info, file_path, tag, payload, bytes, timeout_s, err, err_len);
+    return info->rank == 0 ? launcher_serve(info, tag, payload, bytes, timeout_s, keep, err, err_len)
+                           : launcher_join(info, tag, payload, bytes, timeout_s, keep, err, err_len);
+}
+
+// The TCP exchange, connections closed afterwards.
+static inline int launcher_rendezvous(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes,
+                                      double timeout_s, char* err, size_t err_len) {
+    return launcher_rendezvous_keep(info, NULL, tag, payload, bytes, timeout_s, NULL, err, err_len);
 }
 
 // FNV-1a over bytes, for the rendezvous tag (the options every rank must share).

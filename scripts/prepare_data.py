@@ -8,6 +8,13 @@ ordinary text (encode_ordinary). The token stream is written as shards in llm.c'
 
     <out-dir>/<name>_val_000000.bin              the first documents, >= --val-fraction of all tokens
     <out-dir>/<name>_train_000000.bin, ...       the rest, cut every --shard-tokens tokens
+    <out-dir>/gpt2_tokenizer.bin                 the token table, for printing samples (below)
+
+The token table is llm.c's tokenizer file, so llm.c's own gpt2_tokenizer.bin works as well: a header
+of 256 little-endian uint32 ([0] magic 20240328, [1] version 2, [2] vocab size 50257, [3] the
+end-of-text token 50256, the rest 0), then for every token id in order one uint8 length (1..255)
+and that many bytes, the token's bytes as tiktoken decodes them (pieces of UTF-8 characters
+included). data/tokenizer.h reads it.
 
 Examples:
     python scripts/prepare_data.py                       # Tiny Shakespeare (downloaded if online)
@@ -35,6 +42,8 @@ except ImportError as err:  # tell the user how to get the venv instead of a tra
 from shard_format import MAX_SHARD_TOKENS, ShardError, write_shard
 
 EOT = 50256  # <|endoftext|> in r50k_base
+TOKENIZER_FILE = "gpt2_tokenizer.bin"
+TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2
 ENCODING = "r50k_base"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -140,6 +149,24 @@ def tokenize(docs, enc, batch_chars=1 << 24):
     return np.concatenate(streams), np.asarray(lens, dtype=np.int64)
 
 
+def write_tokenizer(path, enc):
+    """Writes the token table (format in the module docstring) to path, through path.tmp and a rename."""
+    n = enc.n_vocab
+    header = np.zeros(256, dtype="<u4")
+    header[:4] = (TOKENIZER_MAGIC, TOKENIZER_VERSION, n, enc.eot_token)
+    parts = [header.tobytes()]
+    for token in range(n):
+        data = enc.decode_single_token_bytes(token)
+        if not 1 <= len(data) <= 255:
+            raise Fail(f"token {token} has {len(data)} bytes; the token table holds 1 to 255 per token")
+        parts.append(bytes((len(data),)) + data)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(b"".join(parts))
+    os.replace(tmp, path)
+    print(f"wrote {show(path)}: {n:,} tokens")
+
+
 def val_split(doc_lens, fraction):
     """Number of leading documents that make up the validation split: the fewest whose
     tokens are at least `fraction` of all tokens (0 when fraction is 0)."""
@@ -227,6 +254,7 @@ def run(args):
     written = write_split(args.out_dir, args.name, "val", tokens[:n_val], args.shard_tokens)
     written += write_split(args.out_dir, args.name, "train", tokens[n_val:], args.shard_tokens)
     remove_stale_shards(args.out_dir, args.name, written)
+    write_tokenizer(os.path.join(args.out_dir, TOKENIZER_FILE), enc)
     total = len(tokens)
     print(f"{len(docs):,} documents, {total:,} tokens: val {n_val:,} ({100.0 * n_val / total:.1f}%, "
           f"{n_val_docs:,} documents), train {total - n_val:,}")

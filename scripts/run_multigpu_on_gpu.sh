@@ -14,6 +14,10 @@
 #   (d) GPT3-1.3B seq 2048 micro batch 8, 131072 tokens per step: per-GPU TFLOP/s and peak memory,
 #       1 GPU vs 2 GPUs with and without --zero 1 (scripts/bench_multigpu.py), results written to
 #       scripts/results/multigpu_<gpu>.json and .md
+#   (e) never hang: kill -9 of rank 1 mid-run -> rank 0 exits 1 within --nccl-timeout naming rank 1;
+#       rank 1 frozen (SIGSTOP) -> rank 0's watchdog fires after --nccl-timeout; SIGTERM to rank 1
+#       only -> both ranks save the same step and exit 75, and the resumed run gives the losses of an
+#       uninterrupted one; the file rendezvous (--rendezvous file:PATH) trains
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 in every process). Two-GPU runs use mpirun when it
 # is installed (Open MPI; --allow-run-as-root), else two processes with RANK/WORLD_SIZE variables.
 # Full logs in OUTDIR; the summary is printed last. Exits non-zero when a check failed.
@@ -183,6 +187,84 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "only 1 of 2 ranks" "$OUT/missing
     note "PASS missing_rank_times_out_clearly in ${secs} s: $(grep -m1 error "$OUT/missing_rank.out" | cut -c1-170)"
 else
     note "FAIL missing_rank_times_out_clearly: exit $rc after ${secs} s, see $OUT/missing_rank.out"; status=1
+fi
+
+# ---- (e) never hang -------------------------------------------------------------------------------
+note "== (e) watchdog, coordinated SIGTERM, file rendezvous"
+LONG=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 100000 --val-data "" --nccl-timeout 20)
+# start2 TAG ARGS...: two ranks in the background (no timeout wrapper: $P0/$P1 are train_gpt itself)
+start2() {
+    local tag=$1
+    shift
+    PORT=$((PORT + 1))
+    RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_PORT=$PORT ./train_gpt "$@" >"$OUT/$tag.rank0.out" 2>&1 &
+    P0=$!
+    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=$PORT ./train_gpt "$@" >"$OUT/$tag.rank1.out" 2>&1 &
+    P1=$!
+}
+wait_steps() {  # wait_steps FILE N: until rank 0 printed step N (at most 120 s)
+    for _ in $(seq 240); do grep -q "^step *$2/" "$1" 2>/dev/null && return 0; sleep 0.5; done
+    return 1
+}
+wait_exit() {  # wait_exit PID SECONDS: its exit status, or 124 (then killed) when it is still running
+    for _ in $(seq $((2 * $2))); do kill -0 "$1" 2>/dev/null || { wait "$1"; return $?; }; sleep 0.5; done
+    kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null; return 124
+}
+start2 kill9 "${LONG[@]}"
+wait_steps "$OUT/kill9.rank0.out" 5
+kill -9 $P1
+t0=$(date +%s)
+wait_exit $P0 60
+rc=$?
+secs=$(($(date +%s) - t0))
+wait $P1 2>/dev/null
+if [ $rc -eq 1 ] && grep -q "NCCL watchdog: rank 0 of 2, step .*suspected rank: 1 (its process ended" "$OUT/kill9.rank0.out"; then
+    note "PASS kill9_rank1_rank0_exits_naming_it in ${secs} s: $(grep -m1 'NCCL watchdog' "$OUT/kill9.rank0.out" | cut -c1-200)"
+else
+    note "FAIL kill9_rank1_rank0_exits_naming_it: exit $rc after ${secs} s, see $OUT/kill9.rank0.out"; status=1
+fi
+start2 frozen "${LONG[@]}"
+wait_steps "$OUT/frozen.rank0.out" 5
+kill -STOP $P1
+t0=$(date +%s)
+wait_exit $P0 60
+rc=$?
+secs=$(($(date +%s) - t0))
+kill -9 $P1; wait $P1 2>/dev/null
+if [ $rc -eq 1 ] && [ $secs -ge 15 ] && grep -q "NCCL watchdog: rank 0 of 2, step .*did not complete within 20 s" "$OUT/frozen.rank0.out"; then
+    note "PASS frozen_rank1_watchdog_fires_after_the_timeout in ${secs} s: $(grep -m1 'NCCL watchdog' "$OUT/frozen.rank0.out" | cut -c1-220)"
+else
+    note "FAIL frozen_rank1_watchdog_fires_after_the_timeout: exit $rc after ${secs} s, see $OUT/frozen.rank0.out"; status=1
+fi
+CKT="$OUT/ck_sigterm"
+rm -rf "$CKT"
+TERM_RUN=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 1000 --val-data "" --attn naive --zero 1 --lr 6e-4)
+run2 sigterm_ref "${TERM_RUN[@]}" --log-file "$OUT/sigterm_ref.jsonl"; check sigterm_ref $?
+start2 sigterm "${TERM_RUN[@]}" --checkpoint-dir "$CKT" --log-file "$OUT/sigterm.jsonl"
+wait_steps "$OUT/sigterm.rank0.out" 20  # then SIGTERM well before step 1000
+kill -TERM $P1
+wait_exit $P0 120; rc0=$?
+wait_exit $P1 120; rc1=$?
+s0=$(grep -o "after step [0-9]*" "$OUT/sigterm.rank0.out" | head -1)
+s1=$(ls "$CKT" 2>/dev/null | grep -c "rank01of02")
+if [ $rc0 -eq 75 ] && [ $rc1 -eq 75 ] && [ -n "$s0" ] && grep -q "a stop signal on another rank" "$OUT/sigterm.rank0.out" &&
+   [ "$(ls "$CKT" | grep -c rank00of02)" = 1 ] && [ "$s1" = 1 ]; then
+    note "PASS sigterm_to_rank1_only_both_save_the_same_step: both exit 75 $s0; $(ls "$CKT" | tr '\n' ' ')"
+else
+    note "FAIL sigterm_to_rank1_only_both_save_the_same_step: exits $rc0/$rc1 ($s0), files: $(ls "$CKT" | tr '\n' ' ')"; status=1
+fi
+run2 sigterm_resumed "${TERM_RUN[@]}" --checkpoint-dir "$CKT" --resume auto --log-file "$OUT/sigterm.jsonl"
+check sigterm_resumed $?
+compare "$OUT/sigterm_ref.jsonl" "$OUT/sigterm.jsonl" --tol 2e-3 --name sigterm_resume_matches_uninterrupted
+rm -f "$OUT/rdzv_file"*
+PORT=$((PORT + 1))
+env_launch 2 file_rendezvous "${QUICK[@]}" --rendezvous "file:$OUT/rdzv_file" --log-file "$OUT/file_rendezvous.jsonl"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$OUT/file_rendezvous.jsonl" 2>/dev/null)" = 5 ] &&
+   grep -q "rendezvous file" "$OUT/file_rendezvous.rank0.out"; then
+    note "PASS file_rendezvous_trains: 5 steps"
+else
+    note "FAIL file_rendezvous_trains: exit $rc, see $OUT/file_rendezvous.out"; status=1
 fi
 
 # ---- (d) benchmark ----------------------------------------------------------------------------------

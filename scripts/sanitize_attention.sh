@@ -8,7 +8,8 @@
 #   bash scripts/sanitize_attention.sh [LOG_DIR]      (default build/sanitize)
 #
 # T = 17 (one partial block) and 300 (several key blocks: the TMA rings wrap, dQ gets several
-# additions) for memcheck and synccheck; racecheck, the slowest, at 300. Writes LOG_DIR/<tool>.log
+# additions) for memcheck and synccheck; racecheck, the slowest, at 300 (its reports on the backward
+# are discussed in attention/PERF_NOTES.md). Writes LOG_DIR/<tool>.log
 # and prints one line per tool; exits non-zero when a tool reported an error or a case failed.
 set -uo pipefail
 LOG_DIR=${1:-build/sanitize}

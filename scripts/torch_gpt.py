@@ -53,6 +53,7 @@ import shard_format  # noqa: E402  (scripts/shard_format.py: the token-shard rea
 try:
     import torch
     import torch.nn.functional as F
+    import torch.utils.checkpoint
     from torch import nn
     _Module = nn.Module
 except ImportError:  # configs, model files, batches and the schedule need numpy only
@@ -326,12 +327,16 @@ class GPT(_Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.channels)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.lnf = nn.LayerNorm(cfg.channels, eps=LAYERNORM_EPS)
+        self.checkpoint_blocks = False  # activation checkpointing: keep each block's input, rerun it in backward
 
     def forward(self, inputs, targets=None):
         T = inputs.shape[1]
         x = self.wte(inputs) + self.wpe(torch.arange(T, device=inputs.device))
         for block in self.blocks:
-            x = block(x)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = F.linear(self.lnf(x), self.wte.weight)  # tied LM head, no bias: (B, T, Vp)
         if targets is None:
             return logits
@@ -468,18 +473,21 @@ def bench(args):
     device = args.device
     result = {"status": "running", "model": args.model, "params": num_params(cfg), "seqlen": args.seq_len,
               "micro_batch": args.batch_size, "grad_accum": accum, "total_batch_tokens": total,
-              "sdpa": args.sdpa, "compile": args.compile, "torch": torch.__version__, "step_ms": [], "losses": []}
+              "sdpa": args.sdpa, "compile": args.compile, "checkpoint_blocks": args.checkpoint_blocks,
+              "torch": torch.__version__, "step_ms": [], "losses": []}
     if torch.device(device).type == "cuda":
         result["device"] = torch.cuda.get_device_name()
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls (none under autocast) as PyTorch users run them
         torch.backends.cudnn.allow_tf32 = True
     print(f"torch {torch.__version__}, {result.get('device', device)}: {args.model} L{cfg.num_layers} "
           f"C{cfg.channels} NH{cfg.num_heads} ({num_params(cfg)} params), B {args.batch_size} x T {args.seq_len}, "
-          f"{accum} micro steps per step, SDPA {args.sdpa}, compile {args.compile}", flush=True)
+          f"{accum} micro steps per step, SDPA {args.sdpa}, compile {args.compile}"
+          f"{', checkpointing every block' if args.checkpoint_blocks else ''}", flush=True)
 
     with torch.device(device):  # built on the device: no slow CPU init of billions of parameters
         model = GPT(cfg)
     gpt2_init_(model, args.seed)
+    model.checkpoint_blocks = args.checkpoint_blocks
     optimizer = make_adamw(model, args.lr, args.weight_decay, fused=torch.device(device).type == "cuda")
     if args.compile == "model":
         runner = torch.compile(model, dynamic=False)
@@ -546,6 +554,9 @@ def main(argv=None):
     b.add_argument("--sdpa", default="flash", choices=SDPA_BACKENDS, help="SDPA backend, forced (default flash)")
     b.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
                    help="torch.compile the whole model (default), each block, or nothing")
+    b.add_argument("--checkpoint-blocks", action="store_true",
+                   help="activation checkpointing per block (torch.utils.checkpoint, non-reentrant): keep each "
+                        "block's input and recompute the block in the backward")
     b.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
                    help="bf16: fp32 parameters under bf16 autocast (default); fp32: no autocast")
     b.add_argument("--device", default="cuda", help="torch device (default cuda; cpu only to test the script)")

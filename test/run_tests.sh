@@ -21,7 +21,10 @@ tests=(
     "$BUILD/test_checkpoint"
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
+    "$BUILD/test_tokenizer"
+    "$BUILD/test_watchdog"
     "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_tokenizer.py"
     "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$PYTHON test/test_scripts.py"
@@ -31,6 +34,10 @@ tests=(
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"
+    "$BUILD/test_gpu_recompute"
+    "$BUILD/test_gpu_decode"
+    "$BUILD/test_gpu_multi_gpu"
+    "$BUILD/test_gpu_generate"
 )
 
 mkdir -p "$BUILD/test_logs"

@@ -2,7 +2,9 @@
 // mpirun, srun, none, and bad values), and the TCP rendezvous between processes forked here on
 // 127.0.0.1 and a free port: matching ranks all receive rank 0's 128-byte payload; a world-size
 // mismatch, a duplicate rank, different options, a missing rank and an unreachable rank 0 all fail
-// on every side with the expected message, well within the timeout (no hang).
+// on every side with the expected message, well within the timeout (no hang). The same through a
+// shared file (--rendezvous file:PATH), and files left by an older run are never taken for this
+// run's: a stale answer and stale check-ins are ignored.
 #define _POSIX_C_SOURCE 200809L  // setenv, fork, getaddrinfo under -std=c11
 
 #include <signal.h>
@@ -102,8 +104,10 @@ typedef struct {
     unsigned char payload[PAYLOAD];
 } Result;
 
-// Runs one rendezvous per Proc in forked children; fills results (rank 0 offers `offer`).
-static void run_procs(const Proc* procs, int n, int port, const unsigned char* offer, Result* results) {
+// Runs one rendezvous per Proc in forked children, over TCP on `port` or (file != NULL) through
+// files at `file`; fills results (rank 0 offers `offer`).
+static void run_procs_via(const Proc* procs, int n, int port, const char* file, const unsigned char* offer,
+                          Result* results) {
     pid_t pids[16];
     int pipes[16][2];
     for (int i = 0; i < n; i++) {
@@ -120,7 +124,8 @@ static void run_procs(const Proc* procs, int n, int port, const unsigned char* o
             memset(&r, 0, sizeof(r));
             if (procs[i].rank == 0) memcpy(r.payload, offer, PAYLOAD);
             double t0 = launcher_now();
-            r.rc = launcher_rendezvous(&li, procs[i].tag, r.payload, PAYLOAD, procs[i].timeout_s, r.err, sizeof(r.err));
+            r.rc = launcher_rendezvous_keep(&li, file, procs[i].tag, r.payload, PAYLOAD, procs[i].timeout_s, NULL, r.err,
+                                            sizeof(r.err));
             r.seconds = launcher_now() - t0;
             if (write(pipes[i][1], &r, sizeof(r)) != (ssize_t)sizeof(r)) _exit(3);
             _exit(0);
@@ -142,6 +147,10 @@ static void run_procs(const Proc* procs, int n, int port, const unsigned char* o
         close(pipes[i][0]);
         waitpid(pids[i], NULL, 0);
     }
+}
+
+static void run_procs(const Proc* procs, int n, int port, const unsigned char* offer, Result* results) {
+    run_procs_via(procs, n, port, NULL, offer, results);
 }
 
 static void test_rendezvous_ok(int world, int clients_first) {
@@ -220,6 +229,111 @@ static void test_timeouts(void) {
                 "rank 0 (%.1f s): %s | rank 1 (%.1f s): %s", r[0].seconds, r[0].err, r[1].seconds, r[1].err);
 }
 
+// ---- the file exchange ----------------------------------------------------------------------------
+
+static char g_dir[256];
+
+static void file_path(char* out, size_t len, const char* name) { snprintf(out, len, "%s/%s", g_dir, name); }
+
+static void random_offer(unsigned char* offer) {
+    TestRng rng = {(uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16) ^ (uint64_t)clock()};
+    for (int i = 0; i < PAYLOAD; i++) offer[i] = (unsigned char)test_rng_next(&rng);
+}
+
+static int all_got(const Result* r, int n, const unsigned char* offer, char* why, size_t len) {
+    for (int i = 0; i < n; i++) {
+        if (r[i].rc != 0) return snprintf(why, len, "proc %d: rc %d: %s", i, r[i].rc, r[i].err), 0;
+        if (memcmp(r[i].payload, offer, PAYLOAD) != 0) return snprintf(why, len, "proc %d got another payload", i), 0;
+    }
+    return 1;
+}
+
+static void test_file_ok(void) {
+    char path[512], why[ERR_LEN + 64] = "";
+    unsigned char offer[PAYLOAD];
+    Result r[4];
+    file_path(path, sizeof(path), "rdzv_ok");
+    random_offer(offer);
+    Proc first[4] = {{0, 4, 5, 20.0}, {1, 4, 5, 20.0}, {2, 4, 5, 20.0}, {3, 4, 5, 20.0}};
+    run_procs_via(first, 4, 0, path, offer, r);
+    int ok = all_got(r, 4, offer, why, sizeof(why));
+    char leftover[600];
+    snprintf(leftover, sizeof(leftover), "%s.rank1", path);
+    test_report("file_rendezvous_world_4_all_ranks_get_the_id", ok && access(leftover, F_OK) != 0, "%s%s", why,
+                access(leftover, F_OK) == 0 ? " (rank 1's check-in was left behind)" : "");
+    // the same path again, others first: the previous run's answer is still there and must not be taken
+    random_offer(offer);
+    Proc later[3] = {{2, 3, 5, 20.0}, {1, 3, 5, 20.0}, {0, 3, 5, 20.0}};
+    run_procs_via(later, 3, 0, path, offer, r);
+    ok = all_got(r, 3, offer, why, sizeof(why));
+    test_report("file_rendezvous_rerun_on_the_same_path_clients_first_gets_the_new_id", ok, "%s", why);
+}
+
+static void test_file_stale(void) {
+    char path[512], name[600];
+    unsigned char offer[PAYLOAD], stale[PAYLOAD];
+    Result r[2];
+    file_path(path, sizeof(path), "rdzv_stale");
+    random_offer(stale);
+    Proc old[2] = {{0, 2, 5, 20.0}, {1, 2, 5, 20.0}};  // an older run, same world and options
+    run_procs_via(old, 2, 0, path, stale, r);
+    int ok_old = r[0].rc == 0 && r[1].rc == 0;
+    Proc lone[1] = {{1, 2, 5, 1.0}};  // its rank 0 never comes: the old answer must not be taken
+    run_procs_via(lone, 1, 0, path, stale, r);
+    test_report("file_rendezvous_ignores_an_older_runs_answer", ok_old && r[0].rc == -1 &&
+                    contains(&r[0], "got no answer from rank 0") && contains(&r[0], path) && r[0].seconds < 5,
+                "old run ok %d; rc %d after %.1f s: %s", ok_old, r[0].rc, r[0].seconds, r[0].err);
+    // a check-in left by an older rank 1 (same world and options): rank 0 must not count it
+    snprintf(name, sizeof(name), "%s.rank1", path);
+    LaunchCheckIn c = {LAUNCH_FILE_MAGIC, LAUNCH_VERSION, 1, 2, 5, 12345};
+    launcher_write_atomic(name, &c, sizeof(c));
+    random_offer(offer);
+    Proc zero[1] = {{0, 2, 5, 1.0}};
+    run_procs_via(zero, 1, 0, path, offer, r);
+    test_report("file_rendezvous_rank0_ignores_an_older_runs_check_in",
+                r[0].rc == -1 && contains(&r[0], "only 1 of 2 ranks checked in") && contains(&r[0], "missing ranks: 1"),
+                "rc %d: %s", r[0].rc, r[0].err);
+}
+
+static void test_file_errors(void) {
+    char path[512];
+    unsigned char offer[PAYLOAD] = {3};
+    Result r[3];
+    file_path(path, sizeof(path), "rdzv_world");
+    Proc world[2] = {{0, 2, 7, 20.0}, {1, 3, 7, 20.0}};
+    run_procs_via(world, 2, 0, path, offer, r);
+    test_report("file_rendezvous_world_size_mismatch_fails_on_both_sides",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "rank 1 says world size 3, rank 0 says 2") &&
+                    contains(&r[1], "disagrees on the world size") && r[0].seconds < 10 && r[1].seconds < 10,
+                "%s | %s", r[0].err, r[1].err);
+    file_path(path, sizeof(path), "rdzv_tag");
+    Proc tag[2] = {{0, 2, 7, 20.0}, {1, 2, 8, 20.0}};
+    run_procs_via(tag, 2, 0, path, offer, r);
+    test_report("file_rendezvous_different_options_fail_on_both_sides",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "other options") && contains(&r[1], "other options"),
+                "%s | %s", r[0].err, r[1].err);
+    file_path(path, sizeof(path), "rdzv_missing");
+    Proc missing[2] = {{0, 3, 7, 1.0}, {1, 3, 7, 20.0}};
+    run_procs_via(missing, 2, 0, path, offer, r);
+    test_report("file_rendezvous_missing_rank_times_out_on_every_side",
+                r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "only 2 of 3 ranks checked in") &&
+                    contains(&r[0], "missing ranks: 2") && contains(&r[1], "only 2 of 3 ranks checked in") &&
+                    r[0].seconds < 5 && r[1].seconds < 5,
+                "rank 0 (%.1f s): %s | rank 1 (%.1f s): %s", r[0].seconds, r[0].err, r[1].seconds, r[1].err);
+    const char* bad_path = NULL;
+    char err[256] = "";
+    test_report("rendezvous_method_parsing", launcher_parse_method("tcp", &bad_path, err, sizeof(err)) == 0 &&
+                    launcher_parse_method("file:/x/y", &bad_path, err, sizeof(err)) == 1 && !strcmp(bad_path, "/x/y") &&
+                    launcher_parse_method("file:", &bad_path, err, sizeof(err)) == -1 && strstr(err, "file:PATH"),
+                "%s", err);
+}
+
+static void remove_dir(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) printf("note: could not remove %s\n", g_dir);
+}
+
 int main(void) {
     test_begin();
     signal(SIGPIPE, SIG_IGN);
@@ -230,5 +344,14 @@ int main(void) {
     test_duplicate_rank_and_tag();
     test_timeouts();
     test_rendezvous_ok(1, 0);
+    snprintf(g_dir, sizeof(g_dir), "/tmp/test_launcher_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        test_fail("file_rendezvous", "cannot make a temporary directory");
+        return test_end();
+    }
+    test_file_ok();
+    test_file_stale();
+    test_file_errors();
+    remove_dir();
     return test_end();
 }

@@ -81,6 +81,51 @@ def test_run_child_logs_output_and_status():
     assert rc == "timeout", rc
 
 
+def test_bench_long_context_runs_and_records():
+    """scripts/bench_long_context.py with a stand-in train_gpt that writes its JSONL log: the run list, the
+    record arithmetic (median step time -> model and hardware TFLOP/s) and the results files."""
+    import bench_long_context as blc
+    import torch_gpt as tg
+    runs = blc.parse_runs("train_gpt:gpt3-1.3b:65536:full,torch:gpt3-1.3b:65536")
+    assert runs == [("train_gpt", "gpt3-1.3b", 65536, "full"), ("torch", "gpt3-1.3b", 65536, "blocks")], runs
+    for bad in ("train_gpt:gpt3-1.3b:65536", "torch:gpt3-1.3b:65536:full", "train_gpt:gpt9:1024:none",
+                "train_gpt:gpt3-1.3b:64k:none", "train_gpt:gpt3-1.3b:1024:some"):
+        try:
+            blc.parse_runs(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} accepted")
+    assert len(blc.default_runs()) == 6 * 4
+    fake = os.path.join(WORK, "fake_train_gpt")
+    with open(fake, "w") as f:  # 3 steps of 100, 50 and 70 ms; hardware FLOPs 1.25x the model's
+        f.write(f"#!{sys.executable}\nimport sys\nlog = sys.argv[sys.argv.index('--log-file') + 1]\n"
+                "with open(log, 'w') as f:\n"
+                "    for step, (ms, loss) in enumerate([(100.0, 11.0), (50.0, 10.0), (70.0, 9.0)], 1):\n"
+                "        f.write('{\"step\": %d, \"loss\": %f, \"ms\": %f, \"tflops_per_gpu\": 4.0, '\n"
+                "                '\"hw_tflops_per_gpu\": 5.0}\\n' % (step, loss, ms))\n")
+    os.chmod(fake, 0o755)
+    shard = os.path.join(WORK, "shard.bin")
+    open(shard, "wb").close()
+    out = os.path.join(WORK, "blc")
+    rc = blc.main(["--runs", "train_gpt:gpt3-1.3b:4096:full", "--train-gpt", fake, "--train-data", shard,
+                   "--results-dir", out, "--out", out, "--peak-tflops", "1000", "--timed", "2"])
+    assert rc == 0
+    [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("long_context_") and n.endswith(".json")]
+    [rec] = json.load(open(path))["records"]
+    flops = tg.flops_per_sequence(tg.gpt_config("gpt3-1.3b", seq_len=4096), 4096)
+    assert rec["status"] == "ok" and rec["step_ms"] == 60.0 and rec["losses"] == [11.0, 10.0, 9.0], rec
+    assert abs(rec["tflops_per_gpu"] - flops / 0.06 / 1e12) < 1e-9 * rec["tflops_per_gpu"], rec
+    assert abs(rec["hw_tflops_per_gpu"] / rec["tflops_per_gpu"] - 1.25) < 1e-12, rec
+    assert os.path.exists(path[:-5] + ".md")
+    # a train_gpt that stops before allocating: its stderr lines come before its buffered plan in the log
+    log = os.path.join(WORK, "oom.log")
+    with open(log, "w") as f:
+        f.write("$ ./train_gpt ...\nerror: out of GPU memory: the activations ... need 100.41 GiB\n"
+                "hint: --recompute full would fit\nmodel        gpt3-1.3b\ngpu          H100\nmfu peak     989.4\n")
+    note, oom = blc.failure_note(log)
+    assert oom and "--recompute full would fit" in note and "mfu peak" not in note, note
+
+
 if __name__ == "__main__":
     try:
         harness.run_module(globals())

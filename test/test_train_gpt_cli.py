@@ -59,8 +59,9 @@ def test_help_lists_flags():
     for flag in ("--max-steps", "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--resume",
                  "--init-from", "--dump-grads"):
         assert flag in r.stdout, f"--help lacks {flag}"
+    assert "--recompute MODE" in r.stdout and "none | selective | full" in r.stdout, "--help lacks --recompute"
     for flag in ("--zero", "--rendezvous-timeout", "mpirun", "srun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                 "MASTER_ADDR", "MASTER_PORT"):
+                 "MASTER_ADDR", "MASTER_PORT", "--rendezvous HOW", "file:PATH", "--nccl-timeout"):
         assert flag in r.stdout, f"--help lacks {flag}"
 
 
@@ -87,6 +88,57 @@ def test_plan_flops_and_accumulation():
     assert f"model FLOPs  {flops:.3f} TFLOP" in r.stdout, (flops, r.stdout)
 
 
+# ---- --recompute and the chunked LM head (layers/gpt_model.cuh) ------------------------------------
+
+LM_HEAD_CHUNK_ROWS = 16384  # GPT_LM_HEAD_CHUNK_ROWS
+
+
+def long_shard(tokens):
+    path = os.path.join(WORK, f"long_{tokens}_train.bin")
+    if not os.path.exists(path):
+        write_shard(path, RNG.integers(0, 50257, size=tokens + 1))
+    return path
+
+
+def plan_activations(stdout):
+    """{mode: GiB} from the plan's `activations  none X GiB, selective Y GiB, full Z GiB ...; this run: M`."""
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("activations  "))
+    parts = line[len("activations  "):].split(" (")[0].split(", ")
+    sizes = {p.split()[0]: float(p.split()[1]) for p in parts}
+    return sizes, line.rsplit("this run: ", 1)[1]
+
+
+def test_recompute_plan_memory_and_flops():
+    """gpt3-1.3b at 32k: the plan's activation memory of each mode differs from none by exactly the
+    per-layer tensors that mode keeps once instead of L times, and the recomputed FLOPs follow the formula."""
+    expect_error(run(*GOOD, "--recompute", "some"), 2, "--recompute expects none, selective or full")
+    L, C, NH, Vp, T = 24, 2048, 16, 50304, 32768
+    N = T  # batch 1
+    per_layer = {"ln1": N * C * 2, "qkv": N * 3 * C * 2, "atty": N * C * 2, "att_lse": NH * N * 4,
+                 "residual2": N * C * 2, "ln2": N * C * 2, "fch": N * 4 * C * 2, "fch_gelu": N * 4 * C * 2}
+    gemm = ("qkv", "atty", "att_lse", "residual2", "fch")   # one slot with full
+    cheap = ("ln1", "ln2", "fch_gelu")                     # one slot with selective and full
+    saved = {"none": 0, "selective": (L - 1) * sum(per_layer[k] for k in cheap),
+             "full": (L - 1) * sum(per_layer.values())}
+    last_rows = N - (N - 1) // LM_HEAD_CHUNK_ROWS * LM_HEAD_CHUNK_ROWS
+    head = 2.0 * (N - last_rows) * C * Vp  # the logits of every chunk but the last, again
+    flops = {"none": head, "selective": head, "full": L * (16.0 * N * C * C + 4.0 * T * T * C) + head}
+    assert set(gemm) | set(cheap) == set(per_layer)
+    for mode in ("none", "selective", "full"):
+        r = run("--train-data", long_shard(T), "--val-data", "", "--model", "gpt3-1.3b", "--batch-size", "1",
+                "--seq-len", str(T), "--recompute", mode, "--plan-only")
+        assert r.returncode == 0, r.stderr
+        sizes, this_run = plan_activations(r.stdout)
+        assert this_run == mode, r.stdout
+        for other in ("selective", "full"):
+            want = saved[other] / 2**30
+            got = sizes["none"] - sizes[other]
+            assert abs(got - want) < 0.011, (other, got, want, r.stdout)
+        assert f"recompute    {flops[mode] / 1e12:.3f} TFLOP per optimizer step per GPU" in r.stdout, (flops, r.stdout)
+    r = run(*GOOD, "--plan-only")  # 4 x 64 tokens: one LM-head chunk, nothing recomputed
+    assert r.returncode == 0 and "recompute    " not in r.stdout and "this run: none" in r.stdout, r.stdout
+
+
 def test_unknown_flag():
     expect_error(run("--no-such-flag"), 2, "--help")
 
@@ -103,6 +155,9 @@ def test_bad_values():
 def test_multi_gpu_flags_and_launch_environment():
     expect_error(run(*GOOD, "--zero", "2"), 2, "--zero expects 0", "ZeRO-1")
     expect_error(run(*GOOD, "--rendezvous-timeout", "0"), 2, "--rendezvous-timeout")
+    expect_error(run(*GOOD, "--nccl-timeout", "0.5"), 2, "--nccl-timeout expects a number >= 1")
+    expect_error(run(*GOOD, "--rendezvous", "nfs:/x"), 2, "--rendezvous expects tcp or file:PATH")
+    expect_error(run(*GOOD, "--rendezvous", "file:"), 2, "--rendezvous expects tcp or file:PATH")
     env = dict(os.environ, RANK="2", WORLD_SIZE="2")
     r = subprocess.run([TRAIN_GPT, *GOOD], capture_output=True, text=True, timeout=120, env=env)
     expect_error(r, 2, "RANK=2 is not below WORLD_SIZE=2")
@@ -112,6 +167,11 @@ def test_multi_gpu_flags_and_launch_environment():
     assert r.returncode == 0, r.stderr
     assert "x 2 GPUs, 3 micro steps per optimizer step = 1536 tokens" in r.stdout, r.stdout
     assert "gpus         2 (launcher: torchrun env), zero 1" in r.stdout, r.stdout
+    assert "rendezvous 127.0.0.1:29500, timeout 120 s; NCCL watchdog 300 s" in r.stdout, r.stdout
+    r = subprocess.run([TRAIN_GPT, *GOOD, "--plan-only", "--rendezvous", "file:/shared/rdzv", "--nccl-timeout", "45"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "rendezvous file /shared/rdzv, timeout 120 s; NCCL watchdog 45 s" in r.stdout, r.stdout
     r = subprocess.run([TRAIN_GPT, *GOOD, "--total-batch-tokens", str(4 * 64 * 3)], capture_output=True, text=True,
                        timeout=120, env=env)
     expect_error(r, 2, "not a multiple of batch-size * seq-len * GPUs")
@@ -434,6 +494,38 @@ def test_gpu_init_from_and_dump_grads():
     assert np.all(np.isfinite(g)) and np.count_nonzero(g) > n // 2, np.count_nonzero(g)
 
 
+def test_gpu_recompute_gives_the_same_gradients_and_logs_hardware_flops():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # naive attention and the fused GELU epilogue: full recomputation gives the same bits as none; the
+    # LM head of 4 x 64 rows is one chunk.
+    args = [*GOOD, "--layers", "2", "--max-steps", "1", "--val-data", "", "--attn", "naive"]
+    grads = {}
+    for mode in ("none", "full"):
+        path, log = os.path.join(WORK, f"grads_recompute_{mode}.bin"), os.path.join(WORK, f"recompute_{mode}.jsonl")
+        r = run(*args, "--recompute", mode, "--dump-grads", path, "--log-file", log)
+        assert r.returncode == 0, r.stderr
+        grads[mode] = open(path, "rb").read()
+        with open(log) as f:
+            rec = json.loads(f.readline())
+        if mode == "full":
+            assert "hw " in r.stdout and "TFLOP/s with recompute" in r.stdout, r.stdout
+            assert rec["hw_tflops_per_gpu"] > rec["tflops_per_gpu"], rec
+        else:
+            assert "with recompute" not in r.stdout and rec["hw_tflops_per_gpu"] == rec["tflops_per_gpu"], rec
+    assert len(grads["none"]) > 1024 and grads["none"] == grads["full"], "--recompute full changed the gradients"
+
+
+def test_gpu_out_of_memory_names_the_recompute_mode_that_fits():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    # gpt3-1.3b at 128k tokens: about 200 GiB of activations without recomputation, 27 GiB with full.
+    r = run("--train-data", long_shard(131072), "--val-data", "", "--model", "gpt3-1.3b", "--batch-size", "1",
+            "--seq-len", "131072", "--max-steps", "1")
+    expect_error(r, 1, "out of GPU memory", "activations of a 1 x 131072 micro batch", "--recompute none",
+                 "--recompute full would fit", "--batch-size")
+
+
 def test_gpu_deterministic_flash2_gradients_are_bit_identical():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
@@ -582,6 +674,100 @@ def test_gpu_failing_checkpoint_write_is_reported_and_the_run_goes_on():
         os.chmod(ro, 0o755)
         assert r.returncode == 0 and r.stderr.count("not saved") == 2, r.stderr
         assert "Permission denied" in r.stderr and "bytes" in r.stderr, r.stderr
+
+
+# ---- generation (layers/gpt_generate.cuh) -----------------------------------------------------------------
+
+def test_generation_flags_are_checked():
+    weights = os.path.join(WORK, "gen_weights.bin")
+    write_model_file(weights)  # 1 layer, hidden 64, 1 head, 64 positions
+    gen = ["--generate", "8", "--init-from", weights]
+    expect_error(run("--generate", "8"), 2, "--generate needs the weights", "--resume", "--init-from")
+    expect_error(run("--generate", "0", "--init-from", weights), 2, "--generate")
+    expect_error(run("--generate", "8", "--resume", "auto", "--checkpoint-dir", WORK), 2, "--generate needs")
+    expect_error(run(*gen, "--sample-every", "5"), 2, "--generate does not train")
+    expect_error(run(*GOOD, "--prompt-tokens", "1,2"), 2, "--prompt-tokens is for --generate")
+    expect_error(run(*GOOD, "--num-samples", "3"), 2, "--num-samples is for --generate")
+    expect_error(run(*gen, "--num-samples", "0"), 2, "--num-samples")
+    expect_error(run(*gen, "--temperature", "-1"), 2, "--temperature")
+    expect_error(run(*gen, "--temperature", "inf"), 2, "--temperature must be a finite number")
+    expect_error(run(*gen, "--top-k", "-3"), 2, "--top-k")
+    expect_error(run(*GOOD, "--sample-every", "-1"), 2, "--sample-every")
+    expect_error(run(*GOOD, "--sample-every", "2", "--sample-tokens", "0"), 2, "--sample-tokens")
+    expect_error(run(*GOOD, "--sample-every", "2", "--sample-tokens", "65"), 2, "--sample-tokens 65",
+                 "64 positions")
+    # prompts: bad ids, ids outside the vocab, too long for the model's positions, an unreadable file
+    expect_error(run(*gen, "--prompt-tokens", "12,x3"), 2, "--prompt-tokens", "neither a comma list")
+    bad = os.path.join(WORK, "bad_prompt.txt")
+    with open(bad, "w") as f:
+        f.write("464, 3290\n12a\n")
+    expect_error(run(*gen, "--prompt-tokens", bad), 2, bad, "not a token id")
+    expect_error(run(*gen, "--prompt-tokens", "464,50257"), 2, "prompt token 50257", "0 .. 50256")
+    expect_error(run(*gen, "--prompt-tokens", ",".join(["464"] * 60)), 2, "60 tokens and 8 new tokens need 67 "
+                 "positions", "has 64")
+    expect_error(run(*gen, "--tokenizer", os.path.join(WORK, "no_such_table.bin")), 2, "--tokenizer",
+                 "no_such_table.bin")
+    table = os.path.join(WORK, "not_a_table.bin")
+    with open(table, "wb") as f:
+        f.write(b"\0" * 2048)
+    expect_error(run(*gen, "--tokenizer", table), 2, "not a token table")
+    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "not a token table")
+    expect_error(run("--generate", "8", "--init-from", os.path.join(WORK, "missing.bin")), 1, "missing.bin")
+
+
+def test_sample_every_is_in_the_plan():
+    r = run(*GOOD, "--sample-every", "2", "--sample-tokens", "16", "--temperature", "0.8", "--top-k", "40",
+            "--plan-only")
+    assert r.returncode == 0, r.stderr
+    assert "samples      every 2 steps and after the last: 16 tokens from <|endoftext|>, temperature 0.8, top-k 40" \
+        in r.stdout, r.stdout
+
+
+def test_encode_prompt_script():
+    script = os.path.join(ROOT, "scripts", "encode_prompt.py")
+    r = subprocess.run([sys.executable, script, "--eot", "To be, or not to be"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0 and "tiktoken cannot load" in r.stderr:
+        raise harness.Skip("tiktoken cannot load r50k_base here (offline without TIKTOKEN_CACHE_DIR)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "50256,2514,307,11,393,407,284,307", r.stdout
+    out = os.path.join(WORK, "prompt.txt")
+    r = subprocess.run([sys.executable, script, "--out", out, "--file", "/dev/null"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "empty" in r.stderr, r.stderr
+
+
+def gpu_generate_output(*args):
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if line.startswith("tokens ")], r.stdout
+
+
+def test_gpu_generate_from_a_model_file_repeats_with_a_seed():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    rng = np.random.default_rng()
+    n = tiny_config_params(2, 128, 2, 64)
+    weights = os.path.join(WORK, "gen_random.bin")
+    write_model_file(weights, layers=2, hidden=128, heads=2, values=rng.normal(0, 0.05, n).astype(np.float32))
+    gen = ["--generate", "40", "--init-from", weights, "--prompt-tokens", "464,3290,318", "--num-samples", "3"]
+    a, out = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "7")
+    b, _ = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "7")
+    c, _ = gpu_generate_output(*gen, "--temperature", "1.0", "--top-k", "50", "--seed", "8")
+    assert len(a) == 3 and all(len(line.split()) == 41 for line in a), out
+    assert a == b, (a, b)
+    assert a != c, "another seed gave the same samples"
+    assert "tokens/s" in out and "prefill 3 x 3 tokens" in out, out
+    g1, _ = gpu_generate_output(*gen, "--temperature", "0")
+    assert len(set(g1)) == 1, f"greedy samples of one prompt differ: {g1}"
+
+
+def test_gpu_samples_during_training():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    r = run(*GOOD, *TINY, "--sample-every", "2", "--sample-tokens", "20", "--val-data", "")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("sample       after step") == 2, r.stdout  # steps 2 and 3 (the last)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""bench_long_context.py: training at long sequence lengths on one GPU, train_gpt with each --recompute mode
+against PyTorch + torch.compile with activation checkpointing per block, in the same run.
+
+Runs, each a process of its own, batch 1 (one sequence per optimizer step), in the order given:
+  train_gpt  ./train_gpt --model M --seq-len T --batch-size 1 --recompute R --max-steps S --train-data D
+                         --val-data "" --log-file L            (R: none, selective, full)
+  torch      python3 scripts/torch_gpt.py bench --model M --seq-len T --batch-size 1 --steps S
+                         --checkpoint-blocks --compile model --sdpa flash
+             the PyTorch reference of bench_train.py (fp32 parameters under bf16 autocast, fused AdamW,
+             torch.compile of the whole model, SDPA's FlashAttention-2 backend) with each block under
+             torch.utils.checkpoint (non-reentrant): it keeps each block's input and reruns the block's
+             forward in the backward, as train_gpt's --recompute full does.
+Default grid: gpt3-1.3b at 16k, 32k, 64k and 128k, gpt3-2.7b at 32k and 64k; every train_gpt mode and torch
+at each. A mode that does not fit is refused by train_gpt before it allocates anything (exit 1 within
+seconds, "out of GPU memory ... --recompute X would fit"): its record says "oom" with that message.
+--runs picks any list instead: IMPL:MODEL:SEQ[:MODE] (MODE for train_gpt), e.g.
+    train_gpt:gpt3-1.3b:65536:full,torch:gpt3-1.3b:65536
+
+Method: the step time is the median over the --timed steps after --warmup steps (train_gpt: its JSONL "ms",
+CUDA events around the step; torch: wall time between torch.cuda.synchronize() calls; its first step includes
+torch.compile). TFLOP/s per GPU by the FlashAttention-2 paper's formula, 6·s·P + 12·L·h·s² per sequence
+(model FLOPs: recomputation is not counted). Hardware TFLOP/s count the recomputation too: train_gpt's own
+"hw_tflops_per_gpu"; for torch, checkpointing reruns every block's forward, L·(24·s·h² + 4·s²·h) more per
+sequence. Peak memory: the child's GPU memory polled by nvidia-smi (train_runs.MemoryPoller; the whole GPU's
+where the pid is not listed). Losses of every step are recorded (they fall over the steps).
+
+Writes <results-dir>/long_context_<gpu>.json (records: impl, model, seqlen, recompute, tflops_per_gpu,
+hw_tflops_per_gpu, peak_gib, step_ms, losses, status, note, command, log; with the device, date, commit and
+command) and long_context_<gpu>.md, rewritten after every run; records of an earlier file of the same device
+are kept unless measured again (same impl, model, seqlen, recompute), so several invocations (each under a
+time limit) build one table. Logs of the children go to --out. Exits 1 when a run failed other than by
+running out of memory.
+
+Usage (repository root, GPU machine, after `make train_gpt`; torch needs PyTorch):
+    python3 scripts/bench_long_context.py                                   # the whole grid (long)
+    python3 scripts/bench_long_context.py --runs train_gpt:gpt3-1.3b:32768:none,train_gpt:gpt3-1.3b:32768:full
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_common  # noqa: E402
+import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch runs in the child)
+import train_runs  # noqa: E402
+
+REPO_ROOT = results_common.REPO_ROOT
+MODES = ("none", "selective", "full")
+TORCH_RECOMPUTE = "blocks"  # the torch record's "recompute": checkpointing per block
+GRID = [("gpt3-1.3b", 16384), ("gpt3-1.3b", 32768), ("gpt3-1.3b", 65536), ("gpt3-1.3b", 131072),
+        ("gpt3-2.7b", 32768), ("gpt3-2.7b", 65536)]
+RECORD_KEY = ("impl", "model", "seqlen", "recompute")
+DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
+
+
+def default_runs():
+    runs = []
+    for model, seqlen in GRID:
+        runs += [("train_gpt", model, seqlen, mode) for mode in MODES] + [("torch", model, seqlen, TORCH_RECOMPUTE)]
+    return runs
+
+
+def parse_runs(text):
+    runs = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        parts = item.split(":")
+        ok = len(parts) in (3, 4) and parts[0] in ("train_gpt", "torch") and parts[1] in tg.NAMED_SHAPES \
+            and parts[2].isdigit()
+        if ok and parts[0] == "train_gpt":
+            ok = len(parts) == 4 and parts[3] in MODES
+        if ok and parts[0] == "torch":
+            ok = len(parts) == 3
+        if not ok:
+            raise ValueError(f"bad run {item!r}: train_gpt:MODEL:SEQ:MODE (MODE in {', '.join(MODES)}) or "
+                             f"torch:MODEL:SEQ, MODEL in {', '.join(tg.NAMED_SHAPES)}")
+        runs.append((parts[0], parts[1], int(parts[2]), parts[3] if parts[0] == "train_gpt" else TORCH_RECOMPUTE))
+    return runs
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Long-context training: train_gpt --recompute vs PyTorch with "
+                                "activation checkpointing.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Usage" + __doc__.split("Usage", 1)[1])
+    p.add_argument("--runs", default="", help="IMPL:MODEL:SEQ[:MODE],... (default: the whole grid)")
+    p.add_argument("--warmup", type=int, default=1, help="optimizer steps not timed (default 1)")
+    p.add_argument("--timed", type=int, default=3, help="optimizer steps timed, median (default 3)")
+    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both (default 3e-4)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="linear warmup steps of both (default 0; e.g. 10 for a falling loss over the first steps)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
+    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
+    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
+    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run before it is stopped (default 300)")
+    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_long_context"),
+                   help="logs of every run (default build/bench_long_context)")
+    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
+                   help="where long_context_<gpu>.json and .md go (default scripts/results)")
+    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
+    args = p.parse_args(argv)
+    try:
+        args.runs = parse_runs(args.runs) if args.runs else default_runs()
+    except ValueError as err:
+        p.error(str(err))
+    if args.warmup < 0 or args.timed < 1:
+        p.error("--warmup must be >= 0 and --timed >= 1")
+    return args
+
+
+def failure_note(path):
+    """What a failed child said: its "error:" and "hint:" lines (train_gpt writes them to unbuffered stderr,
+    before its buffered plan) or an out-of-memory line, else the last lines of its log; and whether it ran
+    out of GPU memory."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("$ ")]
+    except OSError:
+        lines = []
+    said = [ln for ln in lines if ln.startswith(("error:", "hint:")) or re.search(r"out of (gpu )?memory", ln, re.I)]
+    text = " / ".join(said[-3:] if said else lines[-3:])[-600:]
+    return text, bool(re.search(r"out of (gpu )?memory|cudaErrorMemoryAllocation", text, re.IGNORECASE))
+
+
+def torch_hw_flops_per_sequence(cfg, seqlen):
+    """Model FLOPs plus what per-block checkpointing reruns: every block's forward, 24·s·h² + 4·s²·h each."""
+    s, h = float(seqlen), float(cfg.channels)
+    return tg.flops_per_sequence(cfg, seqlen) + cfg.num_layers * (24.0 * s * h * h + 4.0 * s * s * h)
+
+
+def run_one(args, impl, model, seqlen, mode, data, peak):
+    steps = args.warmup + args.timed
+    tag = f"{model}_{seqlen}_{impl}_{mode}"
+    log_path = os.path.join(args.out, tag + ".log")
+    result_path = os.path.join(args.out, tag + (".jsonl" if impl == "train_gpt" else ".json"))
+    if os.path.exists(result_path):
+        os.unlink(result_path)
+    if impl == "train_gpt":
+        cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", "1", "--seq-len", str(seqlen),
+               "--recompute", mode, "--max-steps", str(steps), "--train-data", data, "--val-data", "",
+               "--log-file", result_path, "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps)]
+        if args.peak_tflops:
+            cmd += ["--peak-tflops", repr(args.peak_tflops)]
+    else:
+        cmd = [args.python, os.path.join("scripts", "torch_gpt.py"), "bench", "--model", model, "--batch-size", "1",
+               "--seq-len", str(seqlen), "--steps", str(steps), "--train-data", data, "--sdpa", "flash",
+               "--compile", "model", "--checkpoint-blocks", "--result-json", result_path, "--lr", repr(args.lr),
+               "--warmup-steps", str(args.warmup_steps)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout, env=env)
+    record = {"impl": impl, "model": model, "seqlen": seqlen, "recompute": mode, "status": "ok", "note": "",
+              "step_ms": None, "tflops_per_gpu": None, "hw_tflops_per_gpu": None, "mfu": None, "peak_gib": None,
+              "mem_source": None, "losses": [], "step_ms_all": [], "wall_s": round(wall, 1),
+              "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
+    if poller.process_mib is not None:
+        record["peak_gib"], record["mem_source"] = poller.process_mib / 1024, "process"
+    elif poller.gpu_mib is not None:
+        record["peak_gib"], record["mem_source"] = poller.gpu_mib / 1024, "whole GPU"
+    hw_step = []
+    if impl == "train_gpt":
+        steps_done = train_runs.read_step_records(result_path)
+        step_ms = [float(r["ms"]) for r in steps_done]
+        record["losses"] = [float(r["loss"]) for r in steps_done]
+        hw_step = [float(r.get("hw_tflops_per_gpu", r["tflops_per_gpu"])) / float(r["tflops_per_gpu"])
+                   for r in steps_done if r.get("tflops_per_gpu")]
+        failed = rc != 0
+    else:
+        try:
+            with open(result_path) as f:
+                result = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            result = {}
+        step_ms, record["losses"] = result.get("step_ms", []), result.get("losses", [])
+        record["torch"] = result.get("torch")
+        failed = rc != 0 or result.get("status") != "ok"
+    record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
+    if failed:
+        text, oom = failure_note(log_path)
+        record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
+        record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
+        return record
+    timed = step_ms[args.warmup:]
+    if len(timed) < args.timed:
+        record["status"], record["note"] = "error", f"only {len(step_ms)} of {steps} steps ran"
+        return record
+    ms = statistics.median(timed)
+    cfg = tg.gpt_config(model, seq_len=seqlen)
+    record["step_ms"] = ms
+    record["tflops_per_gpu"] = tg.flops_per_sequence(cfg, seqlen) / (ms / 1e3) / 1e12
+    record["mfu"] = record["tflops_per_gpu"] / peak
+    hw_ratio = hw_step[-1] if hw_step else torch_hw_flops_per_sequence(cfg, seqlen) / tg.flops_per_sequence(cfg, seqlen)
+    record["hw_tflops_per_gpu"] = record["tflops_per_gpu"] * hw_ratio
+    return record
+
+
+def load_previous(json_path, device, fresh):
+    if fresh or not os.path.exists(json_path):
+        return []
+    try:
+        with open(json_path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"warning: {json_path} unreadable ({err}); starting a new file", flush=True)
+        return []
+    return old.get("records", []) if old.get("device") == device else []
+
+
+def merge(records, new):
+    key = tuple(new[k] for k in RECORD_KEY)
+    return [r for r in records if tuple(r.get(k) for k in RECORD_KEY) != key] + [new]
+
+
+HEADER = ["model", "seq", "impl", "recompute", "ms/step", "TFLOP/s", "hw TFLOP/s", "MFU", "peak GiB", "vs torch",
+          "losses"]
+
+
+def table_rows(records):
+    """One row per record, sorted by model, seqlen, impl and mode; "vs torch": TFLOP/s over torch's at the
+    same model and length, both ok and of the same commit (one device session: a ratio needs the same run)."""
+    order = {m: i for i, m in enumerate(MODES + (TORCH_RECOMPUTE,))}
+    torch_tflops = {(r["model"], r["seqlen"], r.get("commit")): r["tflops_per_gpu"] for r in records
+                    if r["impl"] == "torch" and r["status"] == "ok"}
+    rows = []
+    for r in sorted(records, key=lambda r: (r["model"], r["seqlen"], r["impl"] != "train_gpt",
+                                            order.get(r["recompute"], 9))):
+        seq = f"{r['seqlen'] // 1024}k" if r["seqlen"] % 1024 == 0 else str(r["seqlen"])
+        mode = "checkpoint per block" if r["impl"] == "torch" else r["recompute"]
+        if r["status"] != "ok":
+            mem = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
+            rows.append([r["model"], seq, r["impl"], mode, r["status"].upper(), "-", "-", "-", mem, "-", "-"])
+            continue
+        base = torch_tflops.get((r["model"], r["seqlen"], r.get("commit")))
+        ratio = f"{r['tflops_per_gpu'] / base:.2f}x" if base and r["impl"] == "train_gpt" else "-"
+        losses = " ".join(f"{x:.3f}" for x in r["losses"])
+        rows.append([r["model"], seq, r["impl"], mode, f"{r['step_ms']:.0f}", f"{r['tflops_per_gpu']:.0f}",
+                     f"{r['hw_tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}%",
+                     f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-", ratio, losses])
+    return rows
+
+
+def text_table(rows):
+    widths = [max([len(HEADER[i])] + [len(r[i]) for r in rows]) for i in range(len(HEADER))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i in (0, 2, 3, 10) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(HEADER)] + [line(r) for r in rows])
+
+
+def notes(records):
+    return [f"{r['impl']} {r['model']} seq {r['seqlen']} --recompute {r['recompute']}: {r['status']}: {r['note']}"
+            for r in records if r["status"] != "ok" or r["note"]]
+
+
+def write_results(meta, records, json_path, md_path):
+    results_common.write_json(json_path, {**meta, "records": records})
+    runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
+    md = [f"# Long-context training on {meta['device']}", "",
+          "Batch 1, one sequence per optimizer step. train_gpt (`--attn flash2`) with each `--recompute` mode "
+          "that fits, against the PyTorch reference (`scripts/torch_gpt.py bench --checkpoint-blocks`: bf16 "
+          "autocast, fused AdamW, torch.compile, SDPA FlashAttention-2, torch.utils.checkpoint per block), "
+          "measured in the same run on the same GPU (\"vs torch\": ours over torch's TFLOP/s at the same model and "
+          "length, from the same commit and device session).", "",
+          f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
+          "| " + " | ".join(HEADER) + " |", "|---|---|---|---|" + "---:|" * (len(HEADER) - 5) + "---|"]
+    md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
+    md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
+    if notes(records):
+        md += ["", "Notes (a status other than ok: the run did not finish):", ""] + [f"- {n}" for n in notes(records)]
+    results_common.write_text(md_path, "\n".join(md) + "\n")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if any(impl == "train_gpt" for impl, *_ in args.runs) and not os.path.exists(args.train_gpt):
+        sys.exit(f"bench_long_context.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
+    os.makedirs(args.out, exist_ok=True)
+    device = results_common.gpu_name()
+    peak = args.peak_tflops or results_common.peak_tflops(device) or 989.4
+    data = args.train_data
+    longest = max(seqlen for _, _, seqlen, _ in args.runs)
+    try:
+        tg.shard_paths(data)
+    except FileNotFoundError:
+        data = os.path.join(args.out, "random_tokens.bin")
+        tg.write_random_shard(data, 2 * longest + 1, seed=0)
+        print(f"no file matches {args.train_data}: training on random tokens ({data})", flush=True)
+    slug = results_common.gpu_slug(device)
+    json_path = os.path.join(args.results_dir, f"long_context_{slug}.json")
+    md_path = os.path.join(args.results_dir, f"long_context_{slug}.md")
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = shlex.join(["python3"] + (sys.argv if argv is None else [sys.argv[0], *argv]))
+    commit = results_common.git_commit()
+    meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
+            "method": f"median time of an optimizer step (batch 1) over {args.timed} steps after {args.warmup} "
+                      "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize()); "
+                      f"lr {args.lr:g}, {args.warmup_steps} warmup steps",
+            "flops": "TFLOP/s: 6*s*P + 12*L*h*s^2 per sequence (model FLOPs, MFU against "
+                     f"{peak:g}); hw TFLOP/s add the recomputed work (train_gpt's hw_tflops_per_gpu; torch: "
+                     "L*(24*s*h^2 + 4*s^2*h) per sequence for rerunning every block's forward)",
+            "memory": "peak GPU memory of the process (nvidia-smi, polled every 0.2 s), GiB"}
+    records = load_previous(json_path, device, args.fresh)
+    print(f"{device}; commit {commit}; {args.warmup} + {args.timed} steps per run; logs in {args.out}", flush=True)
+    failed = 0
+    for impl, model, seqlen, mode in args.runs:
+        record = run_one(args, impl, model, seqlen, mode, data, peak)
+        record.update(date=now, commit=commit, bench_command=command, data=os.path.relpath(data, REPO_ROOT))
+        failed += record["status"] not in ("ok", "oom")
+        records = merge(records, record)
+        write_results(meta, records, json_path, md_path)
+        what = f"{model} {seqlen:6d} {impl:9} {mode:9}"
+        if record["status"] == "ok":
+            print(f"{what} {record['step_ms']:9.1f} ms  {record['tflops_per_gpu']:6.1f} TFLOP/s  hw "
+                  f"{record['hw_tflops_per_gpu']:6.1f}  peak {record['peak_gib'] or 0:.1f} GiB  losses "
+                  f"{' '.join(f'{x:.3f}' for x in record['losses'])}", flush=True)
+        else:
+            print(f"{what} {record['status'].upper()}: {record['note'][:300]}", flush=True)
+    print()
+    print(f"wrote {os.path.relpath(json_path)} and {os.path.relpath(md_path)}")
+    print(text_table(table_rows(records)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
