@@ -587,6 +587,12 @@ static inline int matmul_path_find(const MatmulContext* ctx, int kind, int N, in
     return -1;
 }
 
+// Whether a new choice may be timed: ctx->tune, and room to remember it (with full caches every
+// call would be timed again, e.g. generation's many prompt lengths; fixed choices then).
+static inline int matmul_timing_on(const MatmulContext* ctx) {
+    return ctx->tune && ctx->num_paths < MATMUL_PATH_CACHE && ctx->num_algos < MATMUL_ALGO_CACHE;
+}
+
 // Remembers path for (kind, sizes) while there is room (otherwise it is chosen again next time).
 static inline void matmul_path_remember(MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate,
                                         int has_bias, int path) {
@@ -764,10 +770,11 @@ static inline float matmul_cost_add(float a, float b) { return a < 0.0f || b < 0
 static inline int matmul_gelu_path(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
                                    __nv_bfloat16* out, const __nv_bfloat16* gelu_pre, int N, int IC, int OC) {
     if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
-    if (ctx->fusion == MATMUL_FUSE_EPILOGUES || !ctx->tune) return 0;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
     const int has_bias = fused->bias != NULL;
     int path = matmul_path_find(ctx, MATMUL_CHOICE_GELU, N, IC, OC, 0, has_bias);
     if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 0;
     MatmulGeluWork w = {out, gelu_pre, NULL, (size_t)N * OC};
     float cost[2];
     cost[0] = matmul_lt_gemm_ms(ctx, fused);
@@ -841,9 +848,10 @@ static inline int matmul_dgelu_path(MatmulContext* ctx, const MatmulLtGemm* fuse
                                     const __nv_bfloat16* gelu_pre, int N, int IC, int OC, float* cost_out) {
     if (cost_out) *cost_out = -1.0f;
     if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
-    if (ctx->fusion == MATMUL_FUSE_EPILOGUES || !ctx->tune) return 0;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
     int path = matmul_path_find(ctx, MATMUL_CHOICE_DGELU, N, IC, OC, 0, 0);
     if (path >= 0 && !cost_out) return path;
+    if (!matmul_timing_on(ctx)) return path >= 0 ? path : 0;
     float cost[2];
     cost[0] = matmul_lt_gemm_ms(ctx, fused);
     MatmulGeluWork w = {(__nv_bfloat16*)plain->D, (const __nv_bfloat16*)plain->D, gelu_pre, (size_t)N * IC};
@@ -876,9 +884,9 @@ static inline int matmul_dgelu_dbias_path(MatmulContext* ctx, const MatmulLtGemm
                                           int accumulate) {
     if (ctx->fusion == MATMUL_FUSE_NONE) return 2;
     if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
-    if (!ctx->tune) return 1;  // untimed: DGELU_BGRAD's kernels ran at ~290 TFLOP/s on an H100, DGELU at ~690
     int path = matmul_path_find(ctx, MATMUL_CHOICE_DGELU_DBIAS, N, IC, OC, accumulate, 1);
     if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 1;  // untimed: DGELU_BGRAD ran at ~290 TFLOP/s on an H100, DGELU ~690
     __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
     MatmulDbiasPass reduce = {(float*)scratch, dinp, NULL, NULL, N, IC};
     MatmulDbiasPass dgelu_reduce = {(float*)scratch, dinp, gelu_pre, dinp, N, IC};
@@ -894,9 +902,10 @@ static inline int matmul_dgelu_dbias_path(MatmulContext* ctx, const MatmulLtGemm
 static inline int matmul_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
                                     const __nv_bfloat16* dout, void* scratch, int N, int IC, int OC, int accumulate) {
     if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
-    if (ctx->fusion == MATMUL_FUSE_EPILOGUES || !ctx->tune) return 0;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
     int path = matmul_path_find(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1);
     if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 0;
     MatmulDbiasPass reduce = {(float*)scratch, dout, NULL, NULL, N, OC};
     float cost[2];
     cost[0] = matmul_lt_gemm_ms(ctx, fused);
