@@ -51,6 +51,7 @@
 typedef struct {
     const char* model;            // a name from gpt_config.h
     int layers, hidden, heads;    // overrides of the named shape; 0 = keep
+    int kv_heads;                 // key/value heads (grouped-query attention); 0 = the number of heads
     AttentionBackend attn;
     int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
     RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/gpt_model.cuh)
@@ -119,6 +120,9 @@ static const OptionSpec OPTIONS[] = {
     {"hidden", 0, OPT_INT, FIELD(hidden), NULL, "N", 1, 1 << 16, "override the hidden size"},
     {"heads", 0, OPT_INT, FIELD(heads), NULL, "N", 1, 1024,
      "override the number of heads (head dim = hidden / heads must be 64, 80, 96 or 128)"},
+    {"kv-heads", 0, OPT_INT, FIELD(kv_heads), NULL, "N", 1, 1024,
+     "key/value heads, a divisor of the heads (default: the heads, multi-head attention; 1: multi-query; "
+     "else grouped-query attention: heads / N query heads share each key/value head)"},
     {"attn", 'a', OPT_ATTN, FIELD(attn), "flash2", "BACKEND", 0, 0,
      "naive | flash1 | flash2, or naive-recompute: naive that recomputes S and P in the backward (long T)"},
     {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
@@ -495,6 +499,7 @@ static GPTConfig plan_config(const Options* opt) {
     config.num_layers = opt->layers ? opt->layers : shape->num_layers;
     config.channels = opt->hidden ? opt->hidden : shape->channels;
     config.num_heads = opt->heads ? opt->heads : shape->num_heads;
+    config.num_kv_heads = opt->kv_heads ? opt->kv_heads : config.num_heads;
     config.vocab_size = GPT2_VOCAB_SIZE;
     config.padded_vocab_size = gpt_round_up(GPT2_VOCAB_SIZE, VOCAB_PAD_MULTIPLE);
     config.max_seq_len = opt->seq_len;
@@ -582,6 +587,7 @@ static void plan_state(Plan* p) {
     CheckpointHeader* h = &p->header;
     memset(h, 0, sizeof(*h));
     h->num_layers = c->num_layers, h->channels = c->channels, h->num_heads = c->num_heads;
+    h->num_kv_heads = c->num_kv_heads;
     h->vocab_size = c->vocab_size, h->padded_vocab_size = c->padded_vocab_size, h->max_seq_len = c->max_seq_len;
     h->batch_size = opt->batch_size, h->seq_len = opt->seq_len, h->world_size = p->world, h->shuffle = opt->shuffle;
     h->total_batch_tokens = p->total_batch_tokens;
@@ -689,8 +695,10 @@ static void print_plan_model(const Plan* p) {
     const Options* opt = p->opt;
     const GPTConfig* c = &p->config;
     const int B = opt->batch_size, T = opt->seq_len;
-    printf("model        %s: %d layers, hidden %d, %d heads of %d, vocab %d padded to %d, seq %d\n", opt->model,
-           c->num_layers, c->channels, c->num_heads, c->channels / c->num_heads, c->vocab_size,
+    char kv[64] = "";  // multi-head models print as before
+    if (c->num_kv_heads != c->num_heads) snprintf(kv, sizeof(kv), " (%d key/value heads)", c->num_kv_heads);
+    printf("model        %s: %d layers, hidden %d, %d heads of %d%s, vocab %d padded to %d, seq %d\n", opt->model,
+           c->num_layers, c->channels, c->num_heads, c->channels / c->num_heads, kv, c->vocab_size,
            c->padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", p->num_params, p->num_params / 1e9);
     printf("attention    %s%s\n", attention_backend_name(opt->attn), opt->deterministic ? ", deterministic" : "");

@@ -28,6 +28,13 @@ int attention_check(AttentionBackend backend, const AttentionShape* s, char* why
                  s->T, s->NH, s->HD);
         return -1;
     }
+    if (s->NKV < 1 || s->NKV > s->NH || s->NH % s->NKV != 0) {
+        snprintf(why, why_size,
+                 "attention shape NH=%d NKV=%d: the number of key/value heads NKV must divide the number of query "
+                 "heads NH (NKV = NH for multi-head attention, 1 for multi-query); change --kv-heads",
+                 s->NH, s->NKV);
+        return -1;
+    }
     switch (backend) {
         case ATTN_NAIVE:
         case ATTN_NAIVE_RECOMPUTE:

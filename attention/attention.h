@@ -6,11 +6,18 @@
 // Backward, given dO: dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = dS K / √HD,
 // dK = dSᵀ Q / √HD.
 //
-// Layout: row (b, t, h) of q, k and v is the HD contiguous bf16 values at ptr + (b·T + t)·stride + h·HD.
-// With the packed activation qkv (B, T, 3, NH, HD): q = qkv, k = qkv + NH·HD, v = qkv + 2·NH·HD and
-// stride = 3·NH·HD; with plain (B, T, NH, HD) tensors stride = NH·HD. out and dout are (B, T, NH, HD)
-// with stride out_stride; dq, dk, dv follow the same rule as q, k, v with stride dqkv_stride, so the
-// backward writes straight into the packed gradient dqkv (B, T, 3, NH, HD). lse is (B, NH, T).
+// Grouped-query attention: NKV key/value heads (NH a multiple of NKV); query head h reads K/V head
+// h / (NH / NKV), so the NH / NKV query heads of a group share one K and V (NKV = NH: multi-head,
+// NKV = 1: multi-query). The backward's dK and dV of a K/V head sum over its group's query heads.
+//
+// Layout: row (b, t, h) of q is the HD contiguous bf16 values at q + (b·T + t)·qkv_stride + h·HD;
+// row (b, t, g) of k and v (g < NKV) the same at kv_stride. With the packed activation qkv
+// (B, T, NH + 2·NKV, HD): q = qkv, k = qkv + NH·HD, v = qkv + (NH + NKV)·HD and both strides
+// (NH + 2·NKV)·HD (for NKV = NH this is (B, T, 3, NH, HD)); with plain tensors q (B, T, NH, HD) at
+// NH·HD and k, v (B, T, NKV, HD) at NKV·HD. kv_stride = 0 means kv_stride = qkv_stride. out and dout
+// are (B, T, NH, HD) with stride out_stride; dq follows q's rule with stride dqkv_stride, dk and dv
+// k's with dkv_stride (0: dqkv_stride), so the backward writes straight into the packed gradient
+// dqkv (B, T, NH + 2·NKV, HD). lse is (B, NH, T).
 // Backward overwrites dq, dk and dv (it does not accumulate).
 #ifndef ATTENTION_H
 #define ATTENTION_H
@@ -26,22 +33,25 @@ typedef enum { ATTN_NAIVE = 0, ATTN_FLASH1 = 1, ATTN_FLASH2 = 2, ATTN_NAIVE_RECO
 #define NUM_ATTENTION_BACKENDS 4
 
 typedef struct {
-    int B, T, NH, HD;  // batch, sequence length, heads, head dim
+    int B, T, NH, HD;  // batch, sequence length, query heads, head dim
     int causal;        // 1: key j > query i is masked
+    int NKV;           // key/value heads: NH % NKV == 0 (NH: multi-head, 1: multi-query)
 } AttentionShape;
 
 typedef struct {
     AttentionShape shape;
     // forward inputs and outputs
-    const __nv_bfloat16 *q, *k, *v;  // (B, T, NH, HD) rows at stride qkv_stride
+    const __nv_bfloat16 *q, *k, *v;  // q (B, T, NH, HD) rows at qkv_stride; k, v (B, T, NKV, HD) at kv_stride
     long qkv_stride;
+    long kv_stride;  // 0: the same as qkv_stride (the packed activation)
     __nv_bfloat16* out;  // (B, T, NH, HD) rows at stride out_stride
     long out_stride;
     float* lse;  // (B, NH, T)
     // backward inputs (q, k, v, out and lse as the forward left them) and outputs
     const __nv_bfloat16* dout;  // (B, T, NH, HD) rows at stride out_stride
-    __nv_bfloat16 *dq, *dk, *dv;  // (B, T, NH, HD) rows at stride dqkv_stride
+    __nv_bfloat16 *dq, *dk, *dv;  // dq as q at dqkv_stride; dk, dv as k, v at dkv_stride
     long dqkv_stride;
+    long dkv_stride;  // 0: the same as dqkv_stride
     // memory the caller provides (sizes below): `saved` lives from a forward to its backward
     // (the naive backend keeps P there), `workspace` is scratch for the duration of one call, forward
     // or backward (flash2's causal forward on Hopper keeps its tile counter there; without one it
@@ -56,6 +66,12 @@ typedef struct {
 typedef struct {
     cublasHandle_t cublas;  // the naive backend's GEMMs; may be NULL for the flash backends
 } AttentionContext;
+
+// The row strides of k, v and of dk, dv (kv_stride and dkv_stride, or the q strides where those are 0).
+static inline long attention_kv_stride(const AttentionArgs* a) { return a->kv_stride ? a->kv_stride : a->qkv_stride; }
+static inline long attention_dkv_stride(const AttentionArgs* a) {
+    return a->dkv_stride ? a->dkv_stride : a->dqkv_stride;
+}
 
 #ifdef __cplusplus
 extern "C" {

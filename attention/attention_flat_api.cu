@@ -4,11 +4,13 @@
 // scripts/bench_attention.py.
 //
 // Tensors and strides follow attention.h exactly (strides count bf16 elements, not bytes):
-//   q, k, v      bf16 (B, T, NH, HD), row (b, t) at ptr + (b*T + t)*qkv_stride; packed QKV
-//                (B, T, 3, NH, HD): k = q + NH*HD, v = q + 2*NH*HD, qkv_stride = 3*NH*HD
+//   q            bf16 (B, T, NH, HD), row (b, t) at ptr + (b*T + t)*qkv_stride
+//   k, v         bf16 (B, T, NKV, HD), row (b, t) at ptr + (b*T + t)*kv_stride (NKV key/value heads,
+//                NH % NKV == 0; NKV = NH is multi-head); packed QKV (B, T, NH + 2*NKV, HD):
+//                k = q + NH*HD, v = q + (NH + NKV)*HD, qkv_stride = kv_stride = (NH + 2*NKV)*HD
 //   out, dout    bf16 (B, T, NH, HD), row stride out_stride
 //   lse          fp32 (B, NH, T), contiguous
-//   dq, dk, dv   bf16 (B, T, NH, HD), row stride dqkv_stride (packed dQKV like q, k, v)
+//   dq           bf16 like q at dqkv_stride; dk, dv like k, v at dkv_stride (packed dQKV like q, k, v)
 //   saved        attention_flat_saved_bytes bytes, kept from a forward to its backward
 //   workspace    attention_flat_workspace_bytes bytes of scratch for one call
 //   stream       a cudaStream_t (NULL: the legacy default stream)
@@ -40,11 +42,11 @@ static int fail(const char* fmt, ...) {
 }
 
 // Parses the name and checks the shape; 0 on success, -1 with g_last_error set.
-static int resolve(const char* name, int B, int T, int NH, int HD, int causal, AttentionBackend* backend,
+static int resolve(const char* name, int B, int T, int NH, int NKV, int HD, int causal, AttentionBackend* backend,
                    AttentionShape* shape) {
     if (!name || attention_backend_from_name(name, backend) != 0)
         return fail("unknown attention backend \"%s\"; expected naive, flash1, flash2 or naive-recompute", name ? name : "(null)");
-    shape->B = B, shape->T = T, shape->NH = NH, shape->HD = HD, shape->causal = causal ? 1 : 0;
+    shape->B = B, shape->T = T, shape->NH = NH, shape->NKV = NKV, shape->HD = HD, shape->causal = causal ? 1 : 0;
     char why[512];
     if (attention_check(*backend, shape, why, sizeof(why)) != 0) return fail("%s", why);
     return 0;
@@ -87,33 +89,33 @@ extern "C" {
 const char* attention_flat_last_error(void) { return g_last_error; }
 
 // Bytes of `saved` the backend needs for the shape (0 when none); -1 on error.
-long attention_flat_saved_bytes(const char* backend, int B, int T, int NH, int HD, int causal) {
+long attention_flat_saved_bytes(const char* backend, int B, int T, int NH, int NKV, int HD, int causal) {
     AttentionBackend b;
     AttentionShape s;
-    if (resolve(backend, B, T, NH, HD, causal, &b, &s) != 0) return -1;
+    if (resolve(backend, B, T, NH, NKV, HD, causal, &b, &s) != 0) return -1;
     return (long)attention_saved_bytes(b, &s);
 }
 
 // Bytes of `workspace` the backend needs for the shape (0 when none); -1 on error.
-long attention_flat_workspace_bytes(const char* backend, int B, int T, int NH, int HD, int causal) {
+long attention_flat_workspace_bytes(const char* backend, int B, int T, int NH, int NKV, int HD, int causal) {
     AttentionBackend b;
     AttentionShape s;
-    if (resolve(backend, B, T, NH, HD, causal, &b, &s) != 0) return -1;
+    if (resolve(backend, B, T, NH, NKV, HD, causal, &b, &s) != 0) return -1;
     return (long)attention_workspace_bytes(b, &s);
 }
 
 // Enqueues the forward pass on `stream`: out (B, T, NH, HD) and lse (B, NH, T). 0 on success.
-int attention_flat_forward(const char* backend, int B, int T, int NH, int HD, int causal, const void* q,
-                           const void* k, const void* v, long qkv_stride, void* out, long out_stride, void* lse,
-                           void* saved, void* workspace, void* stream) {
+int attention_flat_forward(const char* backend, int B, int T, int NH, int NKV, int HD, int causal, const void* q,
+                           const void* k, const void* v, long qkv_stride, long kv_stride, void* out, long out_stride,
+                           void* lse, void* saved, void* workspace, void* stream) {
     AttentionBackend b;
     AttentionArgs args;
     AttentionContext ctx;
     memset(&args, 0, sizeof(args));
-    if (resolve(backend, B, T, NH, HD, causal, &b, &args.shape) != 0) return -1;
+    if (resolve(backend, B, T, NH, NKV, HD, causal, &b, &args.shape) != 0) return -1;
     if (context_for(b, (cudaStream_t)stream, &ctx) != 0) return -1;
     args.q = (const __nv_bfloat16*)q, args.k = (const __nv_bfloat16*)k, args.v = (const __nv_bfloat16*)v;
-    args.qkv_stride = qkv_stride;
+    args.qkv_stride = qkv_stride, args.kv_stride = kv_stride;
     args.out = (__nv_bfloat16*)out, args.out_stride = out_stride;
     args.lse = (float*)lse;
     args.saved = saved, args.workspace = workspace;
@@ -123,23 +125,23 @@ int attention_flat_forward(const char* backend, int B, int T, int NH, int HD, in
 
 // Enqueues the backward pass on `stream`: dq, dk, dv (overwritten, not accumulated) from dout and
 // the q, k, v, out, lse and saved that the forward of the same shape left. 0 on success.
-int attention_flat_backward(const char* backend, int B, int T, int NH, int HD, int causal, const void* q,
-                            const void* k, const void* v, long qkv_stride, const void* out, long out_stride,
-                            const void* lse, const void* dout, void* dq, void* dk, void* dv, long dqkv_stride,
-                            void* saved, void* workspace, void* stream) {
+int attention_flat_backward(const char* backend, int B, int T, int NH, int NKV, int HD, int causal, const void* q,
+                            const void* k, const void* v, long qkv_stride, long kv_stride, const void* out,
+                            long out_stride, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                            long dqkv_stride, long dkv_stride, void* saved, void* workspace, void* stream) {
     AttentionBackend b;
     AttentionArgs args;
     AttentionContext ctx;
     memset(&args, 0, sizeof(args));
-    if (resolve(backend, B, T, NH, HD, causal, &b, &args.shape) != 0) return -1;
+    if (resolve(backend, B, T, NH, NKV, HD, causal, &b, &args.shape) != 0) return -1;
     if (context_for(b, (cudaStream_t)stream, &ctx) != 0) return -1;
     args.q = (const __nv_bfloat16*)q, args.k = (const __nv_bfloat16*)k, args.v = (const __nv_bfloat16*)v;
-    args.qkv_stride = qkv_stride;
+    args.qkv_stride = qkv_stride, args.kv_stride = kv_stride;
     args.out = (__nv_bfloat16*)out, args.out_stride = out_stride;  // read only in the backward
     args.lse = (float*)lse;                                        // read only in the backward
     args.dout = (const __nv_bfloat16*)dout;
     args.dq = (__nv_bfloat16*)dq, args.dk = (__nv_bfloat16*)dk, args.dv = (__nv_bfloat16*)dv;
-    args.dqkv_stride = dqkv_stride;
+    args.dqkv_stride = dqkv_stride, args.dkv_stride = dkv_stride;
     args.saved = saved, args.workspace = workspace;
     attention_backward(b, &ctx, &args, (cudaStream_t)stream);
     return 0;

@@ -11,8 +11,14 @@
 //             dS = P ∘ (dP − D) · scale,     bf16  over P in saved            softmax_backward_kernel
 //                  D = rowsum(dO ∘ O)
 //             dQ = dS K,  dK = dSᵀ Q         bf16  dq, dk    (B, T, NH, HD)   cuBLAS
-// q, k, v, dq, dk, dv are (B, T, NH, HD) rows at their strides (inside the packed (B, T, 3, NH, HD)
-// activation or plain); the scale is folded into dS, so dQ and dK need no extra factor.
+// q, dq are (B, T, NH, HD) and k, v, dk, dv (B, T, NKV, HD) rows at their strides (inside the packed
+// (B, T, NH + 2·NKV, HD) activation or plain); the scale is folded into dS, so dQ and dK need no
+// extra factor.
+// Grouped-query attention (G = NH / NKV query heads per K/V head g, heads g·G .. g·G + G − 1): every
+// per-head product is G strided-batched calls of NKV heads each (query heads j, G + j, 2G + j, ...
+// against K/V heads 0, 1, 2, ...). dV = Σ_group Pᵀ dO and dK = Σ_group dSᵀ Q are one GEMM per K/V
+// head with k = G·T: the group's P (dS) are consecutive (G·T, T) rows already, and Q and dO are first
+// gathered head-major, (B, NH, T, HD), into the workspace, so the sum is taken in fp32 inside cuBLAS.
 // D is taken from the bf16 out, as attention.h defines it and as flash2 does, rather than as
 // Σ_j P_ij dP_ij from the bf16 P: equal in exact arithmetic, but with large logits (near one-hot
 // rows, where dP − D cancels) the two roundings give dQ and dK up to ~1e-2 relative apart, and
@@ -22,7 +28,8 @@
 // The backward CONSUMES `saved`: it overwrites P with dS in place. Run the forward again before
 // another backward of the same inputs.
 // Memory: saved B·NH·T·T·2 bytes, workspace B·NH·T·T·4 bytes (at T = 16384: 512 MiB and 1 GiB per
-// (b, h) pair), which is why this is the baseline and not the backend to train with.
+// (b, h) pair), which is why this is the baseline and not the backend to train with; with GQA the
+// workspace adds 2·B·NH·T·HD·2 bytes for the gathered Q and dO.
 //
 // naive-recompute: the same standard attention for when storing P of every layer does not fit
 // (long sequences): the forward keeps P in the workspace only, and the backward recomputes
@@ -226,6 +233,18 @@ __global__ void softmax_backward_kernel(__nv_bfloat16* PdS, const float* dP, con
     }
 }
 
+// Gathers rows (b, t, h) of HD bf16 at src + (b·T + t)·stride + h·HD into dst (B, NH, T, HD), contiguous.
+__global__ void gather_heads_kernel(__nv_bfloat16* dst, const __nv_bfloat16* src, long stride, int T, int NH, int HD,
+                                    size_t total) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int d = (int)(i % HD);
+        const size_t row = i / HD;  // (b·NH + h)·T + t
+        const int t = (int)(row % T), h = (int)(row / T % NH);
+        const size_t b = row / T / NH;
+        dst[i] = src[(b * T + t) * (size_t)stride + (size_t)h * HD + d];
+    }
+}
+
 // ---- host side -------------------------------------------------------------------------------------
 
 static void naive_fail(const char* what, const char* why) {
@@ -241,7 +260,8 @@ static void naive_check_args(const AttentionContext* ctx, const AttentionArgs* a
     if ((needs_saved && args->saved == NULL) || args->workspace == NULL)
         naive_fail(what, "saved or workspace is NULL; allocate attention_saved_bytes() and "
                          "attention_workspace_bytes() for this shape and pass them");
-    if (args->qkv_stride > INT_MAX || args->out_stride > INT_MAX || args->dqkv_stride > INT_MAX)
+    if (args->qkv_stride > INT_MAX || args->out_stride > INT_MAX || args->dqkv_stride > INT_MAX ||
+        attention_kv_stride(args) > INT_MAX || attention_dkv_stride(args) > INT_MAX)
         naive_fail(what, "a row stride exceeds INT_MAX elements, more than cuBLAS leading dimensions allow");
 }
 
@@ -269,21 +289,34 @@ static size_t naive_scores(const AttentionShape* s) { return (size_t)s->B * s->N
 
 size_t naive_attention_saved_bytes(const AttentionShape* s) { return naive_scores(s) * sizeof(__nv_bfloat16); }  // P
 
-size_t naive_attention_workspace_bytes(const AttentionShape* s) { return naive_scores(s) * sizeof(float); }  // S, dP
+// With GQA, the gathered Q and dO (B, NH, T, HD) bf16 each, after the score matrices (256-aligned).
+static size_t naive_gather_bytes(const AttentionShape* s) {
+    return s->NKV == s->NH ? 0 : 2 * (size_t)s->B * s->NH * s->T * s->HD * sizeof(__nv_bfloat16);
+}
+static size_t align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
 
-size_t naive_recompute_attention_workspace_bytes(const AttentionShape* s) {
-    return naive_scores(s) * (sizeof(float) + sizeof(__nv_bfloat16));  // S or dP fp32, then P or dS bf16
+size_t naive_attention_workspace_bytes(const AttentionShape* s) {
+    return align256(naive_scores(s) * sizeof(float)) + naive_gather_bytes(s);  // S, dP; gathered Q, dO
 }
 
-// S (B, NH, T, T) fp32 = Q Kᵀ (unscaled), every (b, h).
+size_t naive_recompute_attention_workspace_bytes(const AttentionShape* s) {
+    // S or dP fp32, then P or dS bf16; gathered Q, dO
+    return align256(naive_scores(s) * (sizeof(float) + sizeof(__nv_bfloat16))) + naive_gather_bytes(s);
+}
+
+// S (B, NH, T, T) fp32 = Q Kᵀ (unscaled), every (b, h): per b, one call per query head j of the
+// groups (batched over the NKV K/V heads).
 static void naive_scores_gemm(const AttentionContext* ctx, const AttentionArgs* args, float* S) {
     const AttentionShape* s = &args->shape;
-    const int T = s->T, NH = s->NH, HD = s->HD;
+    const int T = s->T, NH = s->NH, HD = s->HD, G = NH / s->NKV;
     const size_t TT = (size_t)T * T;
+    const long kv_stride = attention_kv_stride(args);
     for (int b = 0; b < s->B; b++) {  // S = Q Kᵀ: Sc = Kcᵀ · Qc
-        const size_t qkv_b = (size_t)b * T * args->qkv_stride;
-        gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->k + qkv_b, args->qkv_stride, HD,
-                   args->q + qkv_b, args->qkv_stride, HD, S + (size_t)b * NH * TT, CUDA_R_32F, T, (long long)TT, NH);
+        const size_t q_b = (size_t)b * T * args->qkv_stride, kv_b = (size_t)b * T * kv_stride;
+        for (int j = 0; j < G; j++)
+            gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->k + kv_b, kv_stride, HD,
+                       args->q + q_b + (size_t)j * HD, args->qkv_stride, (long long)G * HD,
+                       S + ((size_t)b * NH + j) * TT, CUDA_R_32F, T, (long long)G * TT, s->NKV);
     }
 }
 
@@ -312,21 +345,30 @@ static void naive_softmax(const AttentionArgs* args, __nv_bfloat16* P, const flo
 static void naive_forward_into(const AttentionContext* ctx, const AttentionArgs* args, float* S, __nv_bfloat16* P,
                                cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    const int T = s->T, NH = s->NH, HD = s->HD;
+    const int T = s->T, NH = s->NH, HD = s->HD, G = NH / s->NKV;
     const size_t TT = (size_t)T * T;
+    const long kv_stride = attention_kv_stride(args);
     CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
     naive_scores_gemm(ctx, args, S);
     naive_softmax(args, P, S, 0, stream);
     for (int b = 0; b < s->B; b++) {  // O = P V: Oc = Vc · Pc
-        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->v + (size_t)b * T * args->qkv_stride,
-                   args->qkv_stride, HD, P + (size_t)b * NH * TT, T, (long long)TT,
-                   args->out + (size_t)b * T * args->out_stride, CUDA_R_16BF, args->out_stride, HD, NH);
+        for (int j = 0; j < G; j++)
+            gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->v + (size_t)b * T * kv_stride, kv_stride,
+                       HD, P + ((size_t)b * NH + j) * TT, T, (long long)G * TT,
+                       args->out + (size_t)b * T * args->out_stride + (size_t)j * HD, CUDA_R_16BF, args->out_stride,
+                       (long long)G * HD, s->NKV);
     }
 }
 
 // The backward from P in `P` (consumed: it becomes dS), with dP in `dP`.
 static void naive_backward_from(const AttentionContext* ctx, const AttentionArgs* args, __nv_bfloat16* P, float* dP,
-                                cudaStream_t stream);
+                                __nv_bfloat16* gathered, cudaStream_t stream);
+
+// The gathered Q and dO (GQA only) at the end of the workspace, after `scores_bytes`.
+static __nv_bfloat16* naive_gathered(const AttentionArgs* args, size_t scores_bytes) {
+    if (naive_gather_bytes(&args->shape) == 0) return NULL;
+    return (__nv_bfloat16*)((char*)args->workspace + align256(scores_bytes));
+}
 
 void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
     naive_check_args(ctx, args, "forward", 1);
@@ -336,7 +378,8 @@ void naive_attention_forward(const AttentionContext* ctx, const AttentionArgs* a
 void naive_attention_backward(const AttentionContext* ctx, const AttentionArgs* args, cudaStream_t stream) {
     naive_check_args(ctx, args, "backward", 1);
     CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
-    naive_backward_from(ctx, args, (__nv_bfloat16*)args->saved, (float*)args->workspace, stream);
+    naive_backward_from(ctx, args, (__nv_bfloat16*)args->saved, (float*)args->workspace,
+                        naive_gathered(args, naive_scores(&args->shape) * sizeof(float)), stream);
 }
 
 // Recomputing variant: workspace = [S or dP fp32 (B, NH, T, T)][P or dS bf16 (B, NH, T, T)].
@@ -353,27 +396,58 @@ void naive_recompute_attention_backward(const AttentionContext* ctx, const Atten
     CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
     naive_scores_gemm(ctx, args, S);       // S again
     naive_softmax(args, P, S, 1, stream);  // P = exp(S · scale − LSE), from the forward's LSE
-    naive_backward_from(ctx, args, P, S, stream);
+    naive_backward_from(ctx, args, P, S,
+                        naive_gathered(args, naive_scores(&args->shape) * (sizeof(float) + sizeof(__nv_bfloat16))),
+                        stream);
+}
+
+// Gathers rows of x (B, T, NH, HD) at `stride` into dst (B, NH, T, HD).
+static void gather_heads(__nv_bfloat16* dst, const __nv_bfloat16* x, long stride, const AttentionShape* s,
+                         cudaStream_t stream) {
+    const size_t total = (size_t)s->B * s->NH * s->T * s->HD;
+    const size_t blocks = (total + 255) / 256;
+    gather_heads_kernel<<<(unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16), 256, 0, stream>>>(
+        dst, x, stride, s->T, s->NH, s->HD, total);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 static void naive_backward_from(const AttentionContext* ctx, const AttentionArgs* args, __nv_bfloat16* P, float* dP,
-                                cudaStream_t stream) {
+                                __nv_bfloat16* gathered, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    const int T = s->T, NH = s->NH, HD = s->HD;
+    const int T = s->T, NH = s->NH, HD = s->HD, NKV = s->NKV, G = NH / NKV;
     const size_t TT = (size_t)T * T, rows = (size_t)s->B * NH * T;
     const float scale = 1.0f / sqrtf((float)HD);
+    const long kv_stride = attention_kv_stride(args), dkv_stride = attention_dkv_stride(args);
+
+    // The k = G·T operands of dV and dK: dO and Q as they are (G = 1: k = T, heads HD apart), else
+    // gathered head-major, so that a group's G heads are one (G·T, HD) matrix.
+    const __nv_bfloat16 *dout_k = args->dout, *q_k = args->q;
+    long dout_ld = args->out_stride, q_ld = args->qkv_stride, dout_b = (long)T * args->out_stride,
+         q_b = (long)T * args->qkv_stride;
+    long long group_stride = HD;  // from one K/V head's group to the next
+    if (G > 1) {
+        __nv_bfloat16* dout_g = gathered;
+        __nv_bfloat16* q_g = gathered + rows * HD;
+        gather_heads(dout_g, args->dout, args->out_stride, s, stream);
+        gather_heads(q_g, args->q, args->qkv_stride, s, stream);
+        dout_k = dout_g, q_k = q_g;
+        dout_ld = q_ld = HD;
+        dout_b = q_b = (long)NH * T * HD;
+        group_stride = (long long)G * T * HD;
+    }
 
     for (int b = 0; b < s->B; b++) {
-        const size_t qkv_b = (size_t)b * T * args->qkv_stride, out_b = (size_t)b * T * args->out_stride;
-        const size_t dqkv_b = (size_t)b * T * args->dqkv_stride;
+        const size_t kv_b = (size_t)b * T * kv_stride, out_b = (size_t)b * T * args->out_stride;
+        const size_t dkv_b = (size_t)b * T * dkv_stride;
         __nv_bfloat16* P_b = P + (size_t)b * NH * TT;
-        // dV = Pᵀ dO: dVc = dOc · Pcᵀ
-        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, T, args->dout + out_b, args->out_stride, HD, P_b, T,
-                   (long long)TT, args->dv + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
-        // dP = dO Vᵀ: dPc = Vcᵀ · dOc
-        gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->v + qkv_b, args->qkv_stride, HD,
-                   args->dout + out_b, args->out_stride, HD, dP + (size_t)b * NH * TT, CUDA_R_32F, T, (long long)TT,
-                   NH);
+        // dV = Σ_group Pᵀ dO: dVc = dOc · Pcᵀ, k = G·T (the group's query heads and queries)
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, G * T, dout_k + (size_t)b * dout_b, dout_ld,
+                   group_stride, P_b, T, (long long)G * TT, args->dv + dkv_b, CUDA_R_16BF, dkv_stride, HD, NKV);
+        // dP = dO Vᵀ: dPc = Vcᵀ · dOc, per query head j of the groups
+        for (int j = 0; j < G; j++)
+            gemm_heads(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, HD, args->v + kv_b, kv_stride, HD,
+                       args->dout + out_b + (size_t)j * HD, args->out_stride, (long long)G * HD,
+                       dP + ((size_t)b * NH + j) * TT, CUDA_R_32F, T, (long long)G * TT, NKV);
     }
 
     const int vec = T % 4 == 0 && (uintptr_t)dP % 16 == 0 && (uintptr_t)P % 8 == 0;
@@ -386,13 +460,16 @@ static void naive_backward_from(const AttentionContext* ctx, const AttentionArgs
     CUDA_CHECK(cudaGetLastError());
 
     for (int b = 0; b < s->B; b++) {
-        const size_t qkv_b = (size_t)b * T * args->qkv_stride, dqkv_b = (size_t)b * T * args->dqkv_stride;
+        const size_t kv_b = (size_t)b * T * kv_stride, dq_b = (size_t)b * T * args->dqkv_stride;
+        const size_t dkv_b = (size_t)b * T * dkv_stride;
         const __nv_bfloat16* dS_b = P + (size_t)b * NH * TT;
-        // dQ = dS K: dQc = Kc · dSc
-        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->k + qkv_b, args->qkv_stride, HD, dS_b, T,
-                   (long long)TT, args->dq + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
-        // dK = dSᵀ Q: dKc = Qc · dScᵀ
-        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, T, args->q + qkv_b, args->qkv_stride, HD, dS_b, T,
-                   (long long)TT, args->dk + dqkv_b, CUDA_R_16BF, args->dqkv_stride, HD, NH);
+        // dQ = dS K: dQc = Kc · dSc, per query head j of the groups
+        for (int j = 0; j < G; j++)
+            gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_N, HD, T, T, args->k + kv_b, kv_stride, HD,
+                       dS_b + (size_t)j * TT, T, (long long)G * TT, args->dq + dq_b + (size_t)j * HD, CUDA_R_16BF,
+                       args->dqkv_stride, (long long)G * HD, NKV);
+        // dK = Σ_group dSᵀ Q: dKc = Qc · dScᵀ, k = G·T
+        gemm_heads(ctx->cublas, CUBLAS_OP_N, CUBLAS_OP_T, HD, T, G * T, q_k + (size_t)b * q_b, q_ld, group_stride,
+                   dS_b, T, (long long)G * TT, args->dk + dkv_b, CUDA_R_16BF, dkv_stride, HD, NKV);
     }
 }

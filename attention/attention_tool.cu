@@ -3,13 +3,16 @@
 // (scripts/check_attention.py, PyTorch in fp64) can check any backend on any shape.
 //
 // Files (raw little-endian, row-major, no header):
-//   inputs   DIR/q.bin, k.bin, v.bin, dout.bin   bf16 (B, T, NH, HD)
+//   inputs   DIR/q.bin, dout.bin                 bf16 (B, T, NH, HD)
+//            DIR/k.bin, v.bin                    bf16 (B, T, NKV, HD)   (--kv-heads NKV, default NH)
 //   outputs  DIR/out.bin                         bf16 (B, T, NH, HD)
 //            DIR/lse.bin                         fp32 (B, NH, T)   natural log of Σ_j exp(S[i, j])
-//            DIR/dq.bin, dk.bin, dv.bin          bf16 (B, T, NH, HD)
-// On the GPU, --layout packed places q, k, v in one activation qkv (B, T, 3, NH, HD) and the
-// gradients in one dqkv (B, T, 3, NH, HD), as the trainer does (strided pointers, stride 3·NH·HD);
-// --layout plain uses separate (B, T, NH, HD) tensors (stride NH·HD). out is (B, T, NH, HD) in both.
+//            DIR/dq.bin                          bf16 (B, T, NH, HD)
+//            DIR/dk.bin, dv.bin                  bf16 (B, T, NKV, HD)
+// On the GPU, --layout packed places q, k, v in one activation qkv (B, T, NH + 2·NKV, HD) and the
+// gradients in one dqkv of the same shape, as the trainer does (strided pointers, stride
+// (NH + 2·NKV)·HD); --layout plain uses separate tensors (strides NH·HD and NKV·HD). out is
+// (B, T, NH, HD) in both.
 // Every output, `saved` and `workspace` are filled with NaN before the run, so an element a backend
 // never writes (or scratch it reads before writing) shows up as NaN in the files.
 #include <cublas_v2.h>
@@ -32,6 +35,7 @@ typedef struct {
     const char* backend_name;
     AttentionBackend backend;
     int B, T, NH, HD;
+    int NKV;  // key/value heads; 0 until parsed: NH
     int causal;
     Layout layout;
     const char* in_dir;
@@ -41,7 +45,8 @@ typedef struct {
 static void print_usage(FILE* out) {
     fprintf(out,
             "usage: build/attention_tool --backend NAME --batch B --seq-len T --heads NH --head-dim HD\n"
-            "                            --in DIR --out DIR [--causal | --no-causal] [--layout packed|plain]\n"
+            "                            --in DIR --out DIR [--kv-heads NKV] [--causal | --no-causal]\n"
+            "                            [--layout packed|plain]\n"
             "\n"
             "Runs one attention backend's forward and then its backward on bf16 inputs read from files\n"
             "and writes every output to files, for checking against an external reference\n"
@@ -51,27 +56,32 @@ static void print_usage(FILE* out) {
             "      --backend NAME     naive | flash1 | flash2 | naive-recompute\n"
             "      --batch B          batch size\n"
             "      --seq-len T        sequence length\n"
-            "      --heads NH         number of heads\n"
+            "      --heads NH         number of (query) heads\n"
+            "      --kv-heads NKV     number of key/value heads, a divisor of NH (default NH: multi-head;\n"
+            "                         1: multi-query; else grouped-query, NH/NKV query heads per K/V head)\n"
             "      --head-dim HD      head dimension\n"
             "      --causal           mask key j > query i (the default)\n"
             "      --no-causal        full attention\n"
             "      --layout L         how the inputs sit in GPU memory (default packed):\n"
-            "                           packed: q, k, v inside one (B, T, 3, NH, HD) buffer and dq, dk, dv\n"
-            "                                   inside one (B, T, 3, NH, HD) buffer, row stride 3*NH*HD,\n"
-            "                                   as in the trainer\n"
-            "                           plain:  separate (B, T, NH, HD) tensors, row stride NH*HD\n"
-            "                         The files are (B, T, NH, HD) in both layouts.\n"
+            "                           packed: q, k, v inside one (B, T, NH + 2*NKV, HD) buffer and dq, dk,\n"
+            "                                   dv inside another, row stride (NH + 2*NKV)*HD, as in the trainer\n"
+            "                           plain:  separate tensors, q (B, T, NH, HD) at stride NH*HD and k, v\n"
+            "                                   (B, T, NKV, HD) at NKV*HD\n"
+            "                         The files are the same in both layouts.\n"
             "      --in DIR           folder with the inputs\n"
             "      --out DIR          folder for the outputs (made if missing; files are replaced)\n"
             "  -h, --help             show this help\n"
             "\n"
             "files: raw little-endian values, row-major, no header\n"
-            "  DIR_in/q.bin, k.bin, v.bin, dout.bin  bf16 (B, T, NH, HD): element (b, t, h, d) at index\n"
+            "  DIR_in/q.bin, dout.bin                bf16 (B, T, NH, HD): element (b, t, h, d) at index\n"
             "                                        ((b*T + t)*NH + h)*HD + d; B*T*NH*HD*2 bytes each\n"
+            "  DIR_in/k.bin, v.bin                   bf16 (B, T, NKV, HD), the same with NKV heads\n"
             "  DIR_out/out.bin                       bf16 (B, T, NH, HD), the attention output\n"
             "  DIR_out/lse.bin                       fp32 (B, NH, T): element (b, h, t) at index (b*NH + h)*T + t,\n"
             "                                        log-sum-exp (natural log) of the scaled scores of row t\n"
-            "  DIR_out/dq.bin, dk.bin, dv.bin        bf16 (B, T, NH, HD), gradients for dout\n"
+            "  DIR_out/dq.bin                        bf16 (B, T, NH, HD), the gradient of q for dout\n"
+            "  DIR_out/dk.bin, dv.bin                bf16 (B, T, NKV, HD), the gradients of k and v (summed\n"
+            "                                        over each K/V head's query heads)\n"
             "Outputs are written to NAME.tmp and renamed, so a file is never half written. Outputs and the\n"
             "backend's scratch memory are filled with NaN before the run: an element never written is NaN.\n"
             "\n"
@@ -101,16 +111,17 @@ static int parse_int(const char* flag, const char* text, long min, long max) {
 }
 
 static ToolOptions parse_options(int argc, char** argv) {
-    ToolOptions opt = {NULL, ATTN_FLASH2, 0, 0, 0, 0, 1, LAYOUT_PACKED, NULL, NULL};
+    ToolOptions opt = {NULL, ATTN_FLASH2, 0, 0, 0, 0, 0, 1, LAYOUT_PACKED, NULL, NULL};
     enum { OPT_BACKEND = 1000, OPT_BATCH, OPT_SEQ, OPT_HEADS, OPT_HD, OPT_CAUSAL, OPT_NO_CAUSAL, OPT_LAYOUT,
-           OPT_IN, OPT_OUT };
+           OPT_IN, OPT_OUT, OPT_KV_HEADS };
     static const struct option long_options[] = {
         {"backend", required_argument, 0, OPT_BACKEND}, {"batch", required_argument, 0, OPT_BATCH},
         {"seq-len", required_argument, 0, OPT_SEQ},     {"heads", required_argument, 0, OPT_HEADS},
         {"head-dim", required_argument, 0, OPT_HD},     {"causal", no_argument, 0, OPT_CAUSAL},
         {"no-causal", no_argument, 0, OPT_NO_CAUSAL},   {"layout", required_argument, 0, OPT_LAYOUT},
         {"in", required_argument, 0, OPT_IN},           {"out", required_argument, 0, OPT_OUT},
-        {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0}};
+        {"kv-heads", required_argument, 0, OPT_KV_HEADS}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
         switch (c) {
@@ -123,6 +134,7 @@ static ToolOptions parse_options(int argc, char** argv) {
             case OPT_SEQ: opt.T = parse_int("--seq-len", optarg, 1, 1L << 24); break;
             case OPT_HEADS: opt.NH = parse_int("--heads", optarg, 1, 1L << 16); break;
             case OPT_HD: opt.HD = parse_int("--head-dim", optarg, 1, 1L << 16); break;
+            case OPT_KV_HEADS: opt.NKV = parse_int("--kv-heads", optarg, 1, 1L << 16); break;
             case OPT_CAUSAL: opt.causal = 1; break;
             case OPT_NO_CAUSAL: opt.causal = 0; break;
             case OPT_LAYOUT:
@@ -144,6 +156,7 @@ static ToolOptions parse_options(int argc, char** argv) {
     if (!opt.HD) usage_error("%s is required", "--head-dim");
     if (!opt.in_dir) usage_error("%s is required", "--in");
     if (!opt.out_dir) usage_error("%s is required", "--out");
+    if (!opt.NKV) opt.NKV = opt.NH;
     return opt;
 }
 
@@ -159,7 +172,7 @@ static void path_join(char* path, size_t size, const char* dir, const char* name
 }
 
 // Reads exactly `bytes` bytes from DIR/name into `dst`; exits 1 naming the file otherwise.
-static void read_input(const char* dir, const char* name, void* dst, size_t bytes, const ToolOptions* opt) {
+static void read_input(const char* dir, const char* name, void* dst, size_t bytes, int heads, const ToolOptions* opt) {
     char path[4096];
     path_join(path, sizeof(path), dir, name);
     struct stat st;
@@ -169,9 +182,9 @@ static void read_input(const char* dir, const char* name, void* dst, size_t byte
     }
     if ((size_t)st.st_size != bytes) {
         fprintf(stderr,
-                "error: input %s has %lld bytes, expected %zu (bf16 (B, T, NH, HD) = (%d, %d, %d, %d)); "
-                "check --batch --seq-len --heads --head-dim against the file\n",
-                path, (long long)st.st_size, bytes, opt->B, opt->T, opt->NH, opt->HD);
+                "error: input %s has %lld bytes, expected %zu (bf16 (B, T, %s, HD) = (%d, %d, %d, %d)); "
+                "check --batch --seq-len --heads --kv-heads --head-dim against the file\n",
+                path, (long long)st.st_size, bytes, heads == opt->NH ? "NH" : "NKV", opt->B, opt->T, heads, opt->HD);
         exit(1);
     }
     FILE* f = fopen(path, "rb");
@@ -281,7 +294,10 @@ static void copy_rows(void* dst, long dst_stride, const void* src, long src_stri
 
 int main(int argc, char** argv) {
     ToolOptions opt = parse_options(argc, argv);
-    AttentionShape shape = {opt.B, opt.T, opt.NH, opt.HD, opt.causal};
+    AttentionShape shape;
+    memset(&shape, 0, sizeof(shape));
+    shape.B = opt.B, shape.T = opt.T, shape.NH = opt.NH, shape.NKV = opt.NKV, shape.HD = opt.HD;
+    shape.causal = opt.causal;
     char why[512];
     if (attention_check(opt.backend, &shape, why, sizeof(why)) != 0) {
         fprintf(stderr, "error: %s\n", why);
@@ -290,20 +306,23 @@ int main(int argc, char** argv) {
 
     const size_t rows = (size_t)opt.B * opt.T;               // (b, t) pairs
     const size_t row_elems = (size_t)opt.NH * opt.HD;         // one token's (NH, HD) values
-    const size_t elems = rows * row_elems;                    // (B, T, NH, HD)
-    const size_t tensor_bytes = elems * sizeof(__nv_bfloat16);
+    const size_t kv_elems = (size_t)opt.NKV * opt.HD;         // one token's (NKV, HD) values of k or v
+    const size_t tensor_bytes = rows * row_elems * sizeof(__nv_bfloat16);    // (B, T, NH, HD)
+    const size_t kv_bytes = rows * kv_elems * sizeof(__nv_bfloat16);        // (B, T, NKV, HD)
     const size_t lse_bytes = (size_t)opt.B * opt.NH * opt.T * sizeof(float);  // (B, NH, T)
 
     // Inputs first: a wrong file is reported before any GPU work.
     const char* input_names[4] = {"q.bin", "k.bin", "v.bin", "dout.bin"};
+    const int input_heads[4] = {opt.NH, opt.NKV, opt.NKV, opt.NH};
     void* host_in[4];
     for (int i = 0; i < 4; i++) {
-        host_in[i] = malloc(tensor_bytes);
+        const size_t bytes = input_heads[i] == opt.NH ? tensor_bytes : kv_bytes;
+        host_in[i] = malloc(bytes);
         if (!host_in[i]) {
-            fprintf(stderr, "error: out of host memory reading %s (%zu bytes)\n", input_names[i], tensor_bytes);
+            fprintf(stderr, "error: out of host memory reading %s (%zu bytes)\n", input_names[i], bytes);
             exit(1);
         }
-        read_input(opt.in_dir, input_names[i], host_in[i], tensor_bytes, &opt);
+        read_input(opt.in_dir, input_names[i], host_in[i], bytes, input_heads[i], &opt);
     }
     make_dir(opt.out_dir);
 
@@ -313,22 +332,26 @@ int main(int argc, char** argv) {
         exit(1);
     }
 
-    // Device buffers. packed: qkv and dqkv are (B, T, 3, NH, HD); plain: six (B, T, NH, HD) tensors.
-    const long plain_stride = (long)row_elems;
-    const long qkv_stride = opt.layout == LAYOUT_PACKED ? 3 * plain_stride : plain_stride;
+    // Device buffers. packed: qkv and dqkv are (B, T, NH + 2·NKV, HD); plain: q, dq (B, T, NH, HD)
+    // and k, v, dk, dv (B, T, NKV, HD).
+    const long plain_stride = (long)row_elems, plain_kv_stride = (long)kv_elems;
+    const long packed_stride = (long)(row_elems + 2 * kv_elems);
+    const long qkv_stride = opt.layout == LAYOUT_PACKED ? packed_stride : plain_stride;
+    const long kv_stride = opt.layout == LAYOUT_PACKED ? packed_stride : plain_kv_stride;
     __nv_bfloat16 *q, *k, *v, *dq, *dk, *dv;
     if (opt.layout == LAYOUT_PACKED) {
-        __nv_bfloat16* qkv = (__nv_bfloat16*)device_alloc("qkv (B, T, 3, NH, HD)", 3 * tensor_bytes, &opt);
-        __nv_bfloat16* dqkv = (__nv_bfloat16*)device_alloc("dqkv (B, T, 3, NH, HD)", 3 * tensor_bytes, &opt);
-        q = qkv, k = qkv + row_elems, v = qkv + 2 * row_elems;
-        dq = dqkv, dk = dqkv + row_elems, dv = dqkv + 2 * row_elems;
+        const size_t packed_bytes = tensor_bytes + 2 * kv_bytes;
+        __nv_bfloat16* qkv = (__nv_bfloat16*)device_alloc("qkv (B, T, NH + 2*NKV, HD)", packed_bytes, &opt);
+        __nv_bfloat16* dqkv = (__nv_bfloat16*)device_alloc("dqkv (B, T, NH + 2*NKV, HD)", packed_bytes, &opt);
+        q = qkv, k = qkv + row_elems, v = qkv + row_elems + kv_elems;
+        dq = dqkv, dk = dqkv + row_elems, dv = dqkv + row_elems + kv_elems;
     } else {
         q = (__nv_bfloat16*)device_alloc("q", tensor_bytes, &opt);
-        k = (__nv_bfloat16*)device_alloc("k", tensor_bytes, &opt);
-        v = (__nv_bfloat16*)device_alloc("v", tensor_bytes, &opt);
+        k = (__nv_bfloat16*)device_alloc("k", kv_bytes, &opt);
+        v = (__nv_bfloat16*)device_alloc("v", kv_bytes, &opt);
         dq = (__nv_bfloat16*)device_alloc("dq", tensor_bytes, &opt);
-        dk = (__nv_bfloat16*)device_alloc("dk", tensor_bytes, &opt);
-        dv = (__nv_bfloat16*)device_alloc("dv", tensor_bytes, &opt);
+        dk = (__nv_bfloat16*)device_alloc("dk", kv_bytes, &opt);
+        dv = (__nv_bfloat16*)device_alloc("dv", kv_bytes, &opt);
     }
     __nv_bfloat16* out = (__nv_bfloat16*)device_alloc("out", tensor_bytes, &opt);
     __nv_bfloat16* dout = (__nv_bfloat16*)device_alloc("dout", tensor_bytes, &opt);
@@ -339,8 +362,8 @@ int main(int argc, char** argv) {
     void* workspace = device_alloc("the backend's workspace", workspace_bytes, &opt);
 
     copy_rows(q, qkv_stride, host_in[0], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
-    copy_rows(k, qkv_stride, host_in[1], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
-    copy_rows(v, qkv_stride, host_in[2], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
+    copy_rows(k, kv_stride, host_in[1], plain_kv_stride, rows, kv_elems, cudaMemcpyHostToDevice);
+    copy_rows(v, kv_stride, host_in[2], plain_kv_stride, rows, kv_elems, cudaMemcpyHostToDevice);
     copy_rows(dout, plain_stride, host_in[3], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
 
     cudaStream_t stream;
@@ -353,10 +376,10 @@ int main(int argc, char** argv) {
     AttentionArgs args;
     memset(&args, 0, sizeof(args));
     args.shape = shape;
-    args.q = q, args.k = k, args.v = v, args.qkv_stride = qkv_stride;
+    args.q = q, args.k = k, args.v = v, args.qkv_stride = qkv_stride, args.kv_stride = kv_stride;
     args.out = out, args.out_stride = plain_stride, args.lse = lse;
     args.dout = dout;
-    args.dq = dq, args.dk = dk, args.dv = dv, args.dqkv_stride = qkv_stride;
+    args.dq = dq, args.dk = dk, args.dv = dv, args.dqkv_stride = qkv_stride, args.dkv_stride = kv_stride;
     args.saved = saved, args.workspace = workspace;
 
     // One cold run of each pass (the first launch included): the times are a sanity check, not a
@@ -381,19 +404,20 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: out of host memory for the outputs (%zu bytes)\n", tensor_bytes);
         exit(1);
     }
-    const struct { const char* name; const __nv_bfloat16* ptr; long stride; } tensors[4] = {
-        {"out.bin", out, plain_stride}, {"dq.bin", dq, qkv_stride}, {"dk.bin", dk, qkv_stride},
-        {"dv.bin", dv, qkv_stride}};
+    const struct { const char* name; const __nv_bfloat16* ptr; long stride; size_t elems; } tensors[4] = {
+        {"out.bin", out, plain_stride, row_elems}, {"dq.bin", dq, qkv_stride, row_elems},
+        {"dk.bin", dk, kv_stride, kv_elems}, {"dv.bin", dv, kv_stride, kv_elems}};
     for (int i = 0; i < 4; i++) {
-        copy_rows(host_out, plain_stride, tensors[i].ptr, tensors[i].stride, rows, row_elems, cudaMemcpyDeviceToHost);
-        write_output(opt.out_dir, tensors[i].name, host_out, tensor_bytes);
+        copy_rows(host_out, (long)tensors[i].elems, tensors[i].ptr, tensors[i].stride, rows, tensors[i].elems,
+                  cudaMemcpyDeviceToHost);
+        write_output(opt.out_dir, tensors[i].name, host_out, rows * tensors[i].elems * sizeof(__nv_bfloat16));
     }
     CUDA_CHECK(cudaMemcpy(host_out, lse, lse_bytes, cudaMemcpyDeviceToHost));
     write_output(opt.out_dir, "lse.bin", host_out, lse_bytes);
 
-    printf("attention_tool: %s B=%d T=%d NH=%d HD=%d %s layout=%s on %s: forward %.3f ms, backward %.3f ms "
+    printf("attention_tool: %s B=%d T=%d NH=%d NKV=%d HD=%d %s layout=%s on %s: forward %.3f ms, backward %.3f ms "
            "(one cold run each), saved %.1f MiB, workspace %.1f MiB -> %s/{out,lse,dq,dk,dv}.bin\n",
-           opt.backend_name, opt.B, opt.T, opt.NH, opt.HD, opt.causal ? "causal" : "non-causal",
+           opt.backend_name, opt.B, opt.T, opt.NH, opt.NKV, opt.HD, opt.causal ? "causal" : "non-causal",
            opt.layout == LAYOUT_PACKED ? "packed" : "plain", gpu.name, fwd_ms, bwd_ms,
            saved_bytes / (1024.0 * 1024.0), workspace_bytes / (1024.0 * 1024.0), opt.out_dir);
 

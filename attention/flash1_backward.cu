@@ -1,11 +1,14 @@
 // flash1_backward.cu: FlashAttention-1 backward (the reference's "Flash Attention 1" backward,
 // Algorithm 4 of the FlashAttention paper) on mma.sync tensor cores.
 //
-// Inputs: q, k, v as the forward read them (attention.h layout), out and dout (B, T, NH, HD) at
-// out_stride, lse (B, NH, T) from the forward. Outputs dq, dk, dv at dqkv_stride, overwritten.
+// Inputs: q, k, v as the forward read them (attention.h layout: k, v with NKV heads at kv_stride),
+// out and dout (B, T, NH, HD) at out_stride, lse (B, NH, T) from the forward. Outputs dq at
+// dqkv_stride, dk and dv at dkv_stride, overwritten.
 // Workspace (fp32): dq_accum (B, NH, T, HD); nothing of size T².
 //
-// One thread block per (b, h) (grid = B·NH), one kernel, no pre- or post-pass:
+// One thread block per (b, K/V head) (grid = B·NKV), one kernel, no pre- or post-pass; with
+// grouped-query attention "each query block" below means each query block of each of the group's
+// NH / NKV query heads in turn, so dK_j, dV_j sum over the group in registers:
 //   for each key block j (BLOCK_N = 16·NWARPS keys; K_j, V_j in shared memory; dK_j, dV_j in registers)
 //     for each query block i (BLOCK_M rows; Q_i, dO_i, O_i, LSE_i double-buffered with cp.async)
 //       D_i = rowsum(dO_i ∘ O_i), recomputed here for every key block (FA1 has no pre-pass);
@@ -40,8 +43,8 @@ typedef struct {
     const float* lse;
     __nv_bfloat16 *dq, *dk, *dv;
     float* dq_accum;  // (B, NH, T, HD)
-    long qkv_stride, out_stride, dqkv_stride;
-    int T, NH;
+    long qkv_stride, kv_stride, out_stride, dqkv_stride, dkv_stride;
+    int T, NH, NKV;
     float scale, scale_log2;
 } Flash1BackwardParams;
 
@@ -83,24 +86,26 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
-    const int bh = blockIdx.x, b = bh / p.NH, h = bh % p.NH;
+    const int b = blockIdx.x / p.NKV, kv_head = blockIdx.x % p.NKV;
+    const int group = p.NH / p.NKV, h0 = kv_head * group;  // this block's query heads: h0 .. h0 + group − 1
     const int T = p.T;
-    const long qkv_offset = (long)b * T * p.qkv_stride + (long)h * HD;
-    const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
-    const long dqkv_offset = (long)b * T * p.dqkv_stride + (long)h * HD;
-    const float* lse_head = p.lse + (long)bh * T;
-    float* dq_head = p.dq_accum + (long)bh * T * HD;
+    const long kv_offset = (long)b * T * p.kv_stride + (long)kv_head * HD;
+    const long dkv_offset = (long)b * T * p.dkv_stride + (long)kv_head * HD;
     const int n_blocks = (T + BLOCK_N - 1) / BLOCK_N;
     const int m_blocks = (T + BLOCK_M - 1) / BLOCK_M;
     const int key_row0 = warp * 16;  // this warp's keys within the key block
     const int dq_m = warp % C::DQ_M, dq_n = warp / C::DQ_M;
     const int dq_chunk0 = dq_n * C::DQ_TILES;
 
-    // Loads query block m (Q, dO, O, LSE) into buffer `buf`; rows past the end become zeros.
-    auto load_query_block = [&](int m, int buf) {
+    // Query head h0 + j / per_head, query block m_begin + j % per_head: the j-th step of a key block.
+    // Loads it (Q, dO, O, LSE) into buffer `buf`; rows past the end become zeros.
+    auto load_query_block = [&](int h, int m, int buf) {
         const int m0 = m * BLOCK_M;
-        load_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * C::QO_ELEMS, p.q + qkv_offset + (long)m0 * p.qkv_stride,
-                                                 p.qkv_stride, T - m0);
+        const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
+        const float* lse_head = p.lse + ((long)b * p.NH + h) * T;
+        load_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * C::QO_ELEMS,
+                                                 p.q + ((long)b * T + m0) * p.qkv_stride + (long)h * HD, p.qkv_stride,
+                                                 T - m0);
         load_tile_async<BLOCK_M, HD, C::THREADS>(do_tiles + buf * C::QO_ELEMS,
                                                  p.dout + out_offset + (long)m0 * p.out_stride, p.out_stride, T - m0);
         load_tile_async<BLOCK_M, HD, C::THREADS>(o_tiles + buf * C::QO_ELEMS,
@@ -146,7 +151,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
     // dQ_m += dS K from dS buffer dbuf: this warp's DQ_MT m16 tiles and DQ_TILES columns of dq_accum.
     // The old values are all loaded after the product and before the first store, one latency for
     // all (loading them before the product instead would hold 32 more registers through it: spills).
-    auto add_dq_block = [&](int m, int dbuf, bool overwrite) {
+    auto add_dq_block = [&](int h, int m, int dbuf, bool overwrite) {
+        float* dq_head = p.dq_accum + ((long)b * p.NH + h) * T * HD;
         float acc_dq[C::DQ_MT][C::DQ_TILES][4];
         dq_block_product<HD, BLOCK_M, NWARPS>(acc_dq, ds_lane + dbuf * C::DS_ELEMS * 2, k_t_lane, dq_m, dq_chunk0);
         if (!overwrite) {
@@ -183,9 +189,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
         const bool first = n == 0;  // key block 0 meets every query block: it writes dq_accum
         const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;
         __syncthreads();  // every warp is done with the previous key block's tiles
-        load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
-        load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
-        load_query_block(m_begin, 0);
+        const int per_head = m_blocks - m_begin, steps = group * per_head;
+        load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
+        load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
+        load_query_block(h0, m_begin, 0);
         cp_async_commit();
 
         float acc_dk[C::D_TILES][4], acc_dv[C::D_TILES][4];  // rows g, g+8 of this warp's 16 keys
@@ -194,18 +201,18 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
 #pragma unroll
             for (int e = 0; e < 4; e++) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
-        for (int m = m_begin; m < m_blocks; m++) {
-            const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
+        for (int j = 0; j < steps; j++) {
+            const int m0 = (m_begin + j % per_head) * BLOCK_M, buf = j & 1;
             const BackwardLanes lanes =
                 backward_lanes<HD>(k_a_lane, v_a_lane, q_tiles + buf * C::QO_ELEMS, do_tiles + buf * C::QO_ELEMS);
             // Barrier A publishes block m (and K, V) and the dS of step m-1, and frees the other
             // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
             cp_async_wait<0>();
             __syncthreads();
-            if (m + 1 < m_blocks) load_query_block(m + 1, buf ^ 1);
+            if (j + 1 < steps) load_query_block(h0 + (j + 1) / per_head, m_begin + (j + 1) % per_head, buf ^ 1);
             cp_async_commit();
             row_terms(buf);
-            if (m > m_begin) add_dq_block(m - 1, buf ^ 1, first);
+            if (j > 0) add_dq_block(h0 + (j - 1) / per_head, m_begin + (j - 1) % per_head, buf ^ 1, first);
 
             // The warp's step (flash2's); its barrier B, after the products, publishes D and
             // LSE·log2 e of block m (row_terms above).
@@ -214,33 +221,34 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
                 key_row0, n0, m0, T, p.scale_log2);
         }
         __syncthreads();  // the last dS is in shared memory
-        add_dq_block(m_blocks - 1, (m_blocks - 1 - m_begin) & 1, first);
+        add_dq_block(h0 + group - 1, m_blocks - 1, (steps - 1) & 1, first);
         cp_async_wait<0>();
         __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
 
         stage_dk_dv<HD>(acc_dk, acc_dv, k_tile, v_tile, key_row0, p.scale);
         __syncwarp();
-        const long key_offset = dqkv_offset + (long)(n0 + key_row0) * p.dqkv_stride;
-        store_tile<16, HD, 32>(p.dk + key_offset, p.dqkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+        const long key_offset = dkv_offset + (long)(n0 + key_row0) * p.dkv_stride;
+        store_tile<16, HD, 32>(p.dk + key_offset, p.dkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
                                warp * 32);
-        store_tile<16, HD, 32>(p.dv + key_offset, p.dqkv_stride, v_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+        store_tile<16, HD, 32>(p.dv + key_offset, p.dkv_stride, v_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
                                warp * 32);
     }
 
     // dq = bf16(dq_accum · scale), 8 values per thread and step. The barrier makes every warp's
     // last read-modify-write of dq_accum visible to the whole block.
     __syncthreads();
-    const long chunks = (long)T * (HD / 8);
+    const long chunks = (long)group * T * (HD / 8);  // the group's query heads are consecutive in dq_accum
+    const float* dq_group = p.dq_accum + ((long)b * p.NH + h0) * T * HD;
     for (long i = threadIdx.x; i < chunks; i += C::THREADS) {
-        const int t = (int)(i / (HD / 8)), chunk = (int)(i % (HD / 8));
-        const float4* src = (const float4*)(dq_head + (long)t * HD + chunk * 8);
+        const int t = (int)(i / (HD / 8) % T), chunk = (int)(i % (HD / 8)), h = h0 + (int)(i / (HD / 8) / T);
+        const float4* src = (const float4*)(dq_group + i * 8);
         const float4 x = src[0], y = src[1];
         uint4 packed;
         packed.x = pack_bf16(x.x * p.scale, x.y * p.scale);
         packed.y = pack_bf16(x.z * p.scale, x.w * p.scale);
         packed.z = pack_bf16(y.x * p.scale, y.y * p.scale);
         packed.w = pack_bf16(y.z * p.scale, y.w * p.scale);
-        *(uint4*)(p.dq + dqkv_offset + (long)t * p.dqkv_stride + chunk * 8) = packed;
+        *(uint4*)(p.dq + ((long)b * T + t) * p.dqkv_stride + (long)h * HD + chunk * 8) = packed;
     }
 }
 
@@ -249,7 +257,7 @@ template <int HD, int BLOCK_M, int NWARPS, bool CAUSAL>
 static void launch_flash1_backward(const Flash1BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash1BackwardConfig<HD, BLOCK_M, NWARPS> C;
     launch_with_smem<flash1_backward_kernel<HD, BLOCK_M, NWARPS, CAUSAL>>(
-        B * p->NH, C::THREADS, C::SMEM_BYTES, stream, *p);
+        B * p->NKV, C::THREADS, C::SMEM_BYTES, stream, *p);
 }
 
 // ---- block shapes per head dim ------------------------------------------------------------------
@@ -269,13 +277,13 @@ static void dispatch_flash1_backward(const Flash1BackwardParams* p, int B, int H
 void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash1_require_aligned(args->q, args->qkv_stride, "q");
-    flash1_require_aligned(args->k, args->qkv_stride, "k");
-    flash1_require_aligned(args->v, args->qkv_stride, "v");
+    flash1_require_aligned(args->k, attention_kv_stride(args), "k");
+    flash1_require_aligned(args->v, attention_kv_stride(args), "v");
     flash1_require_aligned(args->out, args->out_stride, "out");
     flash1_require_aligned(args->dout, args->out_stride, "dout");
     flash1_require_aligned(args->dq, args->dqkv_stride, "dq");
-    flash1_require_aligned(args->dk, args->dqkv_stride, "dk");
-    flash1_require_aligned(args->dv, args->dqkv_stride, "dv");
+    flash1_require_aligned(args->dk, attention_dkv_stride(args), "dk");
+    flash1_require_aligned(args->dv, attention_dkv_stride(args), "dv");
     flash1_require_aligned(args->workspace, 8, "the workspace");
     Flash1BackwardParams p;
     p.q = args->q;
@@ -289,10 +297,13 @@ void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.dv = args->dv;
     p.dq_accum = (float*)args->workspace;
     p.qkv_stride = args->qkv_stride;
+    p.kv_stride = attention_kv_stride(args);
     p.out_stride = args->out_stride;
     p.dqkv_stride = args->dqkv_stride;
+    p.dkv_stride = attention_dkv_stride(args);
     p.T = s->T;
     p.NH = s->NH;
+    p.NKV = s->NKV;
     p.scale = 1.f / sqrtf((float)s->HD);
     p.scale_log2 = p.scale * FLASH2_LOG2E;
     if (s->causal) dispatch_flash1_backward<true>(&p, s->B, s->HD, stream);

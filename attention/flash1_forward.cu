@@ -1,8 +1,8 @@
 // flash1_forward.cu: FlashAttention-1 forward (the reference's "Flash Attention 1", Algorithm 1 of the
 // FlashAttention paper) on mma.sync tensor cores.
 //
-// Inputs q, k, v: rows (b, t, h) of HD bf16 at ptr + (b·T + t)·qkv_stride + h·HD (attention.h);
-// outputs out (B, T, NH, HD) bf16 at out_stride and lse (B, NH, T) fp32 (natural log), as flash2.
+// Inputs q (B, T, NH, HD) rows at qkv_stride, k and v (B, T, NKV, HD) rows at kv_stride (attention.h;
+// query head h reads K/V head h / (NH / NKV)); outputs out (B, T, NH, HD) bf16 at out_stride and lse (B, NH, T) fp32 (natural log), as flash2.
 // Workspace (fp32): o_accum (B, NH, T, HD), row_max and row_sum (B, NH, T): the running O, m and ℓ
 // of every query row, kept in HBM between key blocks. Nothing of size T².
 //
@@ -38,8 +38,8 @@ typedef struct {
     float* o_accum;  // (B, NH, T, HD): O of the key blocks seen so far, normalized
     float* row_max;  // (B, NH, T): m, in units of S·scale_log2
     float* row_sum;  // (B, NH, T): ℓ
-    long qkv_stride, out_stride;
-    int T, NH;
+    long qkv_stride, kv_stride, out_stride;
+    int T, NH, NKV;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
 } Flash1ForwardParams;
 
@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
     const int bh = blockIdx.x, b = bh / p.NH, h = bh % p.NH;
     const int T = p.T;
     const long qkv_offset = (long)b * T * p.qkv_stride + (long)h * HD;
+    const long kv_offset = (long)b * T * p.kv_stride + (long)(h / (p.NH / p.NKV)) * HD;
     const long head_row0 = (long)bh * T;  // row (b, h, 0) of o_accum, row_max, row_sum and lse
     float* o_head = p.o_accum + head_row0 * HD;
     float* max_head = p.row_max + head_row0;
@@ -132,8 +133,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_forward_kernel(Flash1Fo
         const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;
         const int warp_key0 = n0 + key_row0;
         __syncthreads();  // every warp is done with the previous key block's K, V and query buffers
-        load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
-        load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
+        load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
+        load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
         load_query_block(m_begin, 0, !first);
         cp_async_commit();
 
@@ -374,8 +375,8 @@ void flash1_require_aligned(const void* ptr, long stride, const char* what) {
 void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash1_require_aligned(args->q, args->qkv_stride, "q");
-    flash1_require_aligned(args->k, args->qkv_stride, "k");
-    flash1_require_aligned(args->v, args->qkv_stride, "v");
+    flash1_require_aligned(args->k, attention_kv_stride(args), "k");
+    flash1_require_aligned(args->v, attention_kv_stride(args), "v");
     flash1_require_aligned(args->out, args->out_stride, "out");
     flash1_require_aligned(args->workspace, 8, "the workspace");
     Flash1ForwardParams p;
@@ -389,9 +390,11 @@ void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     p.row_max = p.o_accum + rows * s->HD;
     p.row_sum = p.row_max + rows;
     p.qkv_stride = args->qkv_stride;
+    p.kv_stride = attention_kv_stride(args);
     p.out_stride = args->out_stride;
     p.T = s->T;
     p.NH = s->NH;
+    p.NKV = s->NKV;
     p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
     if (s->causal) dispatch_flash1_forward<true>(&p, s->B, s->HD, stream);
     else dispatch_flash1_forward<false>(&p, s->B, s->HD, stream);

@@ -65,13 +65,13 @@ size_t flash2_attention_workspace_bytes(const AttentionShape* s) {
 void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash2_require_aligned(args->q, args->qkv_stride, "q");
-    flash2_require_aligned(args->k, args->qkv_stride, "k");
-    flash2_require_aligned(args->v, args->qkv_stride, "v");
+    flash2_require_aligned(args->k, attention_kv_stride(args), "k");
+    flash2_require_aligned(args->v, attention_kv_stride(args), "v");
     flash2_require_aligned(args->out, args->out_stride, "out");
     flash2_require_aligned(args->dout, args->out_stride, "dout");
     flash2_require_aligned(args->dq, args->dqkv_stride, "dq");
-    flash2_require_aligned(args->dk, args->dqkv_stride, "dk");
-    flash2_require_aligned(args->dv, args->dqkv_stride, "dv");
+    flash2_require_aligned(args->dk, attention_dkv_stride(args), "dk");
+    flash2_require_aligned(args->dv, attention_dkv_stride(args), "dv");
     flash2_require_aligned(args->workspace, 8, "the workspace");
     Flash2BackwardParams p;
     p.q = args->q;
@@ -88,10 +88,13 @@ void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.d_rows = p.dq_accum + rows * s->HD;
     p.lse_log2 = p.d_rows + rows;
     p.qkv_stride = args->qkv_stride;
+    p.kv_stride = attention_kv_stride(args);
     p.out_stride = args->out_stride;
     p.dqkv_stride = args->dqkv_stride;
+    p.dkv_stride = attention_dkv_stride(args);
     p.T = s->T;
     p.NH = s->NH;
+    p.NKV = s->NKV;
     p.lse_rows = s->T;
     p.scale = 1.f / sqrtf((float)s->HD);
     p.scale_log2 = p.scale * FLASH2_LOG2E;

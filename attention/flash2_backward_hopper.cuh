@@ -2,7 +2,9 @@
 // (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_backward_kernel.cuh (q, k, v,
 // out, dout, lse in; dq, dk, dv out, overwritten); the workspace is laid out here (below).
 //
-// One thread block per (key block of 128 keys, b·NH + h), three warpgroups:
+// One thread block per (key block of 128 keys, b·NKV + kv head), three warpgroups; its steps are the
+// query blocks of each query head of the K/V head's group in turn (grouped-query attention: K and V
+// loaded once, dK and dV summed over the group in registers; G = NH / NKV times the steps):
 //   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
 //                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
@@ -39,13 +41,13 @@ typedef struct {
 } Flash2BackwardMaps;
 
 typedef struct {
-    __nv_bfloat16 *dk, *dv;  // rows (b, t, h) at dqkv_stride
+    __nv_bfloat16 *dk, *dv;  // rows (b, t, kv head) at dkv_stride
     float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS)
     const float* d_rows;     // (B·NH, T_pad)
     const float* lse_log2;   // (B·NH, T_pad)
     int* dq_counters;        // (B·NH, m_blocks), zero at launch
-    long dqkv_stride;
-    int T, T_pad, NH, m_blocks;
+    long dkv_stride;
+    int T, T_pad, NH, NKV, m_blocks;
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -127,17 +129,20 @@ __host__ __device__ __forceinline__ int dq_slot(int row, int col) {
 }
 
 #if WGMMA_AVAILABLE
-// One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring.
+// One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring. Step j is
+// query head h0 + j / per_head, query block m_begin + j % per_head.
 template <typename C, int HD>
 __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps, const Flash2BackwardWsParams& p,
-                                                 const Flash2BackwardSmem<C>& sm, int n0, int b, int h, int m_begin) {
+                                                 const Flash2BackwardSmem<C>& sm, int n0, int b, int kv_head, int h0,
+                                                 int m_begin, int steps) {
     constexpr int BLOCK_M = C::BLOCK_M;
-    const long stat_head = ((long)b * p.NH + h) * p.T_pad;
     mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
-    tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, h, n0, b);
-    tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, h, n0, b);
+    tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, kv_head, n0, b);
+    tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, kv_head, n0, b);
 #pragma unroll 1  // 24 registers here: an unrolled loop spills
-    for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
+    // (h, m) counted along (no division: this thread has few registers)
+    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
+        const long stat_head = ((long)b * p.NH + h) * p.T_pad;
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         mbar_wait(&sm.q_empty[stage], phase ^ 1);
         mbar_arrive_expect_tx(&sm.q_full[stage], C::QO_BYTES + C::STAT_BYTES);
@@ -154,9 +159,10 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
 // One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
 template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                   int n_block, int bh, int m_begin) {
+                                                   int n_block, int b, int h0, int m_begin, int steps) {
 #pragma unroll 1
-    for (int m = m_begin, j = 0; m < p.m_blocks; m++, j++) {
+    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
+        const long bh = (long)b * p.NH + h;
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
         int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
@@ -178,7 +184,7 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
     }
 }
 
-// dK·scale and dV from the accumulators: rows key and key + 8 of this thread.
+// dK·scale and dV from the accumulators: rows key and key + 8 of this thread, K/V head h.
 template <int HD>
 __device__ __forceinline__ void backward_store_dkdv(const Flash2BackwardWsParams& p, const float (&acc_dk)[HD / 2],
                                                     const float (&acc_dv)[HD / 2], int key, int b, int h) {
@@ -186,7 +192,7 @@ __device__ __forceinline__ void backward_store_dkdv(const Flash2BackwardWsParams
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         if (key + 8 * half >= p.T) continue;
-        const long offset = ((long)b * p.T + key + 8 * half) * p.dqkv_stride + (long)h * HD + 2 * t4;
+        const long offset = ((long)b * p.T + key + 8 * half) * p.dkv_stride + (long)h * HD + 2 * t4;
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) {
             *(uint32_t*)(p.dk + offset + nt * 8) =
@@ -210,11 +216,12 @@ __device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t 
     }
 }
 
-// Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin.
+// Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin of each query head of
+// the group (`steps` in all; the heads differ only in what the producer loaded).
 // DK_FROM_SMEM: dK += dSᵀ Q reads dSᵀ from shared memory instead of registers (flash2_tiles.h).
 template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM>
 __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                 int cw, int n0, int b, int h, int m_begin) {
+                                                 int cw, int n0, int b, int kv_head, int m_begin, int steps) {
     typedef typename C::KvTile KvTile;
     typedef typename C::QoTile QoTile;
     typedef typename C::DsTile DsTile;
@@ -346,8 +353,10 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     };
     mbar_wait(sm.kv_full, 0);
     step(m_begin, 0, std::true_type());
-    const int steps = p.m_blocks - m_begin;
-    for (int j = 1; j < steps; j++) step(m_begin + j, j, std::false_type());
+    for (int j = 1, m = m_begin; j < steps; j++) {  // query block m of the next head after the last
+        m = m + 1 < p.m_blocks ? m + 1 : m_begin;
+        step(m, j, std::false_type());
+    }
     mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
     float acc_dq[DQ_N / 2];
     wgmma_fence();
@@ -356,7 +365,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     wgmma_wait<0>();
     wgmma_fence_registers(acc_dq);
     hand_over_dq(acc_dq, steps - 1);
-    backward_store_dkdv<HD>(p, acc_dk, acc_dv, key, b, h);
+    backward_store_dkdv<HD>(p, acc_dk, acc_dv, key, b, kv_head);
 }
 #endif  // WGMMA_AVAILABLE
 
@@ -368,8 +377,9 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
     const int n_block = blockIdx.x, n0 = n_block * C::BLOCK_N;
-    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
+    const int b = blockIdx.y / p.NKV, kv_head = blockIdx.y % p.NKV, group = p.NH / p.NKV;
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
+    const int steps = group * (p.m_blocks - m_begin);
     if (threadIdx.x == 0) {
         mbar_init(sm.kv_full, 1);
         for (int s = 0; s < C::STAGES; s++) {
@@ -389,11 +399,12 @@ __global__ void __launch_bounds__(384, 1)
     __syncthreads();
     if (threadIdx.x < 128) {
         registers_decrease<C::PRODUCER_REGS>();
-        if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, h, m_begin);
-        else if (threadIdx.x == 32) backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, bh, m_begin);
+        if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, kv_head, kv_head * group, m_begin, steps);
+        else if (threadIdx.x == 32)
+            backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, h, m_begin);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin, steps);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
@@ -442,10 +453,11 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.d_rows = d_rows;
     w.lse_log2 = lse_log2;
     w.dq_counters = (int*)(lse_log2 + heads * T_pad);
-    w.dqkv_stride = p->dqkv_stride;
+    w.dkv_stride = p->dkv_stride;
     w.T = p->T;
     w.T_pad = T_pad;
     w.NH = p->NH;
+    w.NKV = p->NKV;
     w.m_blocks = m_blocks;
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
@@ -461,11 +473,11 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     constexpr int SUB = C::QoTile::SUB_COLS;
     Flash2BackwardMaps maps;
     maps.q = make_rows_tensor_map(p->q, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_M, SUB);
-    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
-    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_N, SUB);
+    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
+    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
     launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM>>(
-        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, maps, w);
+        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV), C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);
     flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(

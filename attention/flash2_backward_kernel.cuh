@@ -1,13 +1,17 @@
 // flash2_backward_kernel.cuh: FlashAttention-2 backward (Algorithm 2 of the paper) on mma.sync tensor cores.
 //
-// Inputs: q, k, v as the forward read them (attention.h layout), out and dout (B, T, NH, HD) at
-// out_stride, lse (B, NH, T) from the forward. Outputs dq, dk, dv at dqkv_stride, overwritten.
+// Inputs: q, k, v as the forward read them (attention.h layout: k, v with NKV heads at kv_stride),
+// out and dout (B, T, NH, HD) at out_stride, lse (B, NH, T) from the forward. Outputs dq at
+// dqkv_stride, dk and dv at dkv_stride, overwritten.
 // Workspace (fp32): dq_accum (B, NH, T, HD), D and LSE·log2(e) (B, NH, T); nothing of size T².
+// Grouped-query attention: a block owns a key block of one K/V head and steps through the query
+// blocks of every query head of its group in turn (G = NH / NKV times as many steps), so K and V are
+// loaded once and dK, dV sum over the group in registers, with no extra memory and no atomics.
 //
 // Three kernels:
 //  1. preprocess: D = rowsum(dO ∘ O) and LSE in log2 units per row, and dq_accum zeroed.
-//  2. main: one thread block per (key block of BLOCK_N rows, b·NH + h), looping over query blocks
-//     of BLOCK_M rows (double-buffered with cp.async). Each warp owns 16 keys: it recomputes its
+//  2. main: one thread block per (key block of BLOCK_N rows, b·NKV + kv head), looping over the query
+//     blocks of BLOCK_M rows of each query head of the group (double-buffered with cp.async). Each warp owns 16 keys: it recomputes its
 //     slice of Sᵀ = K Qᵀ and Pᵀ = exp(Sᵀ − LSE) (no softmax pass needed), computes dPᵀ = V dOᵀ and
 //     dSᵀ = Pᵀ ∘ (dPᵀ − D), and accumulates its rows of dV += Pᵀ dO and dK += dSᵀ Q in registers for
 //     the whole loop. dSᵀ goes through shared memory (two buffers) so all warps can form
@@ -32,8 +36,8 @@ typedef struct {
     float* dq_accum;  // (B, NH, T, HD); NULL: the preprocess leaves it alone (the Hopper kernel's)
     float* d_rows;    // (B, NH, lse_rows): D = rowsum(dO ∘ O)
     float* lse_log2;  // (B, NH, lse_rows): lse · log2(e), so that P = exp2(S·scale_log2 − lse_log2)
-    long qkv_stride, out_stride, dqkv_stride;
-    int T, NH;
+    long qkv_stride, kv_stride, out_stride, dqkv_stride, dkv_stride;
+    int T, NH, NKV;
     int lse_rows;  // rows per head of d_rows and lse_log2: T, or T rounded up to whole query blocks
     float scale, scale_log2;
 } Flash2BackwardParams;
@@ -302,7 +306,7 @@ __device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[HD / 8][4], co
         }
 }
 
-// ---- 2. the main kernel: one thread block per (key block, b·NH + h) -----------------------------
+// ---- 2. the main kernel: one thread block per (key block, b·NKV + kv head) ------------------------
 template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kernel(Flash2BackwardParams p) {
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;
@@ -321,24 +325,28 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
     const int n_block = blockIdx.x, n0 = n_block * BLOCK_N;
-    const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
+    const int bg = blockIdx.y, b = bg / p.NKV, kv_head = bg % p.NKV;
+    const int group = p.NH / p.NKV, h0 = kv_head * group;  // this block's query heads: h0 .. h0 + group − 1
     const int T = p.T;
-    const long qkv_offset = (long)b * T * p.qkv_stride + (long)h * HD;
-    const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
-    const float* lse_head = p.lse_log2 + (long)bh * T;
-    const float* d_head = p.d_rows + (long)bh * T;
-    float* dq_head = p.dq_accum + (long)bh * T * HD;
+    const long kv_offset = (long)b * T * p.kv_stride + (long)kv_head * HD;
 
+    // Steps j = 0 .. steps − 1: query head h0 + j / per_head, query block m_begin + j % per_head.
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;
     const int m_end = (T + BLOCK_M - 1) / BLOCK_M;
+    const int per_head = m_end - m_begin, steps = group * per_head;
 
-    // Loads query block m (Q, dO, LSE·log2 e, D) into buffer `buf`.
-    auto load_query_block = [&](int m, int buf) {
-        const int m0 = m * BLOCK_M;
-        load_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * C::QO_ELEMS, p.q + qkv_offset + (long)m0 * p.qkv_stride,
-                                                 p.qkv_stride, T - m0);
+    // Loads step j's query block (Q, dO, LSE·log2 e, D) into buffer `buf`.
+    auto load_query_block = [&](int j, int buf) {
+        const int h = h0 + j / per_head, m0 = (m_begin + j % per_head) * BLOCK_M;
+        const long stat_head = ((long)b * p.NH + h) * p.lse_rows;
+        const float* lse_head = p.lse_log2 + stat_head;
+        const float* d_head = p.d_rows + stat_head;
+        load_tile_async<BLOCK_M, HD, C::THREADS>(q_tiles + buf * C::QO_ELEMS,
+                                                 p.q + ((long)b * T + m0) * p.qkv_stride + (long)h * HD, p.qkv_stride,
+                                                 T - m0);
         load_tile_async<BLOCK_M, HD, C::THREADS>(do_tiles + buf * C::QO_ELEMS,
-                                                 p.dout + out_offset + (long)m0 * p.out_stride, p.out_stride, T - m0);
+                                                 p.dout + ((long)b * T + m0) * p.out_stride + (long)h * HD,
+                                                 p.out_stride, T - m0);
         // Rows past the end get LSE = D = 0; they are masked out below.
         for (int i = threadIdx.x; i < BLOCK_M; i += C::THREADS) {
             const bool valid = m0 + i < T;
@@ -347,9 +355,9 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
         }
     };
 
-    load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
-    load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + qkv_offset + (long)n0 * p.qkv_stride, p.qkv_stride, T - n0);
-    load_query_block(m_begin, 0);
+    load_tile_async<BLOCK_N, HD, C::THREADS>(k_tile, p.k + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
+    load_tile_async<BLOCK_N, HD, C::THREADS>(v_tile, p.v + kv_offset + (long)n0 * p.kv_stride, p.kv_stride, T - n0);
+    load_query_block(0, 0);
     cp_async_commit();
 
     float acc_dk[C::D_TILES][4], acc_dv[C::D_TILES][4];  // rows g, g+8 of this warp's 16 keys
@@ -365,12 +373,14 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
     // dS read transposed, x4 matrices (queries 0-7, keys 0-7), (q 8-15, k 0-7), (q 0-7, k 8-15), (q 8-15, k 8-15)
     const uint32_t ds_lane = DsTile::lane_base(ds_tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
-    // dQ_block(mq) += dS K from dS buffer dbuf, added into dq_accum with fp32 atomics (other key
-    // blocks add to the same rows). Called one step late (after the next step's barrier), so dS
+    // dQ_block of step j += dS K from dS buffer dbuf, added into dq_accum with fp32 atomics (other
+    // key blocks add to the same rows). Called one step late (after the next step's barrier), so dS
     // needs no barrier of its own.
-    auto add_dq_block = [&](int mq, int dbuf) {
+    auto add_dq_block = [&](int j, int dbuf) {
         float acc_dq[C::DQ_MT][C::DQ_TILES][4];
         const int dq_chunk0 = dq_n * C::DQ_TILES;
+        const int h = h0 + j / per_head, mq = m_begin + j % per_head;
+        float* dq_head = p.dq_accum + ((long)b * p.NH + h) * T * HD;
         dq_block_product<HD, BLOCK_M, NWARPS>(acc_dq, ds_lane + dbuf * C::DS_ELEMS * 2, k_t_lane, dq_m, dq_chunk0);
 #pragma unroll
         for (int mt = 0; mt < C::DQ_MT; mt++)
@@ -386,31 +396,31 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kerne
             }
     };
 
-    for (int m = m_begin; m < m_end; m++) {
-        const int m0 = m * BLOCK_M, buf = (m - m_begin) & 1;
+    for (int j = 0; j < steps; j++) {
+        const int m0 = (m_begin + j % per_head) * BLOCK_M, buf = j & 1;
         const BackwardLanes lanes =
             backward_lanes<HD>(k_a_lane, v_a_lane, q_tiles + buf * C::QO_ELEMS, do_tiles + buf * C::QO_ELEMS);
-        // One barrier per step: it publishes block m and the dS of step m-1, and frees the other
-        // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
-        cp_async_wait<0>();  // block m (and K, V) have landed
+        // One barrier per step: it publishes step j's block and the dS of step j-1, and frees the
+        // other buffers (every warp has left step j-1), so the prefetch of step j+1 goes after it.
+        cp_async_wait<0>();  // step j's block (and K, V) have landed
         __syncthreads();
-        if (m + 1 < m_end) load_query_block(m + 1, buf ^ 1);
+        if (j + 1 < steps) load_query_block(j + 1, buf ^ 1);
         cp_async_commit();
-        if (m > m_begin) add_dq_block(m - 1, buf ^ 1);
+        if (j > 0) add_dq_block(j - 1, buf ^ 1);
         backward_warp_step<HD, BLOCK_M, NWARPS, CAUSAL, false>(
             acc_dk, acc_dv, lanes, lse_tiles + buf * BLOCK_M, d_tiles + buf * BLOCK_M, ds_tile + buf * C::DS_ELEMS,
             key_row0, n0, m0, T, p.scale_log2);
     }
     __syncthreads();  // the last dS is in shared memory
-    add_dq_block(m_end - 1, (m_end - 1 - m_begin) & 1);
+    add_dq_block(steps - 1, (steps - 1) & 1);
     cp_async_wait<0>();
     __syncthreads();  // every warp is done reading K and V: their tiles now stage dK and dV
     stage_dk_dv<HD>(acc_dk, acc_dv, k_tile, v_tile, key_row0, p.scale);
     __syncwarp();
-    const long key_offset = ((long)b * T + n0 + key_row0) * p.dqkv_stride + (long)h * HD;
-    store_tile<16, HD, 32>(p.dk + key_offset, p.dqkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+    const long key_offset = ((long)b * T + n0 + key_row0) * p.dkv_stride + (long)kv_head * HD;
+    store_tile<16, HD, 32>(p.dk + key_offset, p.dkv_stride, k_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
                            warp * 32);
-    store_tile<16, HD, 32>(p.dv + key_offset, p.dqkv_stride, v_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
+    store_tile<16, HD, 32>(p.dv + key_offset, p.dkv_stride, v_tile + Tile::index(key_row0, 0), T - n0 - key_row0,
                            warp * 32);
 }
 
@@ -434,7 +444,7 @@ static inline void launch_backward(const Flash2BackwardParams* p, int B, cudaStr
     launch_backward_preprocess<HD>(p, B, stream);
 
     launch_with_smem<flash2_backward_kernel<HD, BLOCK_M, NWARPS, MIN_BLOCKS, CAUSAL>>(
-        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NH), C::THREADS, C::SMEM_BYTES, stream, *p);
+        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV), C::THREADS, C::SMEM_BYTES, stream, *p);
 
     launch_backward_convert_dq<HD>(p, B, stream);
 }

@@ -99,8 +99,8 @@ void flash2_require_aligned(const void* ptr, long stride, const char* what) {
 void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash2_require_aligned(args->q, args->qkv_stride, "q");
-    flash2_require_aligned(args->k, args->qkv_stride, "k");
-    flash2_require_aligned(args->v, args->qkv_stride, "v");
+    flash2_require_aligned(args->k, attention_kv_stride(args), "k");
+    flash2_require_aligned(args->v, attention_kv_stride(args), "v");
     flash2_require_aligned(args->out, args->out_stride, "out");
     Flash2ForwardParams p;
     p.q = args->q;
@@ -109,9 +109,11 @@ void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     p.out = args->out;
     p.lse = args->lse;
     p.qkv_stride = args->qkv_stride;
+    p.kv_stride = attention_kv_stride(args);
     p.out_stride = args->out_stride;
     p.T = s->T;
     p.NH = s->NH;
+    p.NKV = s->NKV;
     p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
     p.tile_counter = s->causal ? (int*)args->workspace : NULL;  // the causal Hopper forward's tile order
     if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);

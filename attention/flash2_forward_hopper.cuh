@@ -1,6 +1,8 @@
 // flash2_forward_hopper.cuh: the flash2 forward (Algorithm 1 of the paper) on Hopper, warp-specialized
-// (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_forward_kernel.cuh: q, k, v
-// rows (b, t, h) at qkv_stride, out (B, T, NH, HD) at out_stride, lse (B, NH, T) fp32.
+// (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_forward_kernel.cuh: q rows
+// (b, t, h) at qkv_stride, k and v rows (b, t, h / (NH / NKV)) at kv_stride, out (B, T, NH, HD) at
+// out_stride, lse (B, NH, T) fp32. The query heads of one K/V head are consecutive tiles' heads, so
+// their K and V blocks are read from L2 after the first.
 //
 // Persistent: one thread block per SM walks the tiles (query block of 64·CONSUMERS rows, b·NH + h),
 // heaviest causal query blocks first, so that one tile's loads overlap the previous tile's epilogue.
@@ -122,7 +124,7 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
     int t = blockIdx.x, iter = 0;
     for (; t < tiles; t = next_tile(p, t), iter++) {
         const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
-        const int qb = iter % C::Q_BUFFERS, q_use = iter / C::Q_BUFFERS;
+        const int qb = iter % C::Q_BUFFERS, q_use = iter / C::Q_BUFFERS, kv_head = tile.h / (p.NH / p.NKV);
         mbar_wait(&sm.q_empty[qb], (q_use & 1) ^ 1);
         sm.tile_of_q[qb] = t;  // published by the arrival below (release), read after q_full (acquire)
         mbar_arrive_expect_tx(&sm.q_full[qb], C::Q_BYTES);
@@ -133,11 +135,11 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
             const int n = tile.n_blocks - 1 - i, stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
             mbar_wait(&sm.k_empty[stage], phase ^ 1);
             mbar_arrive_expect_tx(&sm.k_full[stage], C::KV_BYTES);
-            tma_load_tile<typename C::KvTile, HD>(sm.k + stage * C::KvTile::ELEMS, &maps.k, &sm.k_full[stage], tile.h,
+            tma_load_tile<typename C::KvTile, HD>(sm.k + stage * C::KvTile::ELEMS, &maps.k, &sm.k_full[stage], kv_head,
                                                   n * BLOCK_N, tile.b);
             mbar_wait(&sm.v_empty[stage], phase ^ 1);
             mbar_arrive_expect_tx(&sm.v_full[stage], C::KV_BYTES);
-            tma_load_tile<typename C::KvTile, HD>(sm.v + stage * C::KvTile::ELEMS, &maps.v, &sm.v_full[stage], tile.h,
+            tma_load_tile<typename C::KvTile, HD>(sm.v + stage * C::KvTile::ELEMS, &maps.v, &sm.v_full[stage], kv_head,
                                                   n * BLOCK_N, tile.b);
         }
     }
@@ -347,8 +349,8 @@ static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaSt
     constexpr int SUB = C::QTile::SUB_COLS;
     Flash2ForwardMaps maps;
     maps.q = make_rows_tensor_map(p->q, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_M, SUB);
-    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_N, SUB);
-    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NH, HD, p->qkv_stride, BLOCK_N, SUB);
+    maps.k = make_rows_tensor_map(p->k, B, p->T, p->NKV, HD, p->kv_stride, BLOCK_N, SUB);
+    maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, BLOCK_N, SUB);
     maps.o = make_rows_tensor_map(p->out, B, p->T, p->NH, HD, p->out_stride, 64, SUB);
     const int tiles = (p->T + C::BLOCK_M - 1) / C::BLOCK_M * B * p->NH;
     Flash2ForwardParams params = *p;

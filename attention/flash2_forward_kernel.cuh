@@ -1,7 +1,8 @@
 // flash2_forward_kernel.cuh: FlashAttention-2 forward (Algorithm 1 of the paper) on mma.sync tensor cores.
 //
-// Inputs q, k, v: rows (b, t, h) of HD bf16 at ptr + (b·T + t)·qkv_stride + h·HD (attention.h);
-// outputs out (B, T, NH, HD) bf16 at out_stride and lse (B, NH, T) fp32 (natural log).
+// Inputs q (B, T, NH, HD) rows at qkv_stride, k and v (B, T, NKV, HD) rows at kv_stride (attention.h);
+// outputs out (B, T, NH, HD) bf16 at out_stride and lse (B, NH, T) fp32 (natural log). Query head h
+// reads K/V head h / (NH / NKV) (grouped-query attention: nothing else changes in the forward).
 //
 // One thread block per (query block of BLOCK_M rows, b·NH + h); the query block is split across
 // warps (WARP_ROWS rows each), so no warp needs another's results (no split-K). Each block loops
@@ -22,8 +23,8 @@ typedef struct {
     const __nv_bfloat16 *q, *k, *v;
     __nv_bfloat16* out;
     float* lse;
-    long qkv_stride, out_stride;
-    int T, NH;
+    long qkv_stride, kv_stride, out_stride;
+    int T, NH, NKV;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
     int B;             // the persistent Hopper kernel walks all B·NH heads itself
     // Hopper, persistent: an int the launch zeroes, from which the blocks take their next tile in
@@ -65,19 +66,19 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
     const int m0 = m_block * BLOCK_M;
     const int bh = blockIdx.y, b = bh / p.NH, h = bh % p.NH;
     const int T = p.T;
-    const long batch_offset = (long)b * T * p.qkv_stride + (long)h * HD;
-    const __nv_bfloat16* q_base = p.q + batch_offset + (long)m0 * p.qkv_stride;
-    const __nv_bfloat16* k_base = p.k + batch_offset;
-    const __nv_bfloat16* v_base = p.v + batch_offset;
+    const long kv_stride = p.kv_stride, kv_offset = (long)b * T * kv_stride + (long)(h / (p.NH / p.NKV)) * HD;
+    const __nv_bfloat16* q_base = p.q + (long)b * T * p.qkv_stride + (long)h * HD + (long)m0 * p.qkv_stride;
+    const __nv_bfloat16* k_base = p.k + kv_offset;
+    const __nv_bfloat16* v_base = p.v + kv_offset;
 
     const int key_end = CAUSAL ? min(T, m0 + BLOCK_M) : T;
     const int n_blocks = (key_end + BLOCK_N - 1) / BLOCK_N;
 
     load_tile_async<BLOCK_M, HD, C::THREADS>(q_tile, q_base, p.qkv_stride, T - m0);
     cp_async_commit();
-    load_tile_async<BLOCK_N, HD, C::THREADS>(k_tiles, k_base, p.qkv_stride, T);
+    load_tile_async<BLOCK_N, HD, C::THREADS>(k_tiles, k_base, kv_stride, T);
     cp_async_commit();
-    load_tile_async<BLOCK_N, HD, C::THREADS>(v_tiles, v_base, p.qkv_stride, T);
+    load_tile_async<BLOCK_N, HD, C::THREADS>(v_tiles, v_base, kv_stride, T);
     cp_async_commit();
 
     float acc_o[C::M_TILES][C::D_TILES][4];
@@ -104,12 +105,12 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
         cp_async_wait<1>();  // Q and K_n have landed (V_n may still be in flight)
         __syncthreads();
         if (n + 1 < n_blocks) {
-            const long next = (long)(n0 + BLOCK_N) * p.qkv_stride;
-            load_tile_async<BLOCK_N, HD, C::THREADS>(k_tiles + ((n + 1) & 1) * C::KV_ELEMS, k_base + next,
-                                                     p.qkv_stride, T - n0 - BLOCK_N);
+            const long next = (long)(n0 + BLOCK_N) * kv_stride;
+            load_tile_async<BLOCK_N, HD, C::THREADS>(k_tiles + ((n + 1) & 1) * C::KV_ELEMS, k_base + next, kv_stride,
+                                                     T - n0 - BLOCK_N);
             cp_async_commit();
-            load_tile_async<BLOCK_N, HD, C::THREADS>(v_tiles + ((n + 1) & 1) * C::KV_ELEMS, v_base + next,
-                                                     p.qkv_stride, T - n0 - BLOCK_N);
+            load_tile_async<BLOCK_N, HD, C::THREADS>(v_tiles + ((n + 1) & 1) * C::KV_ELEMS, v_base + next, kv_stride,
+                                                     T - n0 - BLOCK_N);
             cp_async_commit();
         } else {
             cp_async_commit();

@@ -201,9 +201,12 @@ int main(int argc, char** argv) {
                 fill_random_bf16<<<(unsigned)((3 * n + 255) / 256), 256>>>(qkv, 3 * n, 1);
                 fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(dout, n, 2);
                 const long stride = 3L * NH * hd;
-                Flash2ForwardParams fp = {qkv, qkv + NH * hd, qkv + 2 * NH * hd, out, lse, stride, (long)NH * hd,
-                                          T, NH, 1.4426950408889634f / sqrtf((float)hd), B,
-                                          causal ? (int*)work : NULL};  // tile counter, as flash2_forward.cu
+                Flash2ForwardParams fp = {qkv,    qkv + NH * hd, qkv + 2 * NH * hd,
+                                          out,    lse,           stride,
+                                          stride, (long)NH * hd, T,
+                                          NH,     NH,            1.4426950408889634f / sqrtf((float)hd),
+                                          B,      causal ? (int*)work : NULL};  // multi-head: NKV = NH; the
+                                                                                 // tile counter as flash2_forward.cu
                 Flash2BackwardParams bp;
                 bp.q = fp.q;
                 bp.k = fp.k;
@@ -218,10 +221,13 @@ int main(int argc, char** argv) {
                 bp.d_rows = work + n;
                 bp.lse_log2 = bp.d_rows + (size_t)B * NH * T;
                 bp.qkv_stride = stride;
+                bp.kv_stride = stride;
                 bp.out_stride = (long)NH * hd;
                 bp.dqkv_stride = stride;
+                bp.dkv_stride = stride;
                 bp.T = T;
                 bp.NH = NH;
+                bp.NKV = NH;
                 bp.lse_rows = T;
                 bp.scale = 1.f / sqrtf((float)hd);
                 bp.scale_log2 = bp.scale * 1.4426950408889634f;

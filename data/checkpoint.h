@@ -63,12 +63,20 @@ typedef struct {
     // ZeRO-1 (zero in files of unsharded runs and of older builds)
     int32_t zero_stage, rank;          // 1: master/adam_m/adam_v hold only this rank's shard
     int64_t shard_offset, shard_size;  // the shard: elements [shard_offset, shard_offset + shard_size)
+    // grouped-query attention (zero in files of older builds: those models have num_kv_heads = num_heads;
+    // checkpoint_kv_heads reads it that way)
+    int32_t num_kv_heads, reserved;
 } CheckpointHeader;
 
 // The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
 // every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (README).
-typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 208 ? 1 : -1];
-#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqq"
+typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 216 ? 1 : -1];
+#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"
+
+// The model's key/value heads: num_kv_heads, or num_heads in a file from before grouped-query attention.
+static inline int32_t checkpoint_kv_heads(const CheckpointHeader* h) {
+    return h->num_kv_heads ? h->num_kv_heads : h->num_heads;
+}
 
 
 static inline int64_t checkpoint_payload_bytes(int64_t num_params) { return num_params * (2 + 4 + 4 + 4); }
@@ -427,6 +435,8 @@ static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, 
                                        h->shard_size <= 0 || h->shard_offset != (int64_t)h->rank * h->shard_size ||
                                        h->shard_size * h->world_size < h->num_params))) {
         why = "corrupt header (zero_stage, rank or shard out of range)";
+    } else if (h->num_kv_heads < 0 || h->num_heads < 1 || h->num_heads % checkpoint_kv_heads(h) != 0) {
+        why = "corrupt header (num_kv_heads does not divide num_heads)";
     } else {
         long size = -1;
         if (fseek(r->file, 0, SEEK_END) == 0) size = ftell(r->file);

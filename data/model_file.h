@@ -3,8 +3,9 @@
 //
 // File layout (little-endian):
 //   header  256 int32: [0] = 20240326 (magic), [1] = 3 (fp32 values) or 5 (bf16 values),
-//           [2] = maxT, [3] = V (real vocab), [4] = L, [5] = NH, [6] = C, [7] = Vp (padded vocab);
-//           the rest zero
+//           [2] = maxT, [3] = V (real vocab), [4] = L, [5] = NH, [6] = C, [7] = Vp (padded vocab),
+//           [8] = NKV (key/value heads of grouped-query attention; 0 means NKV = NH, as in llm.c's
+//           files and ours from before GQA, and is what a multi-head model writes); the rest zero
 //   body    the 16 tensors of gpt_config.h back to back, in its order and shapes, with maxT rows of
 //           wpe, so exactly 1024 + gpt_num_params(config with max_seq_len = maxT) × (4 or 2) bytes.
 // train_gpt reads these with --init-from (a file with more positions than --seq-len gives the first
@@ -60,8 +61,13 @@ static inline int model_file_open(ModelFile* m, const char* path, char* err, siz
         m->config.num_heads = h[5];
         m->config.channels = h[6];
         m->config.padded_vocab_size = h[7];
-        if (h[2] < 1 || h[3] < 1 || h[4] < 1 || h[5] < 1 || h[6] < 1 || h[7] < h[3]) {
+        m->config.num_kv_heads = h[8] ? h[8] : h[5];
+        if (h[2] < 1 || h[3] < 1 || h[4] < 1 || h[5] < 1 || h[6] < 1 || h[7] < h[3] || h[6] % h[5] != 0) {
             why = "corrupt header (a size is out of range)";
+        } else if (h[8] < 0 || h[8] > h[5] || h[5] % m->config.num_kv_heads != 0) {
+            snprintf(detail, sizeof(detail), "corrupt header: %d key/value heads do not divide %d heads", (int)h[8],
+                     (int)h[5]);
+            why = detail;
         } else {
             gpt_param_sizes(m->sizes, &m->config);
             long long want = MODEL_FILE_HEADER_INTS * 4;
@@ -70,8 +76,8 @@ static inline int model_file_open(ModelFile* m, const char* path, char* err, siz
             long size = -1;
             if (fseek(m->file, 0, SEEK_END) == 0) size = ftell(m->file);
             if (size != (long)want) {
-                snprintf(detail, sizeof(detail), "file is %ld bytes but its header (L%d C%d NH%d Vp%d maxT%d, %s) "
-                         "says %lld: truncated or corrupt", size, h[4], h[6], h[5], h[7], h[2],
+                snprintf(detail, sizeof(detail), "file is %ld bytes but its header (L%d C%d NH%d NKV%d Vp%d maxT%d, %s) "
+                         "says %lld: truncated or corrupt", size, h[4], h[6], h[5], m->config.num_kv_heads, h[7], h[2],
                          m->version == MODEL_FILE_FP32 ? "fp32" : "bf16", want);
                 why = detail;
             } else if (fseek(m->file, MODEL_FILE_HEADER_INTS * 4, SEEK_SET) != 0) {
@@ -118,6 +124,7 @@ static inline int model_file_write_header(FILE* f, const GPTConfig* config, int 
     h[5] = config->num_heads;
     h[6] = config->channels;
     h[7] = config->padded_vocab_size;
+    h[8] = config->num_kv_heads == config->num_heads ? 0 : config->num_kv_heads;
     return fwrite(h, sizeof(int32_t), MODEL_FILE_HEADER_INTS, f) == MODEL_FILE_HEADER_INTS ? 0 : -1;
 }
 

@@ -43,6 +43,7 @@ static void train_state_check_compatible(const CheckpointHeader* saved, const Ch
         {"layers", saved->num_layers, now->num_layers, "--model / --layers"},
         {"hidden size", saved->channels, now->channels, "--model / --hidden"},
         {"heads", saved->num_heads, now->num_heads, "--model / --heads"},
+        {"key/value heads", checkpoint_kv_heads(saved), checkpoint_kv_heads(now), "--kv-heads"},
         {"vocab", saved->vocab_size, now->vocab_size, "(the build's vocab)"},
         {"padded vocab", saved->padded_vocab_size, now->padded_vocab_size, "(the build's vocab)"},
         {"sequence length", saved->seq_len, now->seq_len, "--seq-len"},
@@ -255,15 +256,16 @@ static void train_state_open_model_file(ModelFile* file, const char* path, const
     }
     const GPTConfig* f = &file->config;
     if (f->num_layers != config->num_layers || f->channels != config->channels || f->num_heads != config->num_heads ||
-        f->vocab_size != config->vocab_size || f->padded_vocab_size != config->padded_vocab_size ||
+        f->num_kv_heads != config->num_kv_heads || f->vocab_size != config->vocab_size || f->padded_vocab_size != config->padded_vocab_size ||
         f->max_seq_len < config->max_seq_len) {
         fprintf(stderr,
-                "error: --init-from %s holds a model of %d layers, hidden %d, %d heads, vocab %d padded to %d, %d "
-                "positions; this run needs %d layers, hidden %d, %d heads, vocab %d padded to %d, >= %d positions "
-                "(set --model/--layers/--hidden/--heads to match; --seq-len at most the file's positions)\n",
-                path, f->num_layers, f->channels, f->num_heads, f->vocab_size, f->padded_vocab_size, f->max_seq_len,
-                config->num_layers, config->channels, config->num_heads, config->vocab_size,
-                config->padded_vocab_size, config->max_seq_len);
+                "error: --init-from %s holds a model of %d layers, hidden %d, %d heads (%d key/value heads), vocab "
+                "%d padded to %d, %d positions; this run needs %d layers, hidden %d, %d heads (%d key/value heads), "
+                "vocab %d padded to %d, >= %d positions (set --model/--layers/--hidden/--heads/--kv-heads to match; "
+                "--seq-len at most the file's positions)\n",
+                path, f->num_layers, f->channels, f->num_heads, f->num_kv_heads, f->vocab_size, f->padded_vocab_size,
+                f->max_seq_len, config->num_layers, config->channels, config->num_heads, config->num_kv_heads,
+                config->vocab_size, config->padded_vocab_size, config->max_seq_len);
         exit(2);
     }
 }

@@ -23,6 +23,7 @@ typedef struct {
     int num_layers;         // L
     int channels;           // C, the hidden size
     int num_heads;          // NH; head dim HD = C / NH
+    int num_kv_heads;       // NKV key/value heads (NH % NKV == 0): NH multi-head, 1 multi-query, else grouped-query
     int vocab_size;         // V, real tokens
     int padded_vocab_size;  // Vp >= V, multiple of VOCAB_PAD_MULTIPLE; rows past V are never targets
     int max_seq_len;        // maxT, rows of wpe
@@ -39,15 +40,16 @@ typedef enum {
 // The parameter tensors, in storage order. Per row: the tensor, its shape (rows, cols) for one
 // copy, how many copies are stacked (GPT_ONCE, or GPT_PER_LAYER: (L, rows, cols)), its initialization,
 // and whether AdamW decays it (the 2-D weights only). rows and cols are expressions in C (hidden),
-// Vp (padded vocab) and maxT (positions).
+// QKV (= (NH + 2·NKV)·HD, the query, key and value features: 3C for multi-head), Vp (padded vocab)
+// and maxT (positions).
 #define GPT_PARAM_TENSORS(X)                                                                             \
     /* id        name        rows   cols   stacked        init                  decay */                 \
     X(WTE,      "wte",      Vp,    C,     GPT_ONCE,      INIT_NORMAL,          1) /* also the LM head */ \
     X(WPE,      "wpe",      maxT,  C,     GPT_ONCE,      INIT_NORMAL,          1)                        \
     X(LN1W,     "ln1w",     1,     C,     GPT_PER_LAYER, INIT_ONES,            0)                        \
     X(LN1B,     "ln1b",     1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
-    X(QKVW,     "qkvw",     3 * C, C,     GPT_PER_LAYER, INIT_NORMAL,          1)                        \
-    X(QKVB,     "qkvb",     1,     3 * C, GPT_PER_LAYER, INIT_ZEROS,           0)                        \
+    X(QKVW,     "qkvw",     QKV,   C,     GPT_PER_LAYER, INIT_NORMAL,          1)                        \
+    X(QKVB,     "qkvb",     1,     QKV,   GPT_PER_LAYER, INIT_ZEROS,           0)                        \
     X(ATTPROJW, "attprojw", C,     C,     GPT_PER_LAYER, INIT_NORMAL_RESIDUAL, 1)                        \
     X(ATTPROJB, "attprojb", 1,     C,     GPT_PER_LAYER, INIT_ZEROS,           0)                        \
     X(LN2W,     "ln2w",     1,     C,     GPT_PER_LAYER, INIT_ONES,            0)                        \
@@ -84,7 +86,7 @@ static const GPTParamSpec GPT_PARAMS[NUM_PARAM_TENSORS] = {
 
 typedef struct {
     const char* name;
-    int num_layers, channels, num_heads;
+    int num_layers, channels, num_heads;  // multi-head; --kv-heads makes any of them grouped-query
 } NamedGPTShape;
 
 // The named shapes `--model` accepts. GPT-3 shapes follow the GPT-3 paper's Table 2.1;
@@ -136,6 +138,13 @@ static inline int gpt_config_check(const GPTConfig* c, char* err, size_t err_len
                  head_dim, c->channels, c->num_heads);
         return -1;
     }
+    if (c->num_kv_heads < 1 || c->num_kv_heads > c->num_heads || c->num_heads % c->num_kv_heads != 0) {
+        snprintf(err, err_len,
+                 "%d key/value heads do not divide %d heads; choose --kv-heads that divides --heads (--kv-heads %d "
+                 "is multi-head attention, 1 multi-query)",
+                 c->num_kv_heads, c->num_heads, c->num_heads);
+        return -1;
+    }
     if (c->padded_vocab_size < c->vocab_size) {
         snprintf(err, err_len, "padded vocab %d is smaller than vocab %d", c->padded_vocab_size, c->vocab_size);
         return -1;
@@ -143,10 +152,16 @@ static inline int gpt_config_check(const GPTConfig* c, char* err, size_t err_len
     return 0;
 }
 
+// Features of the QKV projection: (NH + 2·NKV)·HD, the packed (B, T, NH + 2·NKV, HD) activation's row.
+static inline size_t gpt_qkv_features(const GPTConfig* c) {
+    const size_t HD = (size_t)(c->channels / c->num_heads);
+    return ((size_t)c->num_heads + 2 * (size_t)c->num_kv_heads) * HD;
+}
+
 // Element counts of the parameter tensors, in storage order (GPT_PARAM_TENSORS).
 static inline void gpt_param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
     const size_t Vp = (size_t)c->padded_vocab_size, C = (size_t)c->channels, L = (size_t)c->num_layers;
-    const size_t maxT = (size_t)c->max_seq_len;
+    const size_t maxT = (size_t)c->max_seq_len, QKV = gpt_qkv_features(c);
 #define GPT_PARAM_SIZE(id, name, rows, cols, stacked, init, decay) \
     sizes[GPT_##id] = (stacked == GPT_PER_LAYER ? L : 1) * (size_t)(rows) * (size_t)(cols);
     GPT_PARAM_TENSORS(GPT_PARAM_SIZE)
@@ -163,6 +178,8 @@ static inline size_t gpt_num_params(const GPTConfig* c) {
 // Model FLOPs of one training step (forward + backward) on one sequence of length T, by the
 // Megatron formula the FlashAttention-2 paper's Table 1 uses: 6·T·P + 12·L·h·T². P counts all
 // parameters (embeddings and padded vocab included); attention is not halved for the causal mask.
+// Grouped-query attention changes only P (the QKV projection is C × (NH + 2·NKV)·HD): every query
+// head still computes Q Kᵀ and P V over all T keys, so the attention term 12·L·h·T² (h = NH·HD) stays.
 static inline double gpt_flops_per_sequence(const GPTConfig* c, int T) {
     double P = (double)gpt_num_params(c), L = c->num_layers, h = c->channels, s = T;
     return 6.0 * s * P + 12.0 * L * h * s * s;

@@ -24,7 +24,7 @@
 // and the logits of its last position start the decoding.
 //
 // GQA: gpt_qkv_layout is the one place that says how many K/V heads there are and where q, k and v sit
-// in a qkv row; everything here reads it (today NKV = NH: the packed (B, T, 3, NH, HD) activation).
+// in a qkv row (B, T, NH + 2·NKV, HD); everything here reads it.
 //
 // The decoder borrows a GPTModel for its parameters, its cuBLASLt context and its stream (the
 // trainer's model while sampling during training; a model sized for the prompt in --generate) and
@@ -44,11 +44,10 @@ typedef struct {
     long q_off, k_off, v_off;  // q heads at [q_off, +NH·HD), k at [k_off, +NKV·HD), v at [v_off, +NKV·HD)
 } GPTQKVLayout;
 
-// The one place that knows the K/V head count: multi-head today. With GQA (GPTConfig.num_kv_heads)
-// NKV becomes that field; the offsets and row width below already follow (B, T, NH + 2·NKV, HD).
+// The one place that knows the K/V head count (the model's, GPTConfig.num_kv_heads).
 static GPTQKVLayout gpt_qkv_layout(const GPTModel* m) {
     GPTQKVLayout l;
-    l.NH = m->NH, l.NKV = m->NH, l.HD = m->HD;
+    l.NH = m->NH, l.NKV = m->NKV, l.HD = m->HD;
     l.q_off = 0;
     l.k_off = (long)l.NH * l.HD;
     l.v_off = (long)(l.NH + l.NKV) * l.HD;

@@ -297,6 +297,7 @@ static GPTConfig generate_read_config(const GenerateRun* g, char* path, size_t p
         snprintf(path, path_size, "%s", found);
         const CheckpointHeader h = train_state_read_header(path);
         c.num_layers = h.num_layers, c.channels = h.channels, c.num_heads = h.num_heads;
+        c.num_kv_heads = checkpoint_kv_heads(&h);
         c.vocab_size = h.vocab_size, c.padded_vocab_size = h.padded_vocab_size, c.max_seq_len = h.max_seq_len;
     } else {
         ModelFile file;

@@ -1,14 +1,16 @@
 // gpt_model.cuh: the whole GPT on the GPU (llm.c structure), forward and backward, in bf16 with fp32
 // accumulation, built from the layers of this folder and the attention interface.
 //
-// Shapes: L layers, C channels, NH heads of HD = C / NH, V vocab padded to Vp, maxT positions;
-// the model is sized for micro-batches of B sequences of T tokens, N = B·T rows.
+// Shapes: L layers, C channels, NH heads of HD = C / NH, NKV key/value heads (NH % NKV == 0;
+// grouped-query attention when NKV < NH), QKV = (NH + 2·NKV)·HD features of the QKV projection (3C
+// for multi-head), V vocab padded to Vp, maxT positions; the model is sized for micro-batches of B
+// sequences of T tokens, N = B·T rows.
 //
 // Forward (pre-LayerNorm; residual_l = encoded for l = 0, else residual3[l−1]):
 //   encoded (N, C)          = wte[inputs] + wpe[t]
 //   per block l:
 //     ln1 (N, C)            = LN1(residual_l)                       (fused with the previous residual add)
-//     qkv (N, 3C)           = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, 3, NH, HD)
+//     qkv (N, QKV)          = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, NH + 2·NKV, HD)
 //     atty (N, C), lse      = causal attention(qkv)                 atty (B, T, NH, HD), lse (B, NH, T)
 //     proj (N, C)           = atty · attprojwᵀ + attprojb
 //     residual2, ln2        = residual_l + proj, LN2(residual2)     (fused_residual_layernorm_forward)
@@ -84,15 +86,15 @@
 
 // Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
 // the given element type), its shape as printed in the memory plan, and its size in bytes, an
-// expression in N = B·T, C, NH, Vp, bf = 2 and f4 = 4, the layers a tensor keeps (L for all; Lg, Lc,
-// La: L or 1 by the recompute mode, see gpt_model_set_shape) and Nh = lm_head_rows (evaluated in
-// gpt_model_plan_acts). "l" in a shape is that layer count.
+// expression in N = B·T, C, QKV = (NH + 2·NKV)·HD, NH, Vp, bf = 2 and f4 = 4, the layers a tensor keeps
+// (L for all; Lg, Lc, La: L or 1 by the recompute mode, see gpt_model_set_shape) and Nh = lm_head_rows
+// (evaluated in gpt_model_plan_acts). "l" in a shape is that layer count.
 #define GPT_ACTIVATIONS(X)                                                                                         \
     X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(ln1,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
     X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(qkv,       __nv_bfloat16, "(l, B, T, 3, NH, HD) bf16",  Lg * N * 3 * C * bf)                                 \
+    X(qkv,       __nv_bfloat16, "(l, B, T, NH+2NKV, HD) bf16", Lg * N * QKV * bf)                                  \
     X(atty,      __nv_bfloat16, "(l, B, T, NH, HD) bf16",     Lg * N * C * bf)                                     \
     X(att_lse,   float,         "(l, B, NH, T) fp32",         Lg * NH * N * f4)                                    \
     /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
@@ -115,7 +117,7 @@
     X(proj,      __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
     X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
-    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, 3C) */ \
+    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
     /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
     X(scratch,   void,          "(bytes)",                    m->scratch_bytes)
 
@@ -157,6 +159,7 @@ typedef struct {
     GPTConfig config;
     int B, T;  // the micro-batch the activations are sized for
     int L, C, NH, HD, V, Vp, maxT;
+    int NKV, QKV;  // key/value heads; QKV = (NH + 2·NKV)·HD features of qkv
 
     // parameters and gradients: one allocation each, cut into the 16 tensors
     size_t param_sizes[NUM_PARAM_TENSORS];
@@ -204,7 +207,7 @@ typedef struct {
 // ---- memory plan ------------------------------------------------------------------------------------
 
 static void gpt_model_plan_acts(GPTModel* m) {
-    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp;
+    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp, QKV = m->QKV;
     const size_t Lg = m->layers_gemm, Lc = m->layers_cheap, La = m->layers_att, Nh = m->lm_head_rows;
     const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
     GPTActTensor* t = m->act_table;
@@ -251,8 +254,10 @@ static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, Att
     m->B = B, m->T = T;
     m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
     m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
+    m->NKV = config.num_kv_heads, m->QKV = (int)gpt_qkv_features(&config);
     m->backend = backend;
     m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
+    m->att_shape.NKV = m->NKV;
     m->att_shape.causal = 1;
     m->recompute = recompute;
     m->layers_gemm = recompute == RECOMPUTE_FULL ? 1 : m->L;
@@ -294,14 +299,15 @@ static size_t gpt_activation_bytes(GPTConfig config, int B, int T, AttentionBack
 
 // FLOPs per micro step (B sequences) that recomputation adds, counted as the model FLOPs are (a GEMM
 // 2·m·n·k; attention's forward 4·B·T²·C, not halved for the causal mask; LayerNorm and GELU nothing):
-// full reruns each block's forward up to its last GEMM (qkv, attproj and fc: 16·N·C² per layer) and
+// full reruns each block's forward up to its last GEMM (qkv, attproj and fc: 2·N·C·(QKV + C + 4C) per
+// layer, 16·N·C² without GQA) and
 // its attention forward; selective reruns the attention forward where the backend keeps T² data; the
 // LM head recomputes the logits of every chunk but the last, 2·rows·C·Vp.
 static double gpt_recompute_flops(const GPTModel* m) {
-    const double B = m->B, T = m->T, N = B * T, C = m->C, L = m->L, Vp = m->Vp;
+    const double B = m->B, T = m->T, N = B * T, C = m->C, L = m->L, Vp = m->Vp, QKV = m->QKV;
     const double attention_forward = 4.0 * B * T * T * C;
     double flops = 0.0;
-    if (m->recompute == RECOMPUTE_FULL) flops += L * (16.0 * N * C * C + attention_forward);
+    if (m->recompute == RECOMPUTE_FULL) flops += L * (2.0 * N * C * (QKV + 5.0 * C) + attention_forward);
     if (m->recompute == RECOMPUTE_SELECTIVE && m->att_saved_bytes > 0) flops += L * attention_forward;
     const int rows = m->B * m->T, last_chunk_rows = rows - (rows - 1) / m->lm_head_rows * m->lm_head_rows;
     return flops + 2.0 * (double)(rows - last_chunk_rows) * C * Vp;
@@ -428,7 +434,7 @@ static GPTBlockActs gpt_block_acts(const GPTModel* m, int l) {
     GPTBlockActs a;
     a.residual = l == 0 ? m->encoded : m->residual3 + (size_t)(l - 1) * NC;
     a.ln1 = m->ln1 + c * NC;
-    a.qkv = m->qkv + g * NC * 3;
+    a.qkv = m->qkv + g * (size_t)N * m->QKV;
     a.atty = m->atty + g * NC;
     a.residual2 = m->residual2 + g * NC;
     a.ln2 = m->ln2 + c * NC;
@@ -451,23 +457,24 @@ static __global__ void __launch_bounds__(256) gpt_mean_loss_kernel(float* mean, 
 
 // The attention arguments of layer l (forward and backward fields both filled).
 static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
-    const size_t N = (size_t)m->B * m->T, C = m->C, g = gpt_slot(m->layers_gemm, l);
+    const size_t N = (size_t)m->B * m->T, C = m->C, QKV = m->QKV, KV = (size_t)m->NKV * m->HD;
+    const size_t g = gpt_slot(m->layers_gemm, l);
     AttentionArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = m->att_shape;
-    __nv_bfloat16* qkv = m->qkv + g * N * 3 * C;
+    __nv_bfloat16* qkv = m->qkv + g * N * QKV;  // rows (NH + 2·NKV, HD): q = NH·HD = C values, k, v NKV·HD each
     a.q = qkv;
     a.k = qkv + C;
-    a.v = qkv + 2 * C;
-    a.qkv_stride = (long)(3 * C);
+    a.v = qkv + C + KV;
+    a.qkv_stride = (long)QKV;  // kv_stride 0: the same
     a.out = m->atty + g * N * C;
     a.out_stride = (long)C;
     a.lse = m->att_lse + g * N * m->NH;
     a.dout = m->dln;  // datty lives in dln during the backward
-    a.dq = m->dwide;  // dqkv (N, 3C) in the first 3C columns' worth of dwide
+    a.dq = m->dwide;  // dqkv (N, QKV) in the first QKV columns' worth of dwide
     a.dk = m->dwide + C;
-    a.dv = m->dwide + 2 * C;
-    a.dqkv_stride = (long)(3 * C);
+    a.dv = m->dwide + C + KV;
+    a.dqkv_stride = (long)QKV;
     a.saved = m->att_saved_bytes
                   ? (void*)(m->att_saved + gpt_slot(m->layers_att, l) * layer_align256(m->att_saved_bytes))
                   : NULL;
@@ -512,8 +519,9 @@ static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
         fused_residual_layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, m->residual3 + (l - 1) * NC, prev_residual2,
                                          m->proj, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
     }
-    // qkv (N, 3C) = ln1 · qkvwᵀ + qkvb
-    matmul_forward(mm, a.qkv, a.ln1, p[GPT_QKVW] + lC * 3 * C, p[GPT_QKVB] + lC * 3, N, C, 3 * C, NULL);
+    // qkv (N, QKV) = ln1 · qkvwᵀ + qkvb
+    const size_t lQKV = (size_t)l * m->QKV;
+    matmul_forward(mm, a.qkv, a.ln1, p[GPT_QKVW] + lQKV * C, p[GPT_QKVB] + lQKV, N, C, m->QKV, NULL);
     AttentionArgs att = gpt_attention_args(m, l);
     attention_forward(m->backend, &m->att_ctx, &att, s);  // atty (B, T, NH, HD), lse (B, NH, T)
     // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
@@ -555,7 +563,7 @@ static void gpt_lm_head_chunk(GPTModel* m, int row0, int rows) {
 // chunk (all of them when N <= lm_head_rows) are left intact. Enqueued on model->stream; nothing is
 // synchronized (gpt_model_mean_loss copies the scalar back).
 static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
-    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
     __nv_bfloat16* const* p = m->param_tensors;
@@ -611,7 +619,7 @@ static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
 // step) into model->grads. Must follow gpt_model_forward on the same batch (its inputs and targets
 // still valid). Overwrites the logits with dlogits.
 static void gpt_model_backward(GPTModel* m, float grad_scale) {
-    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->matmul;
@@ -645,12 +653,13 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // attention projection: dln (N, C) = d(atty)
         matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, a.atty,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
-        // attention: dwide[:, :3C] = dqkv (B, T, 3, NH, HD) (overwritten)
+        // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten)
         AttentionArgs att = gpt_attention_args(m, l);
         attention_backward(m->backend, &m->att_ctx, &att, s);
-        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, 3C) contiguous in dwide)
-        matmul_backward(mm, m->dln, g[GPT_QKVW] + lC * 3 * C, g[GPT_QKVB] + lC * 3, m->dwide, a.ln1,
-                        p[GPT_QKVW] + lC * 3 * C, N, C, 3 * C, NULL, 1, m->scratch);
+        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, QKV) contiguous in dwide)
+        const size_t lQKV = (size_t)l * QKV;
+        matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, g[GPT_QKVB] + lQKV, m->dwide, a.ln1,
+                        p[GPT_QKVW] + lQKV * C, N, C, QKV, NULL, 1, m->scratch);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding)
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
                            a.residual, p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);

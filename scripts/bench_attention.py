@@ -4,10 +4,15 @@
 Our backends are called through build/libattention.so (ctypes, attention/attention_flat_api.cu);
 PyTorch's are scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION) ("torch-flash",
 FlashAttention-2) and sdpa_kernel(CUDNN_ATTENTION) ("torch-cudnn"). Everyone gets the trainer's layout:
-one packed bf16 activation qkv (B, T, 3, NH, HD) of random normal values. Ours reads it through
-strided pointers (q = qkv, k = qkv + NH*HD, v = qkv + 2*NH*HD, row stride 3*NH*HD) and writes the
-gradients into a packed dqkv; PyTorch gets q, k, v = qkv.unbind(2), each .transpose(1, 2), i.e.
-strided (B, NH, T, HD) views, as a GPT model does.
+one packed bf16 activation qkv (B, T, NH + 2*NKV, HD) of random normal values (NKV = NH: (B, T, 3, NH, HD)).
+Ours reads it through strided pointers (q = qkv, k = qkv + NH*HD, v = qkv + (NH + NKV)*HD, row stride
+(NH + 2*NKV)*HD) and writes the gradients into a packed dqkv; PyTorch gets q, k, v = the NH, NKV and NKV
+heads of qkv, each .transpose(1, 2), i.e. strided (B, heads, T, HD) views, as a GPT model does.
+
+Grouped-query attention: --kv-heads 4 gives every point NKV = 4 key/value heads (PyTorch: SDPA with
+enable_gqa=True); a list (--kv-heads 4,0) runs each value, 0 meaning NKV = NH (multi-head), and adds
+rows of flash2 GQA / flash2 multi-head at the same shape. Every record has its kv_heads; the files are
+attention_<gpu>_gqa.* unless --tag says otherwise. FLOPs count the query heads (the same as multi-head).
 
 Grid (the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
 2048 / head dim), causal and not, seqlen 512 ... 16k with batch = 16384 / seqlen.
@@ -80,18 +85,19 @@ def load_library(path):
         sys.exit(f"bench_attention.py: error: {path} not found; build it with `make build/libattention.so`")
     lib = ctypes.CDLL(path)
     i, n, p, s = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_char_p
-    shape = [s, i, i, i, i, i]  # backend, B, T, NH, HD, causal
+    shape = [s, i, i, i, i, i, i]  # backend, B, T, NH, NKV, HD, causal
     lib.attention_flat_last_error.restype = s
     lib.attention_flat_last_error.argtypes = []
     for fn in (lib.attention_flat_saved_bytes, lib.attention_flat_workspace_bytes):
         fn.restype = n
         fn.argtypes = shape
     lib.attention_flat_forward.restype = i
-    # q, k, v, qkv_stride, out, out_stride, lse, saved, workspace, stream
-    lib.attention_flat_forward.argtypes = shape + [p, p, p, n, p, n, p, p, p, p]
+    # q, k, v, qkv_stride, kv_stride, out, out_stride, lse, saved, workspace, stream
+    lib.attention_flat_forward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, p]
     lib.attention_flat_backward.restype = i
-    # q, k, v, qkv_stride, out, out_stride, lse, dout, dq, dk, dv, dqkv_stride, saved, workspace, stream
-    lib.attention_flat_backward.argtypes = shape + [p, p, p, n, p, n, p, p, p, p, p, n, p, p, p]
+    # q, k, v, qkv_stride, kv_stride, out, out_stride, lse, dout, dq, dk, dv, dqkv_stride, dkv_stride, saved,
+    # workspace, stream
+    lib.attention_flat_backward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, p, p, n, n, p, p, p]
     return lib
 
 
@@ -101,15 +107,17 @@ def last_error(lib):
 
 
 def our_runner(lib, impl, qkv, dout, causal):
-    """Sets up our backend `impl` on the packed qkv (B, T, 3, NH, HD) and dout (B, T, NH, HD).
+    """Sets up our backend `impl` on the packed qkv (B, T, NH + 2·NKV, HD) and dout (B, T, NH, HD).
 
     Returns (forward, backward, results): two functions that enqueue one call each on the current
-    stream, and one that returns out, dq, dk, dv as (B, T, NH, HD) views. Raises Skip when the
-    backend rejects the shape or its memory does not fit.
+    stream, and one that returns out, dq (B, T, NH, HD) and dk, dv (B, T, NKV, HD) views. Raises Skip
+    when the backend rejects the shape or its memory does not fit.
     """
-    B, T, _, NH, HD = qkv.shape
+    B, T, W, HD = qkv.shape
+    NH = dout.shape[2]
+    NKV = (W - NH) // 2
     name = impl.encode()
-    dims = (name, B, T, NH, HD, int(causal))
+    dims = (name, B, T, NH, NKV, HD, int(causal))
     saved_bytes = lib.attention_flat_saved_bytes(*dims)
     workspace_bytes = lib.attention_flat_workspace_bytes(*dims)
     if saved_bytes < 0 or workspace_bytes < 0:
@@ -124,27 +132,27 @@ def our_runner(lib, impl, qkv, dout, causal):
     saved = torch.empty(saved_bytes, dtype=torch.uint8, device=qkv.device) if saved_bytes else None
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=qkv.device) if workspace_bytes else None
 
-    row = NH * HD  # elements of one token's q (or k, or v) in the packed row of 3·NH·HD
-    step = row * qkv.element_size()  # bytes from q to k and from k to v
-    q, k, v = (qkv.data_ptr() + j * step for j in range(3))
-    dq, dk, dv = (dqkv.data_ptr() + j * step for j in range(3))
+    row, stride = NH * HD, W * HD  # elements of one token's q, and of its packed row
+    at = [0, NH * HD * qkv.element_size(), (NH + NKV) * HD * qkv.element_size()]  # bytes to q, k, v
+    q, k, v = (qkv.data_ptr() + a for a in at)
+    dq, dk, dv = (dqkv.data_ptr() + a for a in at)
     saved_ptr = saved.data_ptr() if saved is not None else None
     workspace_ptr = workspace.data_ptr() if workspace is not None else None
     stream = torch.cuda.current_stream().cuda_stream
 
     def forward():
-        if lib.attention_flat_forward(*dims, q, k, v, 3 * row, out.data_ptr(), row, lse.data_ptr(), saved_ptr,
-                                      workspace_ptr, stream) != 0:
+        if lib.attention_flat_forward(*dims, q, k, v, stride, stride, out.data_ptr(), row, lse.data_ptr(),
+                                      saved_ptr, workspace_ptr, stream) != 0:
             raise Skip(f"forward failed: {last_error(lib)}")
 
     def backward():
-        if lib.attention_flat_backward(*dims, q, k, v, 3 * row, out.data_ptr(), row, lse.data_ptr(),
-                                       dout.data_ptr(), dq, dk, dv, 3 * row, saved_ptr, workspace_ptr,
+        if lib.attention_flat_backward(*dims, q, k, v, stride, stride, out.data_ptr(), row, lse.data_ptr(),
+                                       dout.data_ptr(), dq, dk, dv, stride, stride, saved_ptr, workspace_ptr,
                                        stream) != 0:
             raise Skip(f"backward failed: {last_error(lib)}")
 
     def results():
-        return out, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2]
+        return out, dqkv[:, :, :NH], dqkv[:, :, NH:NH + NKV], dqkv[:, :, NH + NKV:]
 
     # The closures keep out, lse, dqkv, saved and workspace alive for as long as the runner lives.
     forward.buffers = (out, lse, dqkv, saved, workspace)
@@ -155,24 +163,28 @@ def our_runner(lib, impl, qkv, dout, causal):
 # PyTorch SDPA
 
 def torch_runner(impl, qkv, dout, causal):
-    """Sets up PyTorch SDPA with one backend on q, k, v = qkv.unbind(2) as (B, NH, T, HD) views.
+    """Sets up PyTorch SDPA with one backend on q, k, v = the NH, NKV, NKV heads of qkv as (B, heads, T, HD)
+    views (enable_gqa=True when NKV < NH).
 
     Returns (forward, backward, results) like our_runner; they must run inside sdpa_kernel(backend)
     (see backend_context). Raises Skip when that backend cannot run the shape.
     """
+    NH = dout.shape[2]
+    NKV = (qkv.shape[2] - NH) // 2
     leaf = qkv.detach().requires_grad_(True)
-    q, k, v = (x.transpose(1, 2) for x in leaf.unbind(2))  # (B, NH, T, HD) strided views
+    q, k, v = (x.transpose(1, 2) for x in leaf.split([NH, NKV, NKV], dim=2))  # strided views
     dout_t = dout.transpose(1, 2)  # (B, NH, T, HD) view of (B, T, NH, HD)
+    gqa = {"enable_gqa": True} if NKV != NH else {}
     try:
         with backend_context(impl), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SDPA warns at length about why a backend does not apply
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa)
             grads = torch.autograd.grad(out, (q, k, v), dout_t, retain_graph=True)
     except RuntimeError as err:
         raise Skip(f"rejected: {str(err).splitlines()[0]}")
 
     def forward():
-        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa)
 
     def backward():
         torch.autograd.grad(out, (q, k, v), dout_t, retain_graph=True)
@@ -236,12 +248,13 @@ def point_flops(B, T, NH, HD, causal):
     return flops / 2 if causal else flops
 
 
-def run_point(impls, lib, hdim, causal, seqlen, args, flush):
-    """Checks and times every implementation on one grid point. Returns a list of records."""
+def run_point(impls, lib, hdim, causal, seqlen, kv_heads, args, flush):
+    """Checks and times every implementation on one grid point (kv_heads 0: NH). Returns a list of records."""
     B, NH = args.tokens // seqlen, args.hidden // hdim
-    base = {"hdim": hdim, "causal": bool(causal), "seqlen": seqlen, "batch": B, "heads": NH}
+    NKV = kv_heads or NH
+    base = {"hdim": hdim, "causal": bool(causal), "seqlen": seqlen, "batch": B, "heads": NH, "kv_heads": NKV}
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    qkv = torch.randn((B, seqlen, 3, NH, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn((B, seqlen, NH + 2 * NKV, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
     dout = torch.randn((B, seqlen, NH, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
 
     # The correctness reference: torch-flash's out and gradients (torch-cudnn where flash cannot run).
@@ -304,7 +317,8 @@ def run_point(impls, lib, hdim, causal, seqlen, args, flush):
 
 def progress_line(r):
     """One line per measured (implementation, point) while the benchmark runs."""
-    where = f"hd{r['hdim']} {'causal' if r['causal'] else 'full'} T={r['seqlen']} B={r['batch']}"
+    where = (f"hd{r['hdim']} {'causal' if r['causal'] else 'full'} T={r['seqlen']} B={r['batch']}"
+             f" NKV={r['kv_heads']}")
     if r["status"] == "skipped":
         return f"{where:28} {r['impl']:12} skipped: {r['note']}"
     text = (f"{where:28} {r['impl']:12} fwd {r['fwd_ms']:8.3f} ms {r['fwd_tflops']:6.1f}  "
@@ -322,10 +336,14 @@ def seqlen_label(seqlen):
     return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
 
 
-def table_rows(records, impls, hdim, causal, seqlens):
-    """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal), then ratio rows (flash2/flash1,
-    ours/torch)."""
-    by_key = {(r["impl"], r["seqlen"]): r for r in records if r["hdim"] == hdim and r["causal"] == bool(causal)}
+def table_rows(records, impls, hdim, causal, seqlens, nkv):
+    """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal, NKV), then ratio rows (flash2/flash1,
+    ours/torch, and for GQA ours against ours multi-head where that ran)."""
+    def of(kv):
+        return {(r["impl"], r["seqlen"]): r for r in records
+                if r["hdim"] == hdim and r["causal"] == bool(causal) and r["kv_heads"] == kv}
+    by_key = of(nkv)
+    mha = of(args_heads(records, hdim)) if nkv != args_heads(records, hdim) else {}
     keys = {"fwd": "fwd_tflops", "bwd": "bwd_tflops", "fwd+bwd": "fwdbwd_tflops"}
     rows = []
     for impl in impls:
@@ -351,13 +369,26 @@ def table_rows(records, impls, hdim, causal, seqlens):
                 ok = a and b and a["status"] == "ok" and b["status"] == "ok"
                 cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
             rows.append([f"{ours}/{theirs} {p}"] + cells)
+    for ours in (i for i in impls if i in OUR_IMPLS and mha):
+        for p in PASSES:
+            cells = []
+            for t in seqlens:
+                a, b = by_key.get((ours, t)), mha.get((ours, t))
+                ok = a and b and a["status"] == "ok" and b["status"] == "ok"
+                cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
+            rows.append([f"{ours} gqa/mha {p}"] + cells)
     return rows
 
 
-def table_title(hdim, causal, hidden, tokens):
-    """"head dim 128, causal (NH 16, batch x seqlen = 16384)" for one table."""
+def args_heads(records, hdim):
+    """NH of the points of head dim hdim (every record of one head dim has the same)."""
+    return next(r["heads"] for r in records if r["hdim"] == hdim)
+
+
+def table_title(hdim, causal, hidden, tokens, nkv):
+    """"head dim 128, causal (NH 16, NKV 4, batch x seqlen = 16384)" for one table."""
     return (f"head dim {hdim}, {'causal' if causal else 'non-causal'} "
-            f"(NH {hidden // hdim}, batch x seqlen = {tokens})")
+            f"(NH {hidden // hdim}, NKV {nkv}, batch x seqlen = {tokens})")
 
 
 def text_table(title, rows, seqlens):
@@ -410,19 +441,22 @@ def write_results(meta, records, tables, notes, json_path, md_path, complete):
 
 
 def build_tables(records, impls, hdims, causals, seqlens, args):
-    """[(title, rows, seqlens)] for every (hdim, causal) that has records."""
+    """[(title, rows, seqlens)] for every (hdim, causal, NKV) that has records."""
     tables = []
     for hdim in hdims:
         for causal in causals:
-            if any(r["hdim"] == hdim and r["causal"] == bool(causal) for r in records):
-                tables.append((table_title(hdim, causal, args.hidden, args.tokens),
-                               table_rows(records, impls, hdim, causal, seqlens), seqlens))
+            for kv in args.kv_heads:
+                nkv = kv or args.hidden // hdim
+                if any(r["hdim"] == hdim and r["causal"] == bool(causal) and r["kv_heads"] == nkv for r in records):
+                    tables.append((table_title(hdim, causal, args.hidden, args.tokens, nkv),
+                                   table_rows(records, impls, hdim, causal, seqlens, nkv), seqlens))
     return tables
 
 
 def build_notes(records):
     """One line per skipped or wrong point."""
-    return [f"{r['impl']} hd{r['hdim']} {'causal' if r['causal'] else 'non-causal'} T={r['seqlen']}: "
+    return [f"{r['impl']} hd{r['hdim']} {'causal' if r['causal'] else 'non-causal'} T={r['seqlen']} "
+            f"NKV={r['kv_heads']}: "
             f"{r['status']}: {r['note']}" for r in records if r["status"] != "ok" or r["note"]]
 
 
@@ -460,8 +494,19 @@ def main():
                         help="our library (default build/libattention.so)")
     parser.add_argument("--out-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
                         help="where the .json and .md go (default scripts/results)")
-    parser.add_argument("--tag", default="", help="appended to the file names: attention_<gpu>_<tag>.json")
+    parser.add_argument("--kv-heads", default="0",
+                        help="key/value heads, comma-separated; 0 = NH, multi-head (default 0); e.g. 4,0 times "
+                             "GQA with 4 and multi-head at the same shapes")
+    parser.add_argument("--tag", default=None,
+                        help="appended to the file names: attention_<gpu>_<tag>.json (default: none, or gqa "
+                             "when --kv-heads names a value other than 0)")
     args = parser.parse_args()
+    try:
+        args.kv_heads = parse_list(args.kv_heads, int)
+    except ValueError as err:
+        parser.error(f"--kv-heads takes comma-separated whole numbers: {err}")
+    if args.tag is None:
+        args.tag = "gqa" if any(args.kv_heads) else ""
 
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     unknown = [i for i in impls if i not in OUR_IMPLS and i not in TORCH_IMPLS]
@@ -472,10 +517,12 @@ def main():
     except ValueError as err:
         parser.error(f"--hdims and --seqlens take comma-separated whole numbers: {err}")
     bad = [f"seqlen {t}" for t in seqlens if t < 1 or args.tokens % t] + \
-          [f"head dim {d}" for d in hdims if d < 1 or args.hidden % d]
+          [f"head dim {d}" for d in hdims if d < 1 or args.hidden % d] + \
+          [f"--kv-heads {kv} with head dim {d} (NH {args.hidden // d})" for d in hdims if d >= 1 and not args.hidden % d
+           for kv in args.kv_heads if kv < 0 or (kv and (args.hidden // d) % kv)]
     if bad:
-        parser.error(f"{', '.join(bad)}: seqlens must divide --tokens {args.tokens} "
-                     f"and head dims --hidden {args.hidden}")
+        parser.error(f"{', '.join(bad)}: seqlens must divide --tokens {args.tokens}, head dims --hidden "
+                     f"{args.hidden}, and key/value heads the heads")
     causals = [1, 0] if args.causal == "both" else [int(args.causal)]
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py: error: no CUDA GPU visible to PyTorch")
@@ -495,7 +542,9 @@ def main():
         "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
                    f"{args.warmup_ms:g} ms warm-up; fwd+bwd = fwd median + bwd median; torch bwd = "
                    "autograd.grad of SDPA's output w.r.t. the q, k, v views (SDPA backward alone)"),
-        "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd",
+        "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd (NH query heads, "
+                 "whatever NKV)",
+        "kv_heads": args.kv_heads,
     }
     print(f"{device}, torch {torch.__version__}, commit {meta['commit']}", flush=True)
     print(f"method: {meta['method']}", flush=True)
@@ -505,7 +554,8 @@ def main():
     for hdim in hdims:
         for causal in causals:
             for seqlen in seqlens:
-                records += run_point(impls, lib, hdim, causal, seqlen, args, flush)
+                for kv in args.kv_heads:
+                    records += run_point(impls, lib, hdim, causal, seqlen, kv, args, flush)
                 write_results(meta, records, build_tables(records, impls, hdims, causals, seqlens, args),
                               build_notes(records), json_path, md_path, complete=False)
 

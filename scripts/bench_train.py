@@ -14,7 +14,9 @@ Configs (the FlashAttention-2 paper's Table 1 on one GPU; any MODEL:SEQ:MICRO wo
   1.3b-8k  gpt3-1.3b       seq 8192, micro 2        2.7b-8k  gpt3-2.7b-d128  seq 8192, micro 1
   (2.7b-d80-2k: gpt3-2.7b, 32 heads of 80, seq 2048, micro 4, on request)
 Each optimizer step takes --total-batch-tokens (default 131072: the paper's ~1M-token global batch over
-8 GPUs, i.e. 8 micro steps of 1.3B at 2k, micro 8).
+8 GPUs, i.e. 8 micro steps of 1.3B at 2k, micro 8). --kv-heads N gives both sides grouped-query attention
+with N key/value heads (train_gpt --kv-heads N; PyTorch SDPA with enable_gqa); records carry kv_heads
+(0: multi-head) and the table names the model gpt3-1.3b/kv4.
 
 Method, the same for both:
   time        a whole optimizer step (all micro steps, clipping, AdamW): train_gpt's JSONL "ms" (CUDA
@@ -70,7 +72,7 @@ CONFIGS = {  # name: (model, seq len, micro batch)
 }
 DEFAULT_CONFIGS = "1.3b-2k,1.3b-8k,2.7b-2k,2.7b-8k"
 IMPLS = ("train_gpt", "torch")
-RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn")
+RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn", "kv_heads")  # kv_heads 0: multi-head
 DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
@@ -85,6 +87,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2, help="optimizer steps not timed (default 2)")
     p.add_argument("--timed", type=int, default=4, help="optimizer steps timed, median (default 4)")
     p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--kv-heads", type=int, default=0,
+                   help="key/value heads of every config (grouped-query attention; default 0: the heads)")
     p.add_argument("--sdpa", default="flash", choices=tg.SDPA_BACKENDS, help="PyTorch's SDPA backend (default flash)")
     p.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
                    help="PyTorch: torch.compile the whole model (default), each block, or nothing")
@@ -147,6 +151,7 @@ def log_tail(path, lines=4):
 
 def base_record(impl, args, name, model, seqlen, micro, cmd, log_path):
     return {"impl": impl, "config": name, "model": model, "seqlen": seqlen, "micro_batch": micro,
+            "kv_heads": args.kv_heads,
             "attn": args.attn if impl == "train_gpt" else f"sdpa-{args.sdpa}",
             "grad_accum": args.total_batch_tokens // (seqlen * micro), "total_batch_tokens": args.total_batch_tokens,
             "status": "ok", "note": "", "step_ms": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None,
@@ -189,6 +194,8 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
            "--train-data", data, "--val-data", "", "--log-file", jsonl]
     if args.peak_tflops:
         cmd += ["--peak-tflops", repr(args.peak_tflops)]
+    if args.kv_heads:
+        cmd += ["--kv-heads", str(args.kv_heads)]
     record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(jsonl):
         os.unlink(jsonl)
@@ -199,7 +206,7 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
         oom = re.search(r"out of (gpu )?memory|GiB free|cudaErrorMemoryAllocation", text, re.IGNORECASE)
         record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
         record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
-    cfg = tg.gpt_config(model, seq_len=seqlen)
+    cfg = tg.gpt_config(model, seq_len=seqlen, kv_heads=args.kv_heads)
     return finish_record(record, step_ms, args, cfg, peak, poller, wall)
 
 
@@ -213,6 +220,8 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
            "--result-json", result_path]
     if args.torch_device != "cuda":
         cmd += ["--device", args.torch_device]
+    if args.kv_heads:
+        cmd += ["--kv-heads", str(args.kv_heads)]
     record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(result_path):
         os.unlink(result_path)
@@ -232,7 +241,7 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
     for key in ("torch", "peak_reserved_gib", "peak_allocated_gib"):
         if key in result:
             record[key] = result[key]
-    cfg = tg.gpt_config(model, seq_len=seqlen)
+    cfg = tg.gpt_config(model, seq_len=seqlen, kv_heads=args.kv_heads)
     return finish_record(record, step_ms, args, cfg, peak, poller, wall)
 
 
@@ -258,7 +267,12 @@ def load_previous(json_path, device, fresh):
 def merge(records, new):
     """records with `new` in place of a record of the same key (or appended)."""
     key = tuple(new[k] for k in RECORD_KEY)
-    return [r for r in records if tuple(r.get(k) for k in RECORD_KEY) != key] + [new]
+    return [r for r in records if record_key(r) != key] + [new]
+
+
+def record_key(r):
+    """A record's RECORD_KEY values (kv_heads 0 in records from before grouped-query attention)."""
+    return tuple(r.get(k, 0 if k == "kv_heads" else None) for k in RECORD_KEY)
 
 
 def table_rows(records):
@@ -267,7 +281,8 @@ def table_rows(records):
     order = {shape: i for i, shape in enumerate(CONFIGS.values())}
     groups = {}
     for r in records:
-        groups.setdefault((r["model"], r["seqlen"], r["micro_batch"]), {})[r["impl"]] = r
+        model = r["model"] + (f"/kv{r['kv_heads']}" if r.get("kv_heads") else "")
+        groups.setdefault((model, r["seqlen"], r["micro_batch"]), {})[r["impl"]] = r
     rows = []
     for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k)):
         ours, theirs = groups[key].get("train_gpt"), groups[key].get("torch")

@@ -21,8 +21,11 @@ Usage (from the repository root):
     python3 scripts/check_attention.py --shapes "1,1000,16,80,1;2,4096,32,64,0" --seed 7
     python3 scripts/check_attention.py --input-scale 4 --log build/check_attention.log
 
-A shape is "B,T,NH,HD,causal" (batch, sequence length, heads, head dim, 1 causal / 0 not); several are
-separated by ";". The seed is printed so that any failure can be rerun exactly with --seed.
+A shape is "B,T,NH,HD,causal[,NKV]" (batch, sequence length, heads, head dim, 1 causal / 0 not, and
+optionally the key/value heads of grouped-query attention, a divisor of NH; default NH); several are
+separated by ";". With NKV < NH, k and v (and dk, dv) have NKV heads, query head h reads K/V head
+h // (NH / NKV), and the reference's dK, dV sum over each group's query heads. The seed is printed so
+that any failure can be rerun exactly with --seed.
 """
 import argparse
 import datetime
@@ -51,6 +54,8 @@ DEFAULT_SHAPES = ";".join([
     "1,1,1,64,1", "1,1,2,128,0", "2,3,2,64,1", "1,17,3,80,0", "2,63,4,96,1", "3,65,2,128,1",
     "2,128,4,64,0", "2,129,4,64,1", "1,255,8,80,1", "2,257,8,128,0", "1,1000,16,80,1", "1,1000,16,96,0",
     "4,1024,16,64,1", "2,2048,16,128,1", "1,8192,16,128,1", "2,4096,32,64,0",
+    # grouped-query and multi-query attention
+    "2,127,8,80,1,2", "1,1000,16,96,0,4", "2,2048,16,128,1,4", "1,4096,32,64,1,1",
 ])
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 # Elements of one (heads, T, T) fp64 score block in the reference; autograd keeps about six of
@@ -59,7 +64,7 @@ REF_CHUNK_ELEMS = 1 << 27
 
 
 def parse_shapes(text):
-    """Parses "B,T,NH,HD,causal;..." into a list of (B, T, NH, HD, causal) tuples of ints."""
+    """Parses "B,T,NH,HD,causal[,NKV];..." into a list of (B, T, NH, HD, causal, NKV) tuples of ints."""
     shapes = []
     for item in text.replace(" ", "").split(";"):
         if not item:
@@ -69,9 +74,13 @@ def parse_shapes(text):
             values = tuple(int(p) for p in parts)
         except ValueError:
             values = ()
-        if len(values) != 5 or min(values[:4]) < 1 or values[4] not in (0, 1):
+        if len(values) == 5:
+            values += (values[2],)  # NKV = NH: multi-head
+        if len(values) != 6 or min(values[:4]) < 1 or values[4] not in (0, 1) or values[5] < 1 or \
+                values[2] % values[5]:
             raise argparse.ArgumentTypeError(
-                f'bad shape "{item}": expected B,T,NH,HD,causal with positive sizes and causal 0 or 1')
+                f'bad shape "{item}": expected B,T,NH,HD,causal[,NKV] with positive sizes, causal 0 or 1 and '
+                f'NKV dividing NH')
         shapes.append(values)
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -79,7 +88,7 @@ def parse_shapes(text):
 
 
 def shape_label(shape):
-    """A shape as the user types it: "B,T,NH,HD,causal"."""
+    """A shape as the user types it: "B,T,NH,HD,causal,NKV"."""
     return ",".join(str(x) for x in shape)
 
 
@@ -104,12 +113,14 @@ def read_raw(path, dtype, shape):
 
 
 def make_inputs(shape, seed, scale, device):
-    """Fresh random bf16 q, k, v (normal × scale) and dout (normal), each (B, T, NH, HD), on `device`."""
-    B, T, NH, HD, _ = shape
+    """Fresh random bf16 q, k, v (normal × scale) and dout (normal) on `device`: q, dout (B, T, NH, HD),
+    k, v (B, T, NKV, HD)."""
+    B, T, NH, HD, _, NKV = shape
     gen = torch.Generator(device=device).manual_seed(seed)
     inputs = {}
     for name in ("q", "k", "v", "dout"):
-        x = torch.randn((B, T, NH, HD), generator=gen, device=device, dtype=torch.float32)
+        x = torch.randn((B, T, NKV if name in ("k", "v") else NH, HD), generator=gen, device=device,
+                        dtype=torch.float32)
         if name != "dout":
             x = x * scale
         inputs[name] = x.to(torch.bfloat16)
@@ -117,35 +128,44 @@ def make_inputs(shape, seed, scale, device):
 
 
 def reference(inputs, causal, device):
-    """fp64 reference for bf16 inputs (B, T, NH, HD) on `device`.
+    """fp64 reference for bf16 inputs (q (B, T, NH, HD), k, v (B, T, NKV, HD)) on `device`.
 
-    Returns numpy fp64 arrays: out, dq, dk, dv (B, T, NH, HD) and lse (B, NH, T). The attention of
-    every (batch, head) is independent, so the work is done a few heads at a time to bound memory.
+    Returns numpy fp64 arrays: out, dq (B, T, NH, HD), dk, dv (B, T, NKV, HD) and lse (B, NH, T). The
+    attention of every (batch, K/V head) group is independent, so the work is done a few groups at a
+    time to bound memory; each K/V head is repeated for its G = NH / NKV query heads inside the graph,
+    so autograd sums dK and dV over the group.
     """
     B, T, NH, HD = inputs["q"].shape
-    ref = {name: np.empty((B, T, NH, HD)) for name in ("out", "dq", "dk", "dv")}
+    NKV = inputs["k"].shape[2]
+    G = NH // NKV
+    ref = {name: np.empty((B, T, NH, HD)) for name in ("out", "dq")}
+    ref.update({name: np.empty((B, T, NKV, HD)) for name in ("dk", "dv")})
     ref["lse"] = np.empty((B, NH, T))
-    heads_per_chunk = max(1, min(NH, REF_CHUNK_ELEMS // (T * T)))
+    groups_per_chunk = max(1, min(NKV, REF_CHUNK_ELEMS // (T * T * G)))
     mask = torch.triu(torch.ones((T, T), dtype=torch.bool, device=device), diagonal=1) if causal else None
     scale = 1.0 / math.sqrt(HD)
     for b in range(B):
-        for h0 in range(0, NH, heads_per_chunk):
-            h1 = min(NH, h0 + heads_per_chunk)
+        for g0 in range(0, NKV, groups_per_chunk):
+            g1 = min(NKV, g0 + groups_per_chunk)
+            h0, h1 = g0 * G, g1 * G
             # (heads, T, HD) fp64 leaves, exact copies of the bf16 values
-            q, k, v, dout = (inputs[n][b, :, h0:h1].to(torch.float64).transpose(0, 1).contiguous()
-                             for n in ("q", "k", "v", "dout"))
+            q, dout = (inputs[n][b, :, h0:h1].to(torch.float64).transpose(0, 1).contiguous() for n in ("q", "dout"))
+            k, v = (inputs[n][b, :, g0:g1].to(torch.float64).transpose(0, 1).contiguous() for n in ("k", "v"))
             for x in (q, k, v):
                 x.requires_grad_(True)
-            s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (heads, T, T)
+            k_heads, v_heads = (x.repeat_interleave(G, dim=0) for x in (k, v))  # K/V head of each query head
+            s = torch.matmul(q, k_heads.transpose(-1, -2)) * scale  # (heads, T, T)
             if causal:
                 s = s.masked_fill(mask, float("-inf"))
             lse = torch.logsumexp(s, dim=-1)  # (heads, T)
-            out = torch.matmul(torch.softmax(s, dim=-1), v)  # (heads, T, HD)
+            out = torch.matmul(torch.softmax(s, dim=-1), v_heads)  # (heads, T, HD)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-            for name, value in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+            for name, value in (("out", out), ("dq", dq)):
                 ref[name][b, :, h0:h1] = value.detach().transpose(0, 1).cpu().numpy()
+            for name, value in (("dk", dk), ("dv", dv)):
+                ref[name][b, :, g0:g1] = value.detach().transpose(0, 1).cpu().numpy()
             ref["lse"][b, h0:h1] = lse.detach().cpu().numpy()
-            del q, k, v, dout, s, lse, out, dq, dk, dv
+            del q, k, v, k_heads, v_heads, dout, s, lse, out, dq, dk, dv
     return ref
 
 
@@ -156,14 +176,14 @@ def backend_memory_bytes(lib_path, backend, shape):
     fp32 scores plus bf16 probabilities, (B, NH, T, T) each, and the flash backends' as 0.
     Returns None when the library says the backend rejects the shape (the tool will say why).
     """
-    B, T, NH, HD, causal = shape
+    B, T, NH, HD, causal, NKV = shape
     if os.path.exists(lib_path):
         import ctypes
         lib = ctypes.CDLL(lib_path)
-        args = (backend.encode(), B, T, NH, HD, causal)
+        args = (backend.encode(), B, T, NH, NKV, HD, causal)
         for fn in (lib.attention_flat_saved_bytes, lib.attention_flat_workspace_bytes):
             fn.restype = ctypes.c_long
-            fn.argtypes = [ctypes.c_char_p] + [ctypes.c_int] * 5
+            fn.argtypes = [ctypes.c_char_p] + [ctypes.c_int] * 6
         saved = lib.attention_flat_saved_bytes(*args)
         workspace = lib.attention_flat_workspace_bytes(*args)
         if saved < 0 or workspace < 0:
@@ -174,9 +194,9 @@ def backend_memory_bytes(lib_path, backend, shape):
 
 def run_tool(tool, backend, shape, layout, in_dir, out_dir):
     """Runs the attention tool once. Returns (ok, message): the tool's summary line or its error lines."""
-    B, T, NH, HD, causal = shape
+    B, T, NH, HD, causal, NKV = shape
     cmd = [tool, "--backend", backend, "--batch", str(B), "--seq-len", str(T), "--heads", str(NH),
-           "--head-dim", str(HD), "--causal" if causal else "--no-causal", "--layout", layout,
+           "--kv-heads", str(NKV), "--head-dim", str(HD), "--causal" if causal else "--no-causal", "--layout", layout,
            "--in", in_dir, "--out", out_dir]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -205,13 +225,13 @@ def rel_error(x, ref, floor):
 
 def compare(out_dir, shape, ref, floor):
     """Reads the tool's outputs; returns ({output: (error, floored)}, {output: non-finite count})."""
-    B, T, NH, HD, _ = shape
+    B, T, NH, HD, _, NKV = shape
     errors, nonfinite = {}, {}
     for name in OUTPUTS:
         if name == "lse":
             x = read_raw(os.path.join(out_dir, "lse.bin"), "f32", (B, NH, T))
         else:
-            x = read_raw(os.path.join(out_dir, name + ".bin"), "bf16", (B, T, NH, HD))
+            x = read_raw(os.path.join(out_dir, name + ".bin"), "bf16", (B, T, NKV if name in ("dk", "dv") else NH, HD))
         bad = int(np.count_nonzero(~np.isfinite(x)))
         nonfinite[name] = bad
         errors[name] = (float("nan"), False) if bad else rel_error(x, ref[name], floor)
@@ -223,8 +243,8 @@ def format_row(cells, widths):
     return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 
-HEADER = ["shape B,T,NH,HD,c", "backend", "layout", "out", "lse", "dq", "dk", "dv", "nan/inf", "result"]
-WIDTHS = [18, 7, 6, 9, 9, 9, 9, 9, 8, 6]
+HEADER = ["shape B,T,NH,HD,c,NKV", "backend", "layout", "out", "lse", "dq", "dk", "dv", "nan/inf", "result"]
+WIDTHS = [22, 7, 6, 9, 9, 9, 9, 9, 8, 6]
 
 
 def result_row(shape, backend, layout, errors=None, nonfinite=None, status="", note=""):
@@ -247,11 +267,11 @@ def main():
         description="Check attention backends (build/attention_tool) against an fp64 PyTorch reference.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Usage" + __doc__.split("Usage", 1)[1])
     parser.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES,
-                        help=f'shapes "B,T,NH,HD,causal;..." (default: {DEFAULT_SHAPES})')
+                        help=f'shapes "B,T,NH,HD,causal[,NKV];..." (default: {DEFAULT_SHAPES})')
     parser.add_argument("--backends", default="naive,flash1,flash2",
                         help="comma-separated backends (default naive,flash1,flash2)")
     parser.add_argument("--layout", choices=["packed", "plain", "both"], default="packed",
-                        help="packed: q, k, v inside one (B, T, 3, NH, HD) buffer as in the trainer (default); "
+                        help="packed: q, k, v inside one (B, T, NH + 2*NKV, HD) buffer as in the trainer (default); "
                              "plain: separate tensors; both")
     parser.add_argument("--input-scale", type=float, default=1.0,
                         help="q, k and v are normal × this (default 1; larger makes the softmax sharper)")
@@ -295,7 +315,7 @@ def main():
     rows, failed, passed, skipped = [], 0, 0, 0
     try:
         for index, shape in enumerate(args.shapes):
-            B, T, NH, HD, causal = shape
+            B, T, NH, HD, causal, _ = shape
             in_dir = os.path.join(work_dir, f"shape{index}_in")
             os.makedirs(in_dir)
             inputs = make_inputs(shape, seed + index, args.input_scale, device)

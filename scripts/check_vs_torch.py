@@ -72,6 +72,8 @@ def parse_args():
     p.add_argument("--layers", type=int, default=2, help="layers (default 2; 0 = the model's)")
     p.add_argument("--hidden", type=int, default=0, help="hidden size (default 0 = the model's)")
     p.add_argument("--heads", type=int, default=0, help="heads (default 0 = the model's)")
+    p.add_argument("--kv-heads", type=int, default=0,
+                   help="key/value heads, grouped-query attention (default 0 = the heads: multi-head)")
     p.add_argument("--batch-size", type=int, default=4, help="micro batch B (default 4)")
     p.add_argument("--seq-len", type=int, default=256, help="T (default 256)")
     p.add_argument("--grad-accum", type=int, default=2, help="micro steps per optimizer step (default 2)")
@@ -101,7 +103,7 @@ def parse_args():
     if min(args.batch_size, args.seq_len, args.grad_accum, args.steps) < 1:
         p.error("--batch-size, --seq-len, --grad-accum and --steps must be >= 1")
     try:
-        args.cfg = tg.gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len)
+        args.cfg = tg.gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.kv_heads)
     except ValueError as err:
         p.error(str(err))
     return args
@@ -186,7 +188,8 @@ def train_gpt_command(args, attn, init_path, shard, grads_path, log_path):
            "--max-steps", str(args.steps), "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps),
            "--min-lr-fraction", repr(args.min_lr_fraction), "--weight-decay", repr(args.weight_decay),
            "--grad-clip", repr(args.grad_clip), "--log-file", log_path, "--attn", attn, "--model", args.model]
-    for flag, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--heads", args.heads)):
+    for flag, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--heads", args.heads),
+                        ("--kv-heads", args.kv_heads)):
         if value:
             cmd += [flag, str(value)]
     return cmd
@@ -345,8 +348,8 @@ def main():
     failures = ["did not finish"]
     try:
         report(f"check_vs_torch: {shlex.join([os.path.basename(sys.executable)] + sys.argv)}")
-        report(f"model        {args.model}: L{cfg.num_layers} C{cfg.channels} NH{cfg.num_heads} (head dim "
-               f"{cfg.head_dim}), maxT = T = {args.seq_len}, {tg.num_params(cfg)} parameters")
+        report(f"model        {args.model}: L{cfg.num_layers} C{cfg.channels} NH{cfg.num_heads} NKV{cfg.num_kv_heads} "
+               f"(head dim {cfg.head_dim}), maxT = T = {args.seq_len}, {tg.num_params(cfg)} parameters")
         report(f"batch        B {args.batch_size} x T {args.seq_len} x {args.grad_accum} micro steps; "
                f"{args.steps} steps, lr {args.lr:g} (warmup {args.warmup_steps}, cosine to x{args.min_lr_fraction:g}), "
                f"weight decay {args.weight_decay:g}, clip {args.grad_clip:g}")

@@ -22,8 +22,9 @@ From a model file, its values, rounded to nearest even for bf16 from fp32, or wi
 bf16. scripts/import_hf.py turns the folder back into a model file with the same bits (wte's padding rows,
 never used by the model, come back as zeros).
 
-Refused, with the reason: files with header fields this script does not know (a newer format, e.g. a
-count of key/value heads for grouped-query attention, which GPT-2 cannot express), damaged or truncated
+Refused, with the reason: models with grouped-query attention (--kv-heads below --heads: GPT-2's format
+has one key/value head per head and cannot express them), files with header fields this script does not
+know (a newer format), damaged or truncated
 files, non-finite weights, and --tokenizer for a vocabulary other than GPT-2's. Needs numpy only (and
 tiktoken for --tokenizer); exit 0 when written, 1 on an error.
 """

@@ -73,6 +73,14 @@ class GPTConfig:
     max_seq_len: int         # maxT, rows of wpe
     vocab_size: int = VOCAB_SIZE
     padded_vocab_size: int = (VOCAB_SIZE + VOCAB_PAD_MULTIPLE - 1) // VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE
+    num_kv_heads: int = 0    # key/value heads: always NH here (GPT-2 has no grouped-query attention); 0 given: NH
+
+    def __post_init__(self):
+        if not self.num_kv_heads:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(f"{self.num_kv_heads} key/value heads for {self.num_heads} heads: the GPT-2 format has "
+                             "one key/value head per head (no grouped-query attention)")
 
 
 def param_shapes(cfg):
@@ -103,14 +111,15 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # transformers' nam
 CHECKPOINT_MAGIC = b"GPTCKPT\0"
 CHECKPOINT_VERSION = 1
 CHECKPOINT_HEADER_BYTES = 1024
-CHECKPOINT_STRUCT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQiiqq"  # data/checkpoint.h's CheckpointHeader
+CHECKPOINT_STRUCT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"  # data/checkpoint.h's CheckpointHeader
 CHECKPOINT_FIELDS = ("magic", "version", "header_bytes", "num_layers", "channels", "num_heads", "vocab_size",
                      "padded_vocab_size", "max_seq_len", "batch_size", "seq_len", "world_size", "shuffle",
                      "total_batch_tokens", "seed", "train_tokens", "train_shards", "attention_backend", "step",
                      "data_epoch", "data_shard_index", "data_chunk_index", "max_steps", "warmup_steps", "lr",
                      "min_lr_fraction", "weight_decay", "grad_clip", "num_params", "payload_checksum",
-                     "zero_stage", "rank", "shard_offset", "shard_size")
-CHECKPOINT_KNOWN_BYTES = struct.calcsize(CHECKPOINT_STRUCT_FORMAT)  # 208; the rest of the header is zero
+                     "zero_stage", "rank", "shard_offset", "shard_size", "num_kv_heads", "reserved")
+CHECKPOINT_KNOWN_BYTES = struct.calcsize(CHECKPOINT_STRUCT_FORMAT)  # 216; the rest of the header is zero
+CHECKPOINT_KV_HEADS_BYTE = 208  # num_kv_heads: 0 (older files) or num_heads for a multi-head model
 
 DTYPES = ("fp32", "bf16")
 SAFETENSORS_CODES = {"fp32": "F32", "bf16": "BF16"}
@@ -158,6 +167,16 @@ def check_finite(weights):
         if bad:
             raise FormatError(f"{weights.source}: tensor {name} holds {bad} non-finite value(s) (inf or NaN); "
                               "export an earlier checkpoint")
+
+
+def refuse_grouped_query(path, where, kv_heads, heads):
+    """Refuses a model with grouped-query attention: kv_heads (0 = heads, as older files) other than heads."""
+    if kv_heads in (0, heads):
+        return
+    raise FormatError(f"{path}: {where} is {kv_heads}: the model has {kv_heads} key/value heads for {heads} heads "
+                      "(grouped-query attention), but the Hugging Face GPT-2 format (GPT2LMHeadModel) has one "
+                      "key/value head per head and cannot hold it; only models trained with --kv-heads equal to "
+                      "--heads (the default) can be exported")
 
 
 def describe(cfg):
@@ -213,14 +232,14 @@ def read_model_file(path):
                           f"{MODEL_VERSION_BF16} (bf16): {UPDATE_HINT}")
     maxT, V, L, NH, C, Vp = (int(x) for x in h[2:8])
     cfg = GPTConfig(L, C, NH, maxT, V, Vp)
-    extra = np.flatnonzero(h[8:])
+    refuse_grouped_query(path, "header int 8", int(h[8]), NH)
+    extra = np.flatnonzero(h[9:])
     if extra.size:
-        # llm.c's header has 8 fields; a later one (e.g. key/value heads for grouped-query attention)
-        # describes a model this script cannot map without knowing it.
-        first = 8 + int(extra[0])
-        raise FormatError(f"{path}: header int {first} is {h[first]}, but llm.c's header has only 8 fields (the rest "
-                          f"zero): {UPDATE_HINT}. If it counts key/value heads (grouped-query attention) other than "
-                          f"the {NH} heads, GPT2LMHeadModel cannot hold the model: it has one key/value head per head")
+        # llm.c's header has 8 fields and ours one more (key/value heads); a later one describes a model
+        # this script cannot map without knowing it.
+        first = 9 + int(extra[0])
+        raise FormatError(f"{path}: header int {first} is {h[first]}, but the header has only 9 fields (the rest "
+                          f"zero): {UPDATE_HINT}")
     check_shape(cfg, path)
     dtype = versions[int(h[1])]
     want = 4 * MODEL_HEADER_INTS + (4 if dtype == "fp32" else 2) * sum(int(np.prod(s)) for _, s in param_shapes(cfg))
@@ -261,9 +280,9 @@ def read_checkpoint_header(path):
     extra = [i for i, b in enumerate(block[CHECKPOINT_KNOWN_BYTES:]) if b]
     if extra:
         raise FormatError(f"{path}: header byte {CHECKPOINT_KNOWN_BYTES + extra[0]} is set, past the fields this "
-                          f"script knows (bytes 0-{CHECKPOINT_KNOWN_BYTES - 1}): {UPDATE_HINT}. If the new field "
-                          f"counts key/value heads (grouped-query attention) other than the {h['num_heads']} heads, "
-                          "GPT2LMHeadModel cannot hold the model: it has one key/value head per head")
+                          f"script knows (bytes 0-{CHECKPOINT_KNOWN_BYTES - 1}): {UPDATE_HINT}")
+    refuse_grouped_query(path, f"header byte {CHECKPOINT_KV_HEADS_BYTE} (num_kv_heads)", h["num_kv_heads"],
+                         h["num_heads"])
     cfg = GPTConfig(h["num_layers"], h["channels"], h["num_heads"], h["max_seq_len"], h["vocab_size"],
                     h["padded_vocab_size"])
     check_shape(cfg, path)

@@ -8,7 +8,8 @@ Shared helpers (numpy only; usable without PyTorch):
   model files  llm.c's format, which `train_gpt --init-from PATH` reads and `--dump-grads PATH` writes:
                a header of 256 little-endian int32, [0] = 20240326 (magic), [1] = 3 (fp32 values) or
                5 (bf16 values), [2] = maxT, [3] = V (50257), [4] = L, [5] = NH, [6] = C, [7] = Vp (50304),
-               the rest 0; then the 16 tensors of gpt_config.h back to back, in its order
+               [8] = NKV (key/value heads; 0 = NH, multi-head, as llm.c's files), the rest 0; then the
+               16 tensors of gpt_config.h back to back, in its order
   batches      micro batches exactly as data/dataloader.h serves them to one process without shuffling
   schedule     train_gpt.cu's learning_rate(): linear warmup, then cosine down to lr·min_lr_fraction
 
@@ -18,7 +19,9 @@ everywhere, final LayerNorm, LM head tied to the token embedding (no bias), no d
 padded to Vp: logits over all Vp rows are computed, the loss uses the first V columns only, as ours.
 Each block keeps its own nn.Linear / nn.LayerNorm (the usual PyTorch model, fast under torch.compile);
 stacked_tensors() and load_stacked_() convert to and from the 16 stacked tensors of gpt_config.h.
-The qkv output (B, T, 3C) is viewed as (B, T, 3, NH, HD): q = columns [0, C), k = [C, 2C), v = [2C, 3C).
+The qkv output (B, T, (NH + 2·NKV)·HD) is viewed as (B, T, NH + 2·NKV, HD): q = the first NH heads, k the
+next NKV, v the last NKV ((B, T, 3, NH, HD) for multi-head); grouped-query attention (NKV < NH) runs
+SDPA with enable_gqa=True (query head h reads K/V head h // (NH / NKV), as train_gpt).
 
 The optimizer mirrors train_gpt: AdamW (β1 0.9, β2 0.95, eps 1e-8, decoupled weight decay on the 2-D
 tensors wte, wpe, qkvw, attprojw, fcw, fcprojw only), global-norm clipping (clip_grad_norm_, the same
@@ -87,28 +90,42 @@ class GPTConfig:
     max_seq_len: int         # maxT, rows of wpe (train_gpt sizes it to --seq-len)
     vocab_size: int = VOCAB_SIZE
     padded_vocab_size: int = PADDED_VOCAB_SIZE
+    num_kv_heads: int = 0    # NKV key/value heads, a divisor of NH (0 given: NH, multi-head)
+
+    def __post_init__(self):
+        if not self.num_kv_heads:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
 
     @property
     def head_dim(self):
         return self.channels // self.num_heads
 
+    @property
+    def qkv_features(self):
+        """Outputs of the QKV projection: (NH + 2·NKV)·HD (3C for multi-head)."""
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
-def gpt_config(model="gpt2-124m", layers=0, hidden=0, heads=0, seq_len=1024):
-    """The config train_gpt builds from --model, --layers/--hidden/--heads (0 = keep) and --seq-len."""
+
+def gpt_config(model="gpt2-124m", layers=0, hidden=0, heads=0, seq_len=1024, kv_heads=0):
+    """The config train_gpt builds from --model, --layers/--hidden/--heads/--kv-heads (0 = keep; kv heads
+    default to the heads) and --seq-len."""
     if model not in NAMED_SHAPES:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(NAMED_SHAPES)}")
     L, C, NH = NAMED_SHAPES[model]
-    cfg = GPTConfig(layers or L, hidden or C, heads or NH, seq_len)
+    cfg = GPTConfig(layers or L, hidden or C, heads or NH, seq_len, num_kv_heads=kv_heads)
     if min(cfg.num_layers, cfg.channels, cfg.num_heads, cfg.max_seq_len) < 1 or cfg.channels % cfg.num_heads:
         raise ValueError(f"bad shape: {cfg} (hidden must be a multiple of heads; all >= 1)")
+    if cfg.num_kv_heads < 1 or cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(f"bad shape: {cfg.num_kv_heads} key/value heads do not divide {cfg.num_heads} heads; "
+                         f"choose --kv-heads that divides --heads")
     return cfg
 
 
 def param_shapes(cfg):
     """[(name, shape)] of the 16 tensors in gpt_config.h's order; Linear weights are (out, in)."""
-    L, C, Vp, maxT = cfg.num_layers, cfg.channels, cfg.padded_vocab_size, cfg.max_seq_len
+    L, C, Vp, maxT, QKV = cfg.num_layers, cfg.channels, cfg.padded_vocab_size, cfg.max_seq_len, cfg.qkv_features
     return [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
-            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+            ("qkvw", (L, QKV, C)), ("qkvb", (L, QKV)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
             ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
             ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
 
@@ -119,7 +136,8 @@ def num_params(cfg):
 
 
 def flops_per_sequence(cfg, seq_len):
-    """Model FLOPs of forward + backward on one sequence: 6·s·P + 12·L·h·s² (the FlashAttention-2 paper's Table 1)."""
+    """Model FLOPs of forward + backward on one sequence: 6·s·P + 12·L·h·s² (the FlashAttention-2 paper's Table 1);
+    grouped-query attention changes only P (every query head still attends over all s keys)."""
     s = float(seq_len)
     return 6.0 * s * num_params(cfg) + 12.0 * cfg.num_layers * cfg.channels * s * s
 
@@ -161,8 +179,9 @@ def write_model_file(path, cfg, tensors, dtype="fp32"):
         if tuple(np.shape(t)) != shape:
             raise ValueError(f"{name}: shape {tuple(np.shape(t))}, the config needs {shape}")
     header = np.zeros(MODEL_HEADER_INTS, dtype="<i4")
-    header[:8] = (MODEL_MAGIC, MODEL_VERSION_FP32 if dtype == "fp32" else MODEL_VERSION_BF16, cfg.max_seq_len,
-                  cfg.vocab_size, cfg.num_layers, cfg.num_heads, cfg.channels, cfg.padded_vocab_size)
+    header[:9] = (MODEL_MAGIC, MODEL_VERSION_FP32 if dtype == "fp32" else MODEL_VERSION_BF16, cfg.max_seq_len,
+                  cfg.vocab_size, cfg.num_layers, cfg.num_heads, cfg.channels, cfg.padded_vocab_size,
+                  0 if cfg.num_kv_heads == cfg.num_heads else cfg.num_kv_heads)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
@@ -192,10 +211,11 @@ def read_model_file(path):
         raise ModelFileError(f"{path}: version {header[1]} (expected {MODEL_VERSION_FP32} = fp32 or "
                              f"{MODEL_VERSION_BF16} = bf16)")
     dtype = versions[int(header[1])]
-    maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
-    if min(maxT, V, L, NH, C, Vp) < 1 or C % NH or Vp < V:
-        raise ModelFileError(f"{path}: bad shape in the header: maxT {maxT}, V {V}, L {L}, NH {NH}, C {C}, Vp {Vp}")
-    cfg = GPTConfig(L, C, NH, maxT, V, Vp)
+    maxT, V, L, NH, C, Vp, NKV = (int(x) for x in header[2:9])
+    if min(maxT, V, L, NH, C, Vp) < 1 or C % NH or Vp < V or NKV < 0 or NH % (NKV or NH):
+        raise ModelFileError(f"{path}: bad shape in the header: maxT {maxT}, V {V}, L {L}, NH {NH}, C {C}, Vp {Vp}, "
+                             f"NKV {NKV}")
+    cfg = GPTConfig(L, C, NH, maxT, V, Vp, num_kv_heads=NKV)  # NKV 0 (llm.c, older files): NH
     itemsize = 4 if dtype == "fp32" else 2
     expected = 4 * MODEL_HEADER_INTS + itemsize * num_params(cfg)
     if size != expected:
@@ -298,9 +318,9 @@ class Block(_Module):
     def __init__(self, cfg):
         super().__init__()
         C = cfg.channels
-        self.num_heads = cfg.num_heads
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.ln1 = nn.LayerNorm(C, eps=LAYERNORM_EPS)
-        self.qkv = nn.Linear(C, 3 * C)
+        self.qkv = nn.Linear(C, cfg.qkv_features)
         self.attproj = nn.Linear(C, C)
         self.ln2 = nn.LayerNorm(C, eps=LAYERNORM_EPS)
         self.fc = nn.Linear(C, 4 * C)
@@ -308,9 +328,13 @@ class Block(_Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.num_heads, C // self.num_heads)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # each (B, NH, T, HD)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(HD)
+        NH, NKV = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(self.ln1(x)).view(B, T, NH + 2 * NKV, C // NH)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([NH, NKV, NKV], dim=2))  # (B, NH or NKV, T, HD)
+        if NKV == NH:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(HD)
+        else:  # query head h reads K/V head h // (NH / NKV)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.attproj(y.transpose(1, 2).reshape(B, T, C))
         return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -464,7 +488,7 @@ def sdpa_context(name):
 
 def bench(args):
     """Trains `args.steps` optimizer steps and returns the result record (see the module doc)."""
-    cfg = gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len)
+    cfg = gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.kv_heads)
     tokens_per_micro = args.batch_size * args.seq_len
     total = args.total_batch_tokens or tokens_per_micro
     if total % tokens_per_micro:
@@ -480,7 +504,8 @@ def bench(args):
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls (none under autocast) as PyTorch users run them
         torch.backends.cudnn.allow_tf32 = True
     print(f"torch {torch.__version__}, {result.get('device', device)}: {args.model} L{cfg.num_layers} "
-          f"C{cfg.channels} NH{cfg.num_heads} ({num_params(cfg)} params), B {args.batch_size} x T {args.seq_len}, "
+          f"C{cfg.channels} NH{cfg.num_heads} NKV{cfg.num_kv_heads} ({num_params(cfg)} params), "
+          f"B {args.batch_size} x T {args.seq_len}, "
           f"{accum} micro steps per step, SDPA {args.sdpa}, compile {args.compile}"
           f"{', checkpointing every block' if args.checkpoint_blocks else ''}", flush=True)
 
@@ -538,6 +563,8 @@ def main(argv=None):
     b.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = the model's)")
     b.add_argument("--hidden", type=int, default=0, help="override the hidden size (0 = the model's)")
     b.add_argument("--heads", type=int, default=0, help="override the number of heads (0 = the model's)")
+    b.add_argument("--kv-heads", type=int, default=0,
+                   help="key/value heads (grouped-query attention; 0 = the number of heads)")
     b.add_argument("--batch-size", type=int, default=4, help="micro batch, sequences (default 4)")
     b.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
     b.add_argument("--total-batch-tokens", type=int, default=0,

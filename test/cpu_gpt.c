@@ -44,12 +44,12 @@ int cpu_gpt_create(CpuGPT* model, GPTConfig config, int B, int T) {
     }
 
     size_t L = (size_t)config.num_layers, C = (size_t)config.channels, NH = (size_t)config.num_heads;
-    size_t BT = (size_t)B * T, Vp = (size_t)config.padded_vocab_size;
+    size_t BT = (size_t)B * T, Vp = (size_t)config.padded_vocab_size, QKV = gpt_qkv_features(&config);
     model->encoded = alloc_zeroed(BT * C, &failed);
     model->ln1 = alloc_zeroed(L * BT * C, &failed);
     model->ln1_mean = alloc_zeroed(L * BT, &failed);
     model->ln1_rstd = alloc_zeroed(L * BT, &failed);
-    model->qkv = alloc_zeroed(L * BT * 3 * C, &failed);
+    model->qkv = alloc_zeroed(L * BT * QKV, &failed);  // (L, B, T, NH + 2·NKV, HD)
     model->atty = alloc_zeroed(L * BT * C, &failed);
     model->att_lse = alloc_zeroed(L * NH * BT, &failed);
     model->residual2 = alloc_zeroed(L * BT * C, &failed);
@@ -80,8 +80,8 @@ void cpu_gpt_destroy(CpuGPT* model) {
 
 double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets) {
     const GPTConfig* cfg = &model->config;
-    int B = model->B, T = model->T, C = cfg->channels, NH = cfg->num_heads, HD = C / NH;
-    int N = B * T;
+    int B = model->B, T = model->T, C = cfg->channels, NH = cfg->num_heads, HD = C / NH, NKV = cfg->num_kv_heads;
+    int N = B * T, QKV = (int)gpt_qkv_features(cfg);
     size_t NC = (size_t)N * C;
     double** p = model->param_tensors;
 
@@ -89,7 +89,7 @@ double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets) {
     for (int l = 0; l < cfg->num_layers; l++) {
         const double* residual = l == 0 ? model->encoded : model->residual3 + (size_t)(l - 1) * NC;
         double* ln1 = model->ln1 + l * NC;
-        double* qkv = model->qkv + l * 3 * NC;
+        double* qkv = model->qkv + (size_t)l * N * QKV;
         double* atty = model->atty + l * NC;
         double* residual2 = model->residual2 + l * NC;
         double* ln2 = model->ln2 + l * NC;
@@ -100,8 +100,8 @@ double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets) {
 
         ref_layernorm_forward(ln1, model->ln1_mean + (size_t)l * N, model->ln1_rstd + (size_t)l * N, residual,
                               p[LN1W] + lC, p[LN1B] + lC, N, C);
-        ref_matmul_forward(qkv, ln1, p[QKVW] + lC * 3 * C, p[QKVB] + lC * 3, N, C, 3 * C);
-        ref_attention_forward(atty, model->att_lse + (size_t)l * N * NH, qkv, B, T, NH, HD, 1);
+        ref_matmul_forward(qkv, ln1, p[QKVW] + (size_t)l * QKV * C, p[QKVB] + (size_t)l * QKV, N, C, QKV);
+        ref_attention_forward(atty, model->att_lse + (size_t)l * N * NH, qkv, B, T, NH, NKV, HD, 1);
         ref_matmul_forward(residual2, atty, p[ATTPROJW] + lC * C, p[ATTPROJB] + lC, N, C, C);
         for (size_t i = 0; i < NC; i++) residual2[i] += residual[i];
         ref_layernorm_forward(ln2, model->ln2_mean + (size_t)l * N, model->ln2_rstd + (size_t)l * N, residual2,
@@ -120,8 +120,8 @@ double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets) {
 
 int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
     const GPTConfig* cfg = &model->config;
-    int B = model->B, T = model->T, C = cfg->channels, NH = cfg->num_heads, HD = C / NH;
-    int N = B * T, Vp = cfg->padded_vocab_size;
+    int B = model->B, T = model->T, C = cfg->channels, NH = cfg->num_heads, HD = C / NH, NKV = cfg->num_kv_heads;
+    int N = B * T, Vp = cfg->padded_vocab_size, QKV = (int)gpt_qkv_features(cfg);
     size_t NC = (size_t)N * C;
     double** p = model->param_tensors;
     double** g = model->grad_tensors;
@@ -133,7 +133,7 @@ int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
     double* dresidual2 = (double*)calloc(NC, sizeof(double));
     double* dln = (double*)calloc(NC, sizeof(double));
     double* datty = (double*)calloc(NC, sizeof(double));
-    double* dqkv = (double*)calloc(3 * NC, sizeof(double));
+    double* dqkv = (double*)calloc((size_t)N * QKV, sizeof(double));
     double* dfch = (double*)calloc(4 * NC, sizeof(double));
     double* dfch_gelu = (double*)calloc(4 * NC, sizeof(double));
     int out_of_memory = !dlogits || !dresidual || !dresidual2 || !dln || !datty || !dqkv || !dfch || !dfch_gelu;
@@ -164,15 +164,15 @@ int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets) {
 
         // The attention branch: residual2 = residual + Attn(residual).
         memset(datty, 0, NC * sizeof(double));
-        memset(dqkv, 0, 3 * NC * sizeof(double));
+        memset(dqkv, 0, (size_t)N * QKV * sizeof(double));
         memset(dln, 0, NC * sizeof(double));
         memcpy(dresidual, dresidual2, NC * sizeof(double));
         ref_matmul_backward(datty, g[ATTPROJW] + lC * C, g[ATTPROJB] + lC, dresidual2, model->atty + l * NC,
                             p[ATTPROJW] + lC * C, N, C, C);
-        ref_attention_backward(dqkv, datty, model->qkv + l * 3 * NC, model->atty + l * NC,
-                               model->att_lse + (size_t)l * N * NH, B, T, NH, HD, 1);
-        ref_matmul_backward(dln, g[QKVW] + lC * 3 * C, g[QKVB] + lC * 3, dqkv, model->ln1 + l * NC,
-                            p[QKVW] + lC * 3 * C, N, C, 3 * C);
+        ref_attention_backward(dqkv, datty, model->qkv + (size_t)l * N * QKV, model->atty + l * NC,
+                               model->att_lse + (size_t)l * N * NH, B, T, NH, NKV, HD, 1);
+        ref_matmul_backward(dln, g[QKVW] + (size_t)l * QKV * C, g[QKVB] + (size_t)l * QKV, dqkv, model->ln1 + l * NC,
+                            p[QKVW] + (size_t)l * QKV * C, N, C, QKV);
         ref_layernorm_backward(dresidual, g[LN1W] + lC, g[LN1B] + lC, dln, residual, p[LN1W] + lC,
                                model->ln1_mean + (size_t)l * N, model->ln1_rstd + (size_t)l * N, N, C);
     }
@@ -184,9 +184,12 @@ done:
     return out_of_memory ? -1 : 0;
 }
 
-double cpu_gpt_forward_backward(const int config[6], int B, int T, const double* params, const int* inputs,
+double cpu_gpt_forward_backward(const int config[7], int B, int T, const double* params, const int* inputs,
                                 const int* targets, double* logits, double* grads) {
-    GPTConfig c = {config[0], config[1], config[2], config[3], config[4], config[5]};
+    GPTConfig c;
+    c.num_layers = config[0], c.channels = config[1], c.num_heads = config[2], c.vocab_size = config[3];
+    c.padded_vocab_size = config[4], c.max_seq_len = config[5], c.num_kv_heads = config[6];
+    if (c.num_heads < 1 || c.num_kv_heads < 1 || c.num_heads % c.num_kv_heads != 0) return NAN;  // NKV: a divisor of NH
     CpuGPT model;
     if (cpu_gpt_create(&model, c, B, T) != 0) return NAN;
     memcpy(model.params, params, model.num_params * sizeof(double));

@@ -59,10 +59,11 @@ double cpu_gpt_forward(CpuGPT* model, const int* inputs, const int* targets);
 int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets);
 
 // The whole model in one call, for callers outside C (the numpy and PyTorch checks, through
-// ctypes). config = {L, C, NH, V, Vp, maxT}; params in gpt_config.h's layout; inputs, targets
+// ctypes). config = {L, C, NH, V, Vp, maxT, NKV}; params in gpt_config.h's layout; inputs, targets
 // (B, T). Writes logits (B, T, Vp) and, when grads is not NULL, the gradient of the mean loss
-// (same layout as params). Returns the mean loss, or NaN when out of memory or T > maxT.
-double cpu_gpt_forward_backward(const int config[6], int B, int T, const double* params, const int* inputs,
+// (same layout as params). Returns the mean loss, or NaN when out of memory, T > maxT or NKV does
+// not divide NH.
+double cpu_gpt_forward_backward(const int config[7], int B, int T, const double* params, const int* inputs,
                                 const int* targets, double* logits, double* grads);
 
 #ifdef __cplusplus

@@ -128,24 +128,28 @@ void ref_gelu_backward(double* dinp, const double* dout, const double* inp, size
 }
 
 // Offsets into the packed qkv (B, T, 3, NH, HD) and into (B, T, NH, HD) tensors.
-static size_t qkv_offset(int b, int t, int which, int h, int T, int NH, int HD) {
-    return ((((size_t)b * T + t) * 3 + which) * NH + h) * HD;
+// Row of head h of q (which 0), K/V head h of k (1) or v (2) in qkv (B, T, NH + 2·NKV, HD).
+static size_t qkv_offset(int b, int t, int which, int h, int T, int NH, int NKV, int HD) {
+    const int head = which == 0 ? h : which == 1 ? NH + h : NH + NKV + h;
+    return (((size_t)b * T + t) * (NH + 2 * NKV) + head) * HD;
 }
 static size_t bthd_offset(int b, int t, int h, int T, int NH, int HD) {
     return (((size_t)b * T + t) * NH + h) * HD;
 }
 
-void ref_attention_forward(double* out, double* lse, const double* qkv, int B, int T, int NH, int HD, int causal) {
+void ref_attention_forward(double* out, double* lse, const double* qkv, int B, int T, int NH, int NKV, int HD,
+                           int causal) {
     double scale = 1.0 / sqrt((double)HD);
     double* scores = (double*)malloc((size_t)T * sizeof(double));  // one row of S, then of P
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            const int g = h / (NH / NKV);  // the K/V head of query head h
             for (int i = 0; i < T; i++) {
-                const double* q = qkv + qkv_offset(b, i, 0, h, T, NH, HD);
+                const double* q = qkv + qkv_offset(b, i, 0, h, T, NH, NKV, HD);
                 int num_keys = causal ? i + 1 : T;
                 double row_max = -INFINITY;
                 for (int j = 0; j < num_keys; j++) {
-                    const double* k = qkv + qkv_offset(b, j, 1, h, T, NH, HD);
+                    const double* k = qkv + qkv_offset(b, j, 1, g, T, NH, NKV, HD);
                     double s = 0.0;
                     for (int d = 0; d < HD; d++) s += q[d] * k[d];
                     scores[j] = s * scale;
@@ -159,7 +163,7 @@ void ref_attention_forward(double* out, double* lse, const double* qkv, int B, i
                 double* o = out + bthd_offset(b, i, h, T, NH, HD);
                 for (int d = 0; d < HD; d++) o[d] = 0.0;
                 for (int j = 0; j < num_keys; j++) {
-                    const double* v = qkv + qkv_offset(b, j, 2, h, T, NH, HD);
+                    const double* v = qkv + qkv_offset(b, j, 2, g, T, NH, NKV, HD);
                     double p = scores[j] / row_sum;
                     for (int d = 0; d < HD; d++) o[d] += p * v[d];
                 }
@@ -171,25 +175,26 @@ void ref_attention_forward(double* out, double* lse, const double* qkv, int B, i
 }
 
 void ref_attention_backward(double* dqkv, const double* dout, const double* qkv, const double* out,
-                            const double* lse, int B, int T, int NH, int HD, int causal) {
+                            const double* lse, int B, int T, int NH, int NKV, int HD, int causal) {
     double scale = 1.0 / sqrt((double)HD);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            const int g = h / (NH / NKV);  // dK, dV of K/V head g sum over its query heads
             for (int i = 0; i < T; i++) {
-                const double* q = qkv + qkv_offset(b, i, 0, h, T, NH, HD);
+                const double* q = qkv + qkv_offset(b, i, 0, h, T, NH, NKV, HD);
                 const double* o = out + bthd_offset(b, i, h, T, NH, HD);
                 const double* dO = dout + bthd_offset(b, i, h, T, NH, HD);
-                double* dq = dqkv + qkv_offset(b, i, 0, h, T, NH, HD);
+                double* dq = dqkv + qkv_offset(b, i, 0, h, T, NH, NKV, HD);
                 double row_lse = lse[((size_t)b * NH + h) * T + i];
                 // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, the softmax backward's correction term.
                 double D = 0.0;
                 for (int d = 0; d < HD; d++) D += dO[d] * o[d];
                 int num_keys = causal ? i + 1 : T;
                 for (int j = 0; j < num_keys; j++) {
-                    const double* k = qkv + qkv_offset(b, j, 1, h, T, NH, HD);
-                    const double* v = qkv + qkv_offset(b, j, 2, h, T, NH, HD);
-                    double* dk = dqkv + qkv_offset(b, j, 1, h, T, NH, HD);
-                    double* dv = dqkv + qkv_offset(b, j, 2, h, T, NH, HD);
+                    const double* k = qkv + qkv_offset(b, j, 1, g, T, NH, NKV, HD);
+                    const double* v = qkv + qkv_offset(b, j, 2, g, T, NH, NKV, HD);
+                    double* dk = dqkv + qkv_offset(b, j, 1, g, T, NH, NKV, HD);
+                    double* dv = dqkv + qkv_offset(b, j, 2, g, T, NH, NKV, HD);
                     double s = 0.0, dp = 0.0;
                     for (int d = 0; d < HD; d++) {
                         s += q[d] * k[d];

@@ -9,8 +9,9 @@
 // - Forward functions overwrite their outputs.
 // - Backward functions ADD into every gradient they produce (dinp, dweight, ...), so residual
 //   branches and the tied embedding accumulate naturally; callers zero gradients first.
-// - Attention follows the trainer's interface: q, k, v packed as qkv (B, T, 3, NH, HD), output
-//   (B, T, NH, HD), per-row log-sum-exp lse (B, NH, T) of the scaled scores.
+// - Attention follows the trainer's interface: q, k, v packed as qkv (B, T, NH + 2·NKV, HD) (NKV
+//   key/value heads; (B, T, 3, NH, HD) for multi-head), output (B, T, NH, HD), per-row log-sum-exp
+//   lse (B, NH, T) of the scaled scores.
 #ifndef CPU_REFERENCE_H
 #define CPU_REFERENCE_H
 
@@ -41,13 +42,17 @@ void ref_matmul_backward(double* dinp, double* dweight, double* dbias, const dou
 void ref_gelu_forward(double* out, const double* inp, size_t n);
 void ref_gelu_backward(double* dinp, const double* dout, const double* inp, size_t n);
 
-// Standard attention, materializing S = QKᵀ/√HD and P = softmax(S) row by row.
-// qkv (B, T, 3, NH, HD), out (B, T, NH, HD), lse (B, NH, T). causal: key j > query i is masked.
-void ref_attention_forward(double* out, double* lse, const double* qkv, int B, int T, int NH, int HD, int causal);
-// dqkv (B, T, 3, NH, HD) += gradient of q, k and v given dout (B, T, NH, HD), using the saved out
-// and lse (P is recomputed from them, as the flash backward does).
+// Standard attention, materializing S = QKᵀ/√HD and P = softmax(S) row by row, with NKV key/value
+// heads (NH % NKV == 0; query head h reads K/V head h / (NH / NKV); NKV = NH: multi-head).
+// qkv (B, T, NH + 2·NKV, HD): per token the NH query heads, then NKV key heads, then NKV value heads
+// ((B, T, 3, NH, HD) when NKV = NH). out (B, T, NH, HD), lse (B, NH, T). causal: key j > query i is masked.
+void ref_attention_forward(double* out, double* lse, const double* qkv, int B, int T, int NH, int NKV, int HD,
+                           int causal);
+// dqkv (B, T, NH + 2·NKV, HD) += gradient of q, k and v given dout (B, T, NH, HD), using the saved
+// out and lse (P is recomputed from them, as the flash backward does); dK and dV of a K/V head sum
+// over its NH / NKV query heads.
 void ref_attention_backward(double* dqkv, const double* dout, const double* qkv, const double* out,
-                            const double* lse, int B, int T, int NH, int HD, int causal);
+                            const double* lse, int B, int T, int NH, int NKV, int HD, int causal);
 
 // Softmax cross-entropy over the first V of Vp logits per row (columns V..Vp-1 are vocab padding,
 // ignored). logits (N, Vp), targets (N) in [0, V). Writes losses (N); returns their mean.

@@ -9,6 +9,8 @@
 # runs no case at all. Full output of each program: $BUILD/test_logs/. The attention test runs a
 # second time with FLASH2_MMA_SYNC=1, so that on Hopper flash2's mma.sync kernels are tested too.
 # Ends with `N passed, N failed, N skipped`; exits 1 when anything failed.
+# TEST_ONLY / TEST_EXCLUDE (bash regular expressions, matched against each command) run a part of the
+# list, e.g. to run the attention tests beside the others on one GPU.
 set -u
 export BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -43,6 +45,8 @@ tests=(
 mkdir -p "$BUILD/test_logs"
 passed=0; failed=0; skipped=0
 for cmd in "${tests[@]}"; do
+    [[ -n "${TEST_ONLY:-}" && ! "$cmd" =~ $TEST_ONLY ]] && continue
+    [[ -n "${TEST_EXCLUDE:-}" && "$cmd" =~ $TEST_EXCLUDE ]] && continue
     # log name: the program's (or script's) name and its arguments, e.g. test_gpu_attention_flash2
     name=$(echo "${cmd#"$PYTHON "}" | sed 's/^env [^ ]* //; s|[^ ]*/||; s/\.py//; s/ /_/g')
     case "$cmd" in env\ FLASH2_MMA_SYNC=1*) name="${name}_mma_sync" ;; esac

@@ -405,9 +405,9 @@ static void test_remove_temporaries(void) {
 }
 
 // A tiny model file written by hand (the format's definition), read back through model_file.h.
-static void test_model_file(void) {
-    const char* name = "model_file_round_trip_fp32_and_bf16";
-    GPTConfig c = {2, 16, 2, 50, 64, 8};
+// kv_heads: 2 (multi-head, header slot 8 written as 0 as in llm.c's files) or 1 (multi-query).
+static void test_model_file(int kv_heads, const char* name) {
+    GPTConfig c = {2, 16, 2, kv_heads, 50, 64, 8};
     size_t sizes[NUM_PARAM_TENSORS], total = 0;
     gpt_param_sizes(sizes, &c);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) total += sizes[i];
@@ -422,12 +422,19 @@ static void test_model_file(void) {
         FILE* f = fopen(path, "wb");
         ok = model_file_write_header(f, &c, version) == 0 && fwrite(values, bpv, total, f) == total;
         fclose(f);
+        int32_t slot8 = -1;  // header int 8: NKV, or 0 for a multi-head model (llm.c's files have 0 there)
+        f = fopen(path, "rb");
+        if (ok && (fseek(f, 8 * 4, SEEK_SET) != 0 || fread(&slot8, 4, 1, f) != 1 || slot8 != (kv_heads == 2 ? 0 : kv_heads))) {
+            ok = 0;
+            snprintf(why, sizeof(why), "header int 8 is %d", (int)slot8);
+        }
+        fclose(f);
         ModelFile m;
         if (ok && model_file_open(&m, path, why, sizeof(why)) != 0) ok = 0;
         if (ok) {
             ok = m.version == version && m.config.num_layers == 2 && m.config.channels == 16 &&
                  m.config.num_heads == 2 && m.config.vocab_size == 50 && m.config.padded_vocab_size == 64 &&
-                 m.config.max_seq_len == 8;
+                 m.config.max_seq_len == 8 && m.config.num_kv_heads == kv_heads;
             if (!ok) snprintf(why, sizeof(why), "header fields differ");
             size_t offset = 0;
             unsigned char* back = (unsigned char*)malloc(total * bpv);
@@ -481,7 +488,8 @@ int main(void) {
     test_sharded();
     test_abort_leaves_nothing();
     test_remove_temporaries();
-    test_model_file();
+    test_model_file(2, "model_file_round_trip_fp32_and_bf16");
+    test_model_file(1, "model_file_round_trip_fp32_and_bf16_multi_query");
     rmdir(g_dir);
     return test_end();
 }

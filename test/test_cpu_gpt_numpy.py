@@ -35,14 +35,16 @@ def c_forward(config, params, inputs, targets, with_grads=False):
 
 
 def param_shapes(config):
-    L, C, _, _, Vp, maxT = config
-    return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C), (L, C), (L, C),
+    """config = (L, C, NH, V, Vp, maxT, NKV): the QKV projection has (NH + 2·NKV)·HD outputs."""
+    L, C, NH, _, Vp, maxT, NKV = config
+    QKV = (NH + 2 * NKV) * (C // NH)
+    return [(Vp, C), (maxT, C), (L, C), (L, C), (L, QKV, C), (L, QKV), (L, C, C), (L, C), (L, C), (L, C),
             (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
 
 
 def numpy_forward(config, params, inputs, targets):
     """GPT-2 forward written from the model's definition; returns (mean loss, logits)."""
-    L, C, NH, V, _, _ = config
+    L, C, NH, V, _, _, NKV = config
     HD = C // NH
     B, T = inputs.shape
     tensors, offset = [], 0
@@ -64,8 +66,10 @@ def numpy_forward(config, params, inputs, targets):
     causal = np.tril(np.ones((T, T), dtype=bool))
     for l in range(L):
         h = layernorm(x, ln1w[l], ln1b[l])
-        q, k, v = np.split(h @ qkvw[l].T + qkvb[l], 3, axis=-1)
-        q, k, v = (a.reshape(B, T, NH, HD).transpose(0, 2, 1, 3) for a in (q, k, v))  # (B, NH, T, HD)
+        q, k, v = np.split(h @ qkvw[l].T + qkvb[l], [NH * HD, (NH + NKV) * HD], axis=-1)
+        q = q.reshape(B, T, NH, HD).transpose(0, 2, 1, 3)  # (B, NH, T, HD)
+        # grouped-query attention: K/V head g serves query heads g·NH/NKV .. (g + 1)·NH/NKV − 1
+        k, v = (a.reshape(B, T, NKV, HD).transpose(0, 2, 1, 3).repeat(NH // NKV, axis=1) for a in (k, v))
         scores = np.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(HD), -np.inf)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
@@ -94,22 +98,28 @@ def check_config(config, B, T, seed):
 
 def test_forward_matches_numpy_tiny():
     # L2, hidden 64, 4 heads of 16, vocab 60 padded to 64, T 16.
-    check_config((2, 64, 4, 60, 64, 16), B=2, T=16, seed=1)
+    check_config((2, 64, 4, 60, 64, 16, 4), B=2, T=16, seed=1)
+
+
+def test_forward_matches_numpy_gqa_and_mqa():
+    # 4 heads sharing 2 key/value heads, and 1 (multi-query).
+    check_config((2, 64, 4, 60, 64, 16, 2), B=2, T=16, seed=None)
+    check_config((2, 48, 3, 50, 64, 9, 1), B=1, T=9, seed=None)
 
 
 def test_forward_matches_numpy_odd_sizes():
     # 3 layers, head dim 10, T shorter than the position table, a single sequence.
-    check_config((3, 40, 4, 50, 64, 9), B=1, T=7, seed=None)
+    check_config((3, 40, 4, 50, 64, 9, 4), B=1, T=7, seed=None)
 
 
 def test_forward_matches_numpy_T1():
-    check_config((1, 32, 2, 17, 24, 4), B=3, T=1, seed=None)
+    check_config((1, 32, 2, 17, 24, 4, 2), B=3, T=1, seed=None)
 
 
 def test_backward_matches_numpy_finite_differences():
     # The C backward against central differences of the numpy forward: a check of the
     # backward that shares no code with it. 40 random parameters of every tensor kind.
-    config, B, T = (2, 32, 2, 40, 64, 8), 2, 8
+    config, B, T = (2, 32, 4, 40, 64, 8, 2), 2, 8  # grouped-query: 4 heads, 2 key/value heads
     rng = np.random.default_rng()
     n_params = sum(int(np.prod(s)) for s in param_shapes(config))
     params = rng.normal(0.0, 0.3, n_params)

@@ -217,27 +217,66 @@ static void test_gelu(TestRng* rng) {
 // Attention
 
 typedef struct {
-    int B, T, NH, HD, causal;
+    int B, T, NH, NKV, HD, causal;
     double *qkv, *out, *lse, *dout;
 } AttentionCase;
 
 static double attention_scalar(void* ctx) {
     AttentionCase* a = (AttentionCase*)ctx;
-    ref_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->NH, a->HD, a->causal);
+    ref_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->NH, a->NKV, a->HD, a->causal);
     return dot(a->dout, a->out, (size_t)a->B * a->T * a->NH * a->HD);
 }
 
-static void test_attention_backward(TestRng* rng, int B, int T, int NH, int HD, int causal, const char* name) {
-    size_t n_qkv = (size_t)B * T * 3 * NH * HD, n_out = (size_t)B * T * NH * HD;
+// Finite differences of Σ dout ∘ out over every element of qkv (B, T, NH + 2·NKV, HD).
+static void test_attention_backward(TestRng* rng, int B, int T, int NH, int NKV, int HD, int causal,
+                                    const char* name) {
+    size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * HD, n_out = (size_t)B * T * NH * HD;
     double *qkv = test_alloc(n_qkv), *out = test_alloc(n_out), *lse = test_alloc((size_t)B * NH * T);
     double *dout = test_alloc(n_out), *dqkv = test_alloc(n_qkv);
     test_fill_normal(rng, qkv, n_qkv, 1.0);
     test_fill_normal(rng, dout, n_out, 1.0);
-    ref_attention_forward(out, lse, qkv, B, T, NH, HD, causal);
-    ref_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HD, causal);
-    AttentionCase a = {B, T, NH, HD, causal, qkv, out, lse, dout};
+    ref_attention_forward(out, lse, qkv, B, T, NH, NKV, HD, causal);
+    ref_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, HD, causal);
+    AttentionCase a = {B, T, NH, NKV, HD, causal, qkv, out, lse, dout};
     check_gradient(name, attention_scalar, &a, qkv, dqkv, n_qkv);
     free(qkv); free(out); free(lse); free(dout); free(dqkv);
+}
+
+// Grouped-query attention is multi-head attention with each K/V head repeated for its NH / NKV query
+// heads: the same out and lse, and dK, dV the sums of the repeated heads' gradients.
+static void test_attention_gqa_is_repeated_kv(TestRng* rng, int NKV, int causal, const char* name) {
+    enum { B = 2, T = 7, NH = 4, HD = 5 };
+    const int G = NH / NKV, W = NH + 2 * NKV;
+    size_t n_gqa = (size_t)B * T * W * HD, n_mha = (size_t)B * T * 3 * NH * HD, n_out = (size_t)B * T * NH * HD;
+    double *gqa = test_alloc(n_gqa), *mha = test_alloc(n_mha), *dout = test_alloc(n_out);
+    double *out_g = test_alloc(n_out), *out_m = test_alloc(n_out);
+    double *lse_g = test_alloc((size_t)B * NH * T), *lse_m = test_alloc((size_t)B * NH * T);
+    double *dgqa = test_alloc(n_gqa), *dmha = test_alloc(n_mha), *dsum = test_alloc(n_gqa);
+    test_fill_normal(rng, gqa, n_gqa, 1.0);
+    test_fill_normal(rng, dout, n_out, 1.0);
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)  // the MHA copy: head h of k and v is K/V head h / G
+        for (int h = 0; h < NH; h++)
+            for (int d = 0; d < HD; d++) {
+                mha[(bt * 3 * NH + h) * HD + d] = gqa[(bt * W + h) * HD + d];
+                mha[(bt * 3 * NH + NH + h) * HD + d] = gqa[(bt * W + NH + h / G) * HD + d];
+                mha[(bt * 3 * NH + 2 * NH + h) * HD + d] = gqa[(bt * W + NH + NKV + h / G) * HD + d];
+            }
+    ref_attention_forward(out_g, lse_g, gqa, B, T, NH, NKV, HD, causal);
+    ref_attention_forward(out_m, lse_m, mha, B, T, NH, NH, HD, causal);
+    ref_attention_backward(dgqa, dout, gqa, out_g, lse_g, B, T, NH, NKV, HD, causal);
+    ref_attention_backward(dmha, dout, mha, out_m, lse_m, B, T, NH, NH, HD, causal);
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)  // dQ as is; dK, dV summed over each group
+        for (int h = 0; h < NH; h++)
+            for (int d = 0; d < HD; d++) {
+                dsum[(bt * W + h) * HD + d] = dmha[(bt * 3 * NH + h) * HD + d];
+                dsum[(bt * W + NH + h / G) * HD + d] += dmha[(bt * 3 * NH + NH + h) * HD + d];
+                dsum[(bt * W + NH + NKV + h / G) * HD + d] += dmha[(bt * 3 * NH + 2 * NH + h) * HD + d];
+            }
+    double err = fmax(test_rel_error(out_g, out_m, n_out), test_rel_error(lse_g, lse_m, (size_t)B * NH * T));
+    err = fmax(err, test_rel_error(dgqa, dsum, n_gqa));
+    test_report(name, err < 1e-12, "relative deviation %.3e from MHA with repeated K/V heads", err);
+    free(gqa); free(mha); free(dout); free(out_g); free(out_m); free(lse_g); free(lse_m);
+    free(dgqa); free(dmha); free(dsum);
 }
 
 static void test_attention_forward(TestRng* rng) {
@@ -253,7 +292,7 @@ static void test_attention_forward(TestRng* rng) {
 
     // Causal: query 0 sees only key 0, so its output is v_0 and its lse is q_0·k_0/√HD.
     test_fill_normal(rng, qkv, n_qkv, 1.0);
-    ref_attention_forward(out, lse, qkv, B, T, NH, HD, 1);
+    ref_attention_forward(out, lse, qkv, B, T, NH, NH, HD, 1);
     double worst = 0.0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
@@ -269,7 +308,7 @@ static void test_attention_forward(TestRng* rng) {
     // The lse must normalize every row: Σ_j exp(q_i·k_j/√HD − lse_i) = 1 over the visible keys.
     for (int causal = 0; causal <= 1; causal++) {
         worst = 0.0;
-        ref_attention_forward(out, lse, qkv, B, T, NH, HD, causal);
+        ref_attention_forward(out, lse, qkv, B, T, NH, NH, HD, causal);
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int i = 0; i < T; i++) {
@@ -290,7 +329,7 @@ static void test_attention_forward(TestRng* rng) {
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++)
                 for (int d = 0; d < HD; d++) K(b, t, h, d) = K(b, 0, h, d);
-    ref_attention_forward(out, lse, qkv, B, T, NH, HD, 0);
+    ref_attention_forward(out, lse, qkv, B, T, NH, NH, HD, 0);
     worst = 0.0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
@@ -416,9 +455,9 @@ static double model_loss(void* ctx) {
     return cpu_gpt_forward(m->model, m->inputs, m->targets);
 }
 
-// A tiny config: L2, h64, 4 heads (head dim 16), T16, vocab 60 padded to 64.
-static GPTConfig tiny_config(void) {
-    GPTConfig c = {2, 64, 4, 60, 64, 16};
+// A tiny config: L2, h64, 4 heads (head dim 16) with kv_heads key/value heads, T16, vocab 60 padded to 64.
+static GPTConfig tiny_config(int kv_heads) {
+    GPTConfig c = {2, 64, 4, kv_heads, 60, 64, 16};
     return c;
 }
 
@@ -436,9 +475,11 @@ static void fill_params(TestRng* rng, CpuGPT* model, double weight_scale) {
     }
 }
 
-static void test_model(TestRng* rng) {
+// prefix: "model" (multi-head) or "model_gqa" (2 key/value heads for 4 heads), the test names' start.
+static void test_model(TestRng* rng, int kv_heads, const char* prefix) {
     enum { B = 2, T = 16 };
-    GPTConfig cfg = tiny_config();
+    GPTConfig cfg = tiny_config(kv_heads);
+    char name[96];
     CpuGPT model;
     if (cpu_gpt_create(&model, cfg, B, T) != 0) { test_fail("model_create", "out of memory"); return; }
     int inputs[B * T], targets[B * T];
@@ -449,7 +490,8 @@ static void test_model(TestRng* rng) {
     // At GPT-2's init scale the logits are near zero, so the loss is near log V.
     fill_params(rng, &model, 0.02);
     double loss = cpu_gpt_forward(&model, inputs, targets);
-    test_report("model_forward_init_loss_near_log_vocab", fabs(loss - log((double)cfg.vocab_size)) < 0.05,
+    snprintf(name, sizeof(name), "%s_forward_init_loss_near_log_vocab", prefix);
+    test_report(name, fabs(loss - log((double)cfg.vocab_size)) < 0.05,
                 "loss %.4f, log V = %.4f", loss, log((double)cfg.vocab_size));
 
     // Causality: changing the last input token changes no logit before it.
@@ -466,7 +508,8 @@ static void test_model(TestRng* rng) {
     for (size_t i = 0; i < (size_t)(T - 1) * row; i++) earlier = fmax(earlier, fabs(model.logits[i] - before[i]));
     for (size_t i = (size_t)(T - 1) * row; i < (size_t)T * row; i++)
         last = fmax(last, fabs(model.logits[i] - before[i]));
-    test_report("model_forward_is_causal", earlier == 0.0 && last > 0.0,
+    snprintf(name, sizeof(name), "%s_forward_is_causal", prefix);
+    test_report(name, earlier == 0.0 && last > 0.0,
                 "max change before the edited position %.3e (want 0), at it %.3e (want > 0)", earlier, last);
     free(before);
 
@@ -485,8 +528,7 @@ static void test_model(TestRng* rng) {
             analytic[s] = model.grad_tensors[t][i];
             finite_differences(&numeric[s], model_loss, &mc, &model.param_tensors[t][i], 1);
         }
-        char name[64];
-        snprintf(name, sizeof(name), "model_backward_d%s", GPT_PARAMS[t].name);
+        snprintf(name, sizeof(name), "%s_backward_d%s", prefix, GPT_PARAMS[t].name);
         double err = test_rel_error(analytic, numeric, SAMPLES);
         test_report(name, err <= FD_TOLERANCE, "relative error %.3e > %.0e on %d sampled elements", err,
                     FD_TOLERANCE, SAMPLES);
@@ -495,7 +537,8 @@ static void test_model(TestRng* rng) {
     double padding = 0.0;
     for (size_t i = (size_t)cfg.vocab_size * cfg.channels; i < model.param_sizes[0]; i++)
         padding = fmax(padding, fabs(model.grad_tensors[0][i]));
-    test_report("model_backward_vocab_padding_is_zero", padding == 0.0, "max |grad| %.3e", padding);
+    snprintf(name, sizeof(name), "%s_backward_vocab_padding_is_zero", prefix);
+    test_report(name, padding == 0.0, "max |grad| %.3e", padding);
     cpu_gpt_destroy(&model);
 }
 
@@ -507,12 +550,17 @@ int main(void) {
     test_matmul(&rng);
     test_gelu(&rng);
     test_attention_forward(&rng);
-    test_attention_backward(&rng, 2, 5, 2, 3, 0, "attention_backward_noncausal");
-    test_attention_backward(&rng, 2, 5, 2, 3, 1, "attention_backward_causal");
-    test_attention_backward(&rng, 1, 1, 2, 4, 1, "attention_backward_causal_T1");
-    test_attention_backward(&rng, 1, 7, 1, 8, 1, "attention_backward_causal_T7_HD8");
+    test_attention_backward(&rng, 2, 5, 2, 2, 3, 0, "attention_backward_noncausal");
+    test_attention_backward(&rng, 2, 5, 2, 2, 3, 1, "attention_backward_causal");
+    test_attention_backward(&rng, 1, 1, 2, 2, 4, 1, "attention_backward_causal_T1");
+    test_attention_backward(&rng, 1, 7, 1, 1, 8, 1, "attention_backward_causal_T7_HD8");
+    test_attention_backward(&rng, 2, 5, 4, 2, 3, 1, "attention_backward_gqa_causal_NH4_NKV2");
+    test_attention_backward(&rng, 2, 5, 3, 1, 3, 0, "attention_backward_mqa_noncausal_NH3_NKV1");
+    test_attention_gqa_is_repeated_kv(&rng, 2, 1, "attention_gqa_NKV2_is_mha_with_repeated_kv_causal");
+    test_attention_gqa_is_repeated_kv(&rng, 1, 0, "attention_mqa_NKV1_is_mha_with_repeated_kv");
     test_crossentropy(&rng);
     test_adamw(&rng);
-    test_model(&rng);
+    test_model(&rng, 4, "model");
+    test_model(&rng, 2, "model_gqa");
     return test_end();
 }

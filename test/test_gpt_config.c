@@ -4,7 +4,7 @@
 
 static GPTConfig named_config(const char* name, int T) {
     const NamedGPTShape* s = gpt_find_named_shape(name);
-    GPTConfig c = {s->num_layers, s->channels, s->num_heads, GPT2_VOCAB_SIZE,
+    GPTConfig c = {s->num_layers, s->channels, s->num_heads, s->num_heads, GPT2_VOCAB_SIZE,
                    gpt_round_up(GPT2_VOCAB_SIZE, VOCAB_PAD_MULTIPLE), T};
     return c;
 }
@@ -51,13 +51,43 @@ int main(void) {
     bad.num_layers = 0;
     rc = gpt_config_check(&bad, err, sizeof(err));
     test_report("zero_layers_rejected", rc != 0, "rc %d", rc);
+    bad = gpt2;
+    bad.num_kv_heads = 5;  // 12 heads
+    rc = gpt_config_check(&bad, err, sizeof(err));
+    test_report("kv_heads_not_dividing_heads_rejected", rc != 0 && strstr(err, "--kv-heads"), "rc %d, message \"%s\"",
+                rc, err);
+    bad.num_kv_heads = 0;
+    rc = gpt_config_check(&bad, err, sizeof(err));
+    test_report("zero_kv_heads_rejected", rc != 0 && strstr(err, "--kv-heads"), "rc %d, message \"%s\"", rc, err);
+
+    // Grouped-query attention shrinks only the QKV projection: C × (NH + 2·NKV)·HD weights and
+    // (NH + 2·NKV)·HD biases per layer, instead of C × 3C and 3C.
+    int gqa_ok = 1;
+    for (int kv = 1; kv <= 16; kv *= 2) {
+        GPTConfig g = gpt3;
+        g.num_kv_heads = kv;
+        const size_t qkv = (size_t)(16 + 2 * kv) * 128, mha_qkv = 3 * 2048;
+        const size_t want = gpt_num_params(&gpt3) - 24 * (mha_qkv - qkv) * (2048 + 1);
+        if (gpt_config_check(&g, err, sizeof(err)) != 0 || gpt_num_params(&g) != want || gpt_qkv_features(&g) != qkv) {
+            printf("  kv heads %d: %zu params (want %zu), qkv features %zu (want %zu)\n", kv, gpt_num_params(&g),
+                   want, gpt_qkv_features(&g), qkv);
+            gqa_ok = 0;
+        }
+    }
+    test_report("gqa_param_counts_gpt3_1_3b", gqa_ok, "wrong parameter count with --kv-heads");
 
     // FLOPs: 6·s·P + 12·L·h·s², worked by hand for a small config.
-    GPTConfig tiny = {2, 64, 1, 100, 128, 16};
+    GPTConfig tiny = {2, 64, 1, 1, 100, 128, 16};
     // P = 128·64 + 16·64 + 2·(12·64² + 13·64) + 2·64 = 8192 + 1024 + 99968 + 128 = 109312
     test_report("tiny_param_count", gpt_num_params(&tiny) == 109312u, "got %zu", gpt_num_params(&tiny));
     double flops = gpt_flops_per_sequence(&tiny, 16), want = 6.0 * 16 * 109312 + 12.0 * 2 * 64 * 16 * 16;
     test_report("flops_per_sequence_formula", flops == want, "got %.0f, want %.0f", flops, want);
+    // With GQA only P changes: 4 heads of 16, 2 K/V heads: QKV (4 + 4)·16 = 128 features instead of
+    // 192, i.e. 2·(64·64 + 64) fewer parameters; the attention term stays 12·L·h·s² with h = C.
+    GPTConfig tiny_gqa = {2, 64, 4, 2, 100, 128, 16};
+    const double p_gqa = 109312.0 - 2 * (64 * 64 + 64);
+    flops = gpt_flops_per_sequence(&tiny_gqa, 16), want = 6.0 * 16 * p_gqa + 12.0 * 2 * 64 * 16 * 16;
+    test_report("flops_per_sequence_formula_gqa", flops == want, "got %.0f, want %.0f", flops, want);
 
     // Peaks: the dense bf16 datasheet numbers (SXM parts; scripts/results_common.py has the same table).
     test_report("peak_h100_sxm", gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4, "wrong peak");

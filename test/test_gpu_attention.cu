@@ -32,6 +32,13 @@
 //   poison must stay untouched; the backward must leave q, k, v, dout, out and lse as they were.
 // flash1 keeps O, m and ℓ in the workspace between key blocks of 256 or 512 keys, and its backward
 // adds dQ there per key block of 128: T = 1000 is the case with several key blocks (T ≤ 127 has one).
+// Grouped-query attention (NKV key/value heads, attention.h): the cases above are multi-head (NKV =
+// NH); a second sweep runs, at s = 1, every head dim and both masks: NH = 16 with NKV in {1, 2, 4 =
+// NH/4} at T = 1 and 17 (and NKV = 16 = NH at T = 17), NH = 8 with NKV in {1, 2 = NH/4, 8} at T = 127
+// (both layouts; plain: k and v (B, T, NKV, HD)), and NH = 4 with NKV in {1, 2} at T = 300 (several
+// key and query blocks per head; the fp64 reference of T = 1000 with several heads would take minutes).
+// The reference is the same fp64 attention with NKV heads (cpu_reference.h), whose dK and dV sum over
+// each group's query heads. Case names carry _nhH_nkvK.
 // CPU-only cases (the dispatcher's checks, names and sizes) run everywhere; GPU cases are reported
 // as SKIP where no GPU is found.
 #include <cuda_bf16.h>
@@ -87,10 +94,14 @@ static const char* backend_label(AttentionBackend backend) {
     return attention_backend_name(backend);
 }
 
-static void case_name(char* buf, size_t size, AttentionBackend backend, int HD, int causal, int T, double scale,
+// Multi-head names are as before GQA; grouped-query ones add _nhH_nkvK.
+static void case_name(char* buf, size_t size, AttentionBackend backend, const AttentionShape* s, double scale,
                       Layout layout, int deterministic) {
-    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g_%s%s", backend_label(backend), HD,
-             causal ? "causal" : "full", T, scale, LAYOUT_NAMES[layout], deterministic ? "_deterministic" : "");
+    char heads[32] = "";
+    if (s->NKV != s->NH) snprintf(heads, sizeof(heads), "_nh%d_nkv%d", s->NH, s->NKV);
+    snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g%s_%s%s", backend_label(backend), s->HD,
+             s->causal ? "causal" : "full", s->T, scale, heads, LAYOUT_NAMES[layout],
+             deterministic ? "_deterministic" : "");
 }
 
 // flash2's deterministic backward (AttentionArgs.deterministic; its Hopper kernels) is tested, on
@@ -106,37 +117,42 @@ static int deterministic_case(AttentionBackend backend, int T, double scale) {
 typedef struct {
     AttentionShape shape;
     double scale;
-    size_t n;             // B·T·NH·HD, elements of one of q, k, v, out, dout
+    size_t n;             // B·T·NH·HD, elements of one of q, out, dout
+    size_t n_kv;          // B·T·NKV·HD, elements of one of k, v
+    size_t n_qkv;         // n + 2·n_kv
     size_t n_lse;         // B·NH·T
-    uint16_t* qkv_bits;   // (B, T, 3, NH, HD) bf16
+    uint16_t* qkv_bits;   // (B, T, NH + 2·NKV, HD) bf16
     uint16_t* dout_bits;  // (B, T, NH, HD) bf16
     double *qkv, *dout;   // the same values
     double *ref_out, *ref_lse;
 } InputSet;
 
-static InputSet make_inputs(int B, int T, int NH, int HD, int causal, double scale, uint64_t seed) {
+static InputSet make_inputs(int B, int T, int NH, int NKV, int HD, int causal, double scale, uint64_t seed) {
     InputSet in;
     memset(&in, 0, sizeof(in));
     in.shape.B = B;
     in.shape.T = T;
     in.shape.NH = NH;
+    in.shape.NKV = NKV;
     in.shape.HD = HD;
     in.shape.causal = causal;
     in.scale = scale;
     in.n = (size_t)B * T * NH * HD;
+    in.n_kv = (size_t)B * T * NKV * HD;
+    in.n_qkv = in.n + 2 * in.n_kv;
     in.n_lse = (size_t)B * NH * T;
-    in.qkv_bits = (uint16_t*)malloc(3 * in.n * sizeof(uint16_t));
+    in.qkv_bits = (uint16_t*)malloc(in.n_qkv * sizeof(uint16_t));
     in.dout_bits = (uint16_t*)malloc(in.n * sizeof(uint16_t));
     if (!in.qkv_bits || !in.dout_bits) {
         fprintf(stderr, "test: out of host memory\n");
         exit(2);
     }
-    in.qkv = test_alloc(3 * in.n);
+    in.qkv = test_alloc(in.n_qkv);
     in.dout = test_alloc(in.n);
     in.ref_out = test_alloc(in.n);
     in.ref_lse = test_alloc(in.n_lse);
     TestRng rng = {seed};
-    for (size_t i = 0; i < 3 * in.n; i++) {
+    for (size_t i = 0; i < in.n_qkv; i++) {
         in.qkv_bits[i] = test_float_to_bf16((float)test_rng_uniform(&rng, -scale, scale));
         in.qkv[i] = test_bf16_to_float(in.qkv_bits[i]);
     }
@@ -144,7 +160,7 @@ static InputSet make_inputs(int B, int T, int NH, int HD, int causal, double sca
         in.dout_bits[i] = test_float_to_bf16((float)test_rng_uniform(&rng, -1.0, 1.0));
         in.dout[i] = test_bf16_to_float(in.dout_bits[i]);
     }
-    ref_attention_forward(in.ref_out, in.ref_lse, in.qkv, B, T, NH, HD, causal);
+    ref_attention_forward(in.ref_out, in.ref_lse, in.qkv, B, T, NH, NKV, HD, causal);
     return in;
 }
 
@@ -180,29 +196,36 @@ static size_t row_offset(const AttentionShape* s, int b, int t, int h, long stri
     return ((size_t)b * s->T + t) * (size_t)stride + (size_t)h * s->HD;
 }
 
-// Copies the (B, T, NH, HD) tensor whose rows lie at `base` + row_offset(stride) into slot `which`
-// of a packed (B, T, 3, NH, HD) array of doubles (`which` = -1: into a plain (B, T, NH, HD) array).
+// Slot `which` (0 q, 1 k, 2 v) of a token's row in the packed (B, T, NH + 2·NKV, HD) layout: its
+// heads (NH for q, NKV for k and v) and their first value's offset within the row.
+static int slot_heads(const AttentionShape* s, int which) { return which == 0 ? s->NH : s->NKV; }
+static size_t slot_start(const AttentionShape* s, int which) {
+    return (size_t)(which == 0 ? 0 : which == 1 ? s->NH : s->NH + s->NKV) * s->HD;
+}
+static long packed_row(const AttentionShape* s) { return (long)(s->NH + 2 * s->NKV) * s->HD; }
+
+// Copies slot `which` of a tensor whose rows (b, t, h) lie at `base` + row_offset(stride) into the
+// same slot of a packed (B, T, NH + 2·NKV, HD) array of doubles.
 static void gather_bf16(double* dst, int which, const uint16_t* base, long stride, const AttentionShape* s) {
     for (int b = 0; b < s->B; b++)
         for (int t = 0; t < s->T; t++)
-            for (int h = 0; h < s->NH; h++) {
+            for (int h = 0; h < slot_heads(s, which); h++) {
                 const uint16_t* src = base + row_offset(s, b, t, h, stride);
-                size_t d0 = which < 0 ? row_offset(s, b, t, h, (long)s->NH * s->HD)
-                                      : row_offset(s, b, t, h, 3L * s->NH * s->HD) + (size_t)which * s->NH * s->HD;
+                size_t d0 = row_offset(s, b, t, h, packed_row(s)) + slot_start(s, which);
                 for (int d = 0; d < s->HD; d++) dst[d0 + d] = test_bf16_to_float(src[d]);
             }
 }
 
-// Relative error of slot `which` (0 q, 1 k, 2 v) of two packed (B, T, 3, NH, HD) arrays.
+// Relative error of slot `which` (0 q, 1 k, 2 v) of two packed (B, T, NH + 2·NKV, HD) arrays.
 static double slot_error(const double* x, const double* ref, int which, const AttentionShape* s, int* floored) {
-    size_t n = (size_t)s->B * s->T * s->NH * s->HD;
+    size_t row = (size_t)slot_heads(s, which) * s->HD, n = (size_t)s->B * s->T * row;
     double* a = test_alloc(n);
     double* r = test_alloc(n);
-    size_t row = (size_t)s->NH * s->HD, i = 0;
+    size_t i = 0, at = slot_start(s, which), w = (size_t)packed_row(s);
     for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
         for (size_t e = 0; e < row; e++, i++) {
-            a[i] = x[(bt * 3 + which) * row + e];
-            r[i] = ref[(bt * 3 + which) * row + e];
+            a[i] = x[bt * w + at + e];
+            r[i] = ref[bt * w + at + e];
         }
     double err = floored_rel_error(a, r, n, floored);
     free(a);
@@ -214,9 +237,9 @@ static double slot_error(const double* x, const double* ref, int which, const At
 
 // Device memory of one case. Output regions sit between guards of GUARD elements:
 //   out:  [guard | out (B, T, NH, HD) | guard],  lse: [guard | lse (B, NH, T) | guard]
-//   dqkv packed: [guard | dqkv (B, T, 3, NH, HD) | guard]
-//   dqkv plain:  [guard | dq | guard | dk | guard | dv | guard], each (B, T, NH, HD)
-// q, k, v: one buffer, packed (B, T, 3, NH, HD) or plain q | k | v.
+//   dqkv packed: [guard | dqkv (B, T, NH + 2·NKV, HD) | guard]
+//   dqkv plain:  [guard | dq | guard | dk | guard | dv | guard], dq (B, T, NH, HD), dk, dv (B, T, NKV, HD)
+// q, k, v: one buffer, packed (B, T, NH + 2·NKV, HD) or plain q | k | v.
 typedef struct {
     __nv_bfloat16 *qkv, *dout, *out_buf, *dqkv_buf;
     float* lse_buf;
@@ -229,13 +252,13 @@ typedef struct {
 static CaseBuffers case_alloc(const InputSet* in, AttentionBackend backend, Layout layout,
                               const uint16_t* qkv_upload) {
     const AttentionShape* s = &in->shape;
-    const long row = (long)s->NH * s->HD;
+    const long row = (long)s->NH * s->HD, kv_row = (long)s->NKV * s->HD, packed = packed_row(s);
     CaseBuffers c;
     memset(&c, 0, sizeof(c));
-    c.qkv_elems = 3 * in->n;
+    c.qkv_elems = in->n_qkv;
     c.out_buf_elems = in->n + 2 * GUARD;
     c.lse_buf_elems = in->n_lse + 2 * GUARD;
-    c.dqkv_buf_elems = layout == LAYOUT_PACKED ? 3 * in->n + 2 * GUARD : 3 * in->n + 4 * GUARD;
+    c.dqkv_buf_elems = layout == LAYOUT_PACKED ? in->n_qkv + 2 * GUARD : in->n_qkv + 4 * GUARD;
     c.saved_bytes = attention_saved_bytes(backend, s);
     c.workspace_bytes = attention_workspace_bytes(backend, s);
     c.qkv = (__nv_bfloat16*)device_alloc(c.qkv_elems * sizeof(uint16_t));
@@ -250,24 +273,26 @@ static CaseBuffers case_alloc(const InputSet* in, AttentionBackend backend, Layo
 
     AttentionArgs* a = &c.args;
     a->shape = *s;
-    if (layout == LAYOUT_PACKED) {
+    if (layout == LAYOUT_PACKED) {  // one stride for all (kv_stride, dkv_stride 0: the same)
         a->q = c.qkv;
         a->k = c.qkv + row;
-        a->v = c.qkv + 2 * row;
-        a->qkv_stride = 3 * row;
+        a->v = c.qkv + row + kv_row;
+        a->qkv_stride = packed;
         c.dq_at = GUARD;
         c.dk_at = GUARD + row;
-        c.dv_at = GUARD + 2 * row;
-        a->dqkv_stride = 3 * row;
+        c.dv_at = GUARD + row + kv_row;
+        a->dqkv_stride = packed;
     } else {
         a->q = c.qkv;
         a->k = c.qkv + in->n;
-        a->v = c.qkv + 2 * in->n;
+        a->v = c.qkv + in->n + in->n_kv;
         a->qkv_stride = row;
+        a->kv_stride = kv_row;
         c.dq_at = GUARD;
         c.dk_at = 2 * GUARD + in->n;
-        c.dv_at = 3 * GUARD + 2 * in->n;
+        c.dv_at = 3 * GUARD + in->n + in->n_kv;
         a->dqkv_stride = row;
+        a->dkv_stride = kv_row;
     }
     a->out = c.out_buf + GUARD;
     a->out_stride = row;
@@ -299,16 +324,20 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
         test_fail(name, "attention_check refused the shape: %s", why);
         return;
     }
-    const size_t n = in->n, n_lse = in->n_lse;
-    const long row = (long)s->NH * s->HD;
+    const size_t n = in->n, n_kv = in->n_kv, n_qkv = in->n_qkv, n_lse = in->n_lse;
+    const long packed = packed_row(s);
 
     // q, k, v as uploaded: the packed bits as they are, or q | k | v one after the other.
     uint16_t* qkv_upload = in->qkv_bits;
     if (layout == LAYOUT_PLAIN) {
-        qkv_upload = (uint16_t*)malloc(3 * n * sizeof(uint16_t));
+        qkv_upload = (uint16_t*)malloc(n_qkv * sizeof(uint16_t));
+        const size_t plain_at[3] = {0, n, n + n_kv};
         for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
-            for (int w = 0; w < 3; w++)
-                memcpy(qkv_upload + w * n + bt * row, in->qkv_bits + (bt * 3 + w) * row, row * sizeof(uint16_t));
+            for (int w = 0; w < 3; w++) {
+                const size_t slot_row = (size_t)slot_heads(s, w) * s->HD;
+                memcpy(qkv_upload + plain_at[w] + bt * slot_row, in->qkv_bits + bt * packed + slot_start(s, w),
+                       slot_row * sizeof(uint16_t));
+            }
     }
     CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
     c.args.deterministic = deterministic;
@@ -364,28 +393,30 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     if (layout == LAYOUT_PACKED) {
         // The q, k and v slots tile the packed buffer: every element must have been written.
         size_t bad = 0, first = 0;
-        for (size_t i = 0; i < 3 * n; i++)
+        for (size_t i = 0; i < n_qkv; i++)
             if (!bf16_is_finite(dqkv_host[GUARD + i]) && bad++ == 0) first = i;
         if (bad) {
-            size_t e = first % row, bt = first / row / 3;
+            const size_t e = first % packed, bt = first / packed, head = e / s->HD;
+            const int w = head < (size_t)s->NH ? 0 : head < (size_t)(s->NH + s->NKV) ? 1 : 2;
             add_problem(problems, sizeof(problems),
                         "%zu of %zu elements of the packed dqkv buffer non-finite or unwritten, the first in %s at "
                         "b=%zu t=%zu h=%zu d=%zu",
-                        bad, 3 * n, slot_names[(first / row) % 3], bt / s->T, bt % s->T, e / s->HD, e % s->HD);
+                        bad, n_qkv, slot_names[w], bt / s->T, bt % s->T, (e - slot_start(s, w)) / s->HD, e % s->HD);
         }
-        if (changed_poison_bytes(dqkv_host, GUARD * 2) || changed_poison_bytes(dqkv_host + GUARD + 3 * n, GUARD * 2))
+        if (changed_poison_bytes(dqkv_host, GUARD * 2) || changed_poison_bytes(dqkv_host + GUARD + n_qkv, GUARD * 2))
             add_problem(problems, sizeof(problems), "backward wrote outside the packed dqkv buffer");
     } else {
+        const size_t slot_n[3] = {n, n_kv, n_kv};
         for (int w = 0; w < 3; w++) {
             size_t bad = 0;
-            for (size_t i = 0; i < n; i++) bad += !bf16_is_finite(dqkv_host[slot_at[w] + i]);
+            for (size_t i = 0; i < slot_n[w]; i++) bad += !bf16_is_finite(dqkv_host[slot_at[w] + i]);
             if (bad)
-                add_problem(problems, sizeof(problems), "%zu of %zu %s elements non-finite or unwritten", bad, n,
-                            slot_names[w]);
+                add_problem(problems, sizeof(problems), "%zu of %zu %s elements non-finite or unwritten", bad,
+                            slot_n[w], slot_names[w]);
             if (changed_poison_bytes(dqkv_host + slot_at[w] - GUARD, GUARD * 2))
                 add_problem(problems, sizeof(problems), "backward wrote into the guard before %s", slot_names[w]);
         }
-        if (changed_poison_bytes(dqkv_host + c.dv_at + n, GUARD * 2))
+        if (changed_poison_bytes(dqkv_host + c.dv_at + n_kv, GUARD * 2))
             add_problem(problems, sizeof(problems), "backward wrote into the guard after dv");
     }
 
@@ -409,25 +440,27 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     // The backward's inputs must be as they were.
     uint16_t* out_after = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
     uint32_t* lse_after = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
-    uint16_t* qkv_after = (uint16_t*)malloc(3 * n * sizeof(uint16_t));
+    uint16_t* qkv_after = (uint16_t*)malloc(n_qkv * sizeof(uint16_t));
     uint16_t* dout_after = (uint16_t*)malloc(n * sizeof(uint16_t));
     CUDA_CHECK(cudaMemcpy(out_after, c.out_buf, c.out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(lse_after, c.lse_buf, c.lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(qkv_after, c.qkv, 3 * n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(qkv_after, c.qkv, n_qkv * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(dout_after, c.dout, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     if (memcmp(out_after, out_host, c.out_buf_elems * sizeof(uint16_t)) != 0)
         add_problem(problems, sizeof(problems), "backward changed out or its guards");
     if (memcmp(lse_after, lse_host, c.lse_buf_elems * sizeof(uint32_t)) != 0)
         add_problem(problems, sizeof(problems), "backward changed lse or its guards");
-    if (memcmp(qkv_after, qkv_upload, 3 * n * sizeof(uint16_t)) != 0)
+    if (memcmp(qkv_after, qkv_upload, n_qkv * sizeof(uint16_t)) != 0)
         add_problem(problems, sizeof(problems), "q, k or v changed");
     if (memcmp(dout_after, in->dout_bits, n * sizeof(uint16_t)) != 0)
         add_problem(problems, sizeof(problems), "dout changed");
 
-    double* ref_dqkv = test_alloc(3 * n);  // zeroed: the reference backward adds into it
-    ref_attention_backward(ref_dqkv, in->dout, in->qkv, gpu_out, gpu_lse, s->B, s->T, s->NH, s->HD, s->causal);
-    double* gpu_dqkv = test_alloc(3 * n);
-    for (int w = 0; w < 3; w++) gather_bf16(gpu_dqkv, w, dqkv_host + slot_at[w], a->dqkv_stride, s);
+    double* ref_dqkv = test_alloc(n_qkv);  // zeroed: the reference backward adds into it
+    ref_attention_backward(ref_dqkv, in->dout, in->qkv, gpu_out, gpu_lse, s->B, s->T, s->NH, s->NKV, s->HD,
+                           s->causal);
+    double* gpu_dqkv = test_alloc(n_qkv);
+    const long slot_stride[3] = {a->dqkv_stride, attention_dkv_stride(a), attention_dkv_stride(a)};
+    for (int w = 0; w < 3; w++) gather_bf16(gpu_dqkv, w, dqkv_host + slot_at[w], slot_stride[w], s);
     for (int w = 0; w < 3; w++) err[2 + w] = slot_error(gpu_dqkv, ref_dqkv, w, s, &floored[2 + w]);
 
     const char* err_names[5] = {"O", "LSE", "dQ", "dK", "dV"};
@@ -465,6 +498,7 @@ static AttentionShape shape_of(int B, int T, int NH, int HD, int causal) {
     s.B = B;
     s.T = T;
     s.NH = NH;
+    s.NKV = NH;
     s.HD = HD;
     s.causal = causal;
     return s;
@@ -490,6 +524,29 @@ static void cpu_cases(void) {
             if (attention_check(backend, &ok, why, sizeof(why)) != 0)
                 add_problem(bad, sizeof(bad), "head dim %d refused: %s", HEAD_DIMS[i], why);
         }
+        test_report(name, bad[0] == 0, "%s", bad);
+    }
+    {
+        // NKV must divide NH (and be at least 1); the message names --kv-heads.
+        const char* name = "attention_check_rejects_bad_kv_heads";
+        char bad[512] = "";
+        const int nkv_bad[3] = {0, 3, 16};  // NH = 8
+        for (size_t i = 0; i < COUNT(BACKENDS); i++)
+            for (int k = 0; k < 3; k++) {
+                AttentionShape s = shape_of(2, 64, 8, 64, 1);
+                s.NKV = nkv_bad[k];
+                why[0] = 0;
+                if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0 || !strstr(why, "--kv-heads"))
+                    add_problem(bad, sizeof(bad), "%s NKV=%d: accepted or message \"%s\"",
+                                attention_backend_name(BACKENDS[i]), nkv_bad[k], why);
+            }
+        for (size_t i = 0; i < COUNT(BACKENDS); i++)
+            for (int nkv = 1; nkv <= 8; nkv *= 2) {
+                AttentionShape s = shape_of(2, 64, 8, 64, 1);
+                s.NKV = nkv;
+                if (attention_check(BACKENDS[i], &s, why, sizeof(why)) != 0)
+                    add_problem(bad, sizeof(bad), "%s NKV=%d refused: %s", attention_backend_name(BACKENDS[i]), nkv, why);
+            }
         test_report(name, bad[0] == 0, "%s", bad);
     }
     {
@@ -561,6 +618,46 @@ static void batch_heads(int T, int* B, int* NH) {
     *NH = T <= 127 ? 3 : 2;
 }
 
+// One input set: the shape (B, T, NH, NKV, HD, causal) and the input scale.
+typedef struct {
+    AttentionShape shape;
+    double scale;
+} SetSpec;
+
+// Every input set, multi-head sweep first, then the grouped-query sweep (top comment); returns the count.
+static size_t list_sets(SetSpec* sets, size_t max) {
+    size_t count = 0;
+    for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t t = 0; t < g_num_seq_lens; t++)
+                for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++) {
+                    int B, NH;
+                    batch_heads(SEQ_LENS[t], &B, &NH);
+                    if (count < max)
+                        sets[count] = (SetSpec){shape_of(B, SEQ_LENS[t], NH, HEAD_DIMS[h], causal), INPUT_SCALES[sc]};
+                    count++;
+                }
+    if (g_num_seq_lens != 5) return count;  // ATTENTION_TEST_SEQ_LENS: those lengths, multi-head only
+    // (T, B, NH, NKV): NKV in {1, 2, NH/4, NH}
+    static const int GQA[][4] = {{1, 2, 16, 1},  {1, 2, 16, 2},  {1, 2, 16, 4},  {17, 2, 16, 1}, {17, 2, 16, 2},
+                                 {17, 2, 16, 4}, {17, 2, 16, 16}, {127, 1, 8, 1}, {127, 1, 8, 2}, {127, 1, 8, 8},
+                                 {300, 1, 4, 1}, {300, 1, 4, 2}};
+    for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t g = 0; g < COUNT(GQA); g++) {
+                if (count < max) {
+                    sets[count].shape = shape_of(GQA[g][1], GQA[g][0], GQA[g][2], HEAD_DIMS[h], causal);
+                    sets[count].shape.NKV = GQA[g][3];
+                    sets[count].scale = 1.0;
+                }
+                count++;
+            }
+    return count;
+}
+
+// The plain layout is tested for these sets only (as before GQA: T = 127, s = 1).
+static int plain_set(const SetSpec* set) { return plain_layout_case(set->shape.T, set->scale); }
+
 // The backends named on the command line (all when none); exits 2 on an unknown name.
 static int g_selected[COUNT(BACKENDS)];
 
@@ -587,25 +684,27 @@ int main(int argc, char** argv) {
 
     cpu_cases();
 
+    static SetSpec sets[1024];
+    const size_t num_sets = list_sets(sets, COUNT(sets));
+    if (num_sets > COUNT(sets)) {
+        fprintf(stderr, "test: %zu input sets, more than the %zu this test holds\n", num_sets, COUNT(sets));
+        return 2;
+    }
+
     GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the attention kernels");
     if (skip_why) {
         char name[160];
-        for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
-            for (int causal = 0; causal <= 1; causal++)
-                for (size_t t = 0; t < g_num_seq_lens; t++)
-                    for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++)
-                        for (int layout = 0; layout <= (plain_layout_case(SEQ_LENS[t], INPUT_SCALES[sc]) ? 1 : 0);
-                             layout++)
-                            for (size_t be = 0; be < COUNT(BACKENDS); be++) {
-                                if (!g_selected[be]) continue;
-                                const int det_max = deterministic_case(BACKENDS[be], SEQ_LENS[t], INPUT_SCALES[sc]);
-                                for (int det = 0; det <= det_max; det++) {
-                                    case_name(name, sizeof(name), BACKENDS[be], HEAD_DIMS[h], causal, SEQ_LENS[t],
-                                              INPUT_SCALES[sc], (Layout)layout, det);
-                                    test_skip(name, skip_why);
-                                }
-                            }
+        for (size_t i = 0; i < num_sets; i++)
+            for (int layout = 0; layout <= plain_set(&sets[i]); layout++)
+                for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                    if (!g_selected[be]) continue;
+                    const int det_max = deterministic_case(BACKENDS[be], sets[i].shape.T, sets[i].scale);
+                    for (int det = 0; det <= det_max; det++) {
+                        case_name(name, sizeof(name), BACKENDS[be], &sets[i].shape, sets[i].scale, (Layout)layout, det);
+                        test_skip(name, skip_why);
+                    }
+                }
         return test_end();
     }
     printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
@@ -620,32 +719,25 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     atexit(report_exit_during_case);
 
-    uint64_t set_index = 0;
-    for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
-        for (int causal = 0; causal <= 1; causal++)
-            for (size_t t = 0; t < g_num_seq_lens; t++)
-                for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++) {
-                    const int T = SEQ_LENS[t];
-                    const double scale = INPUT_SCALES[sc];
-                    int B, NH;
-                    batch_heads(T, &B, &NH);
-                    // One generator per input set, so a set's inputs depend only on the seed and its place.
-                    InputSet in = make_inputs(B, T, NH, HEAD_DIMS[h], causal, scale,
-                                              seed + 0x9E3779B97F4A7C15ull * ++set_index);
-                    for (int layout = 0; layout <= (plain_layout_case(T, scale) ? 1 : 0); layout++)
-                        for (size_t be = 0; be < COUNT(BACKENDS); be++) {
-                            if (!g_selected[be]) continue;
-                            for (int det = 0; det <= deterministic_case(BACKENDS[be], T, scale); det++) {
-                                case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], HEAD_DIMS[h], causal,
-                                          T, scale, (Layout)layout, det);
-                                char name[160];
-                                snprintf(name, sizeof(name), "%s", g_running_case);
-                                run_case(&in, BACKENDS[be], (Layout)layout, det, &ctx, stream, name);
-                                g_running_case[0] = 0;
-                            }
-                        }
-                    free_inputs(&in);
+    for (size_t i = 0; i < num_sets; i++) {
+        const AttentionShape* sh = &sets[i].shape;
+        // One generator per input set, so a set's inputs depend only on the seed and its place.
+        InputSet in = make_inputs(sh->B, sh->T, sh->NH, sh->NKV, sh->HD, sh->causal, sets[i].scale,
+                                  seed + 0x9E3779B97F4A7C15ull * (i + 1));
+        for (int layout = 0; layout <= plain_set(&sets[i]); layout++)
+            for (size_t be = 0; be < COUNT(BACKENDS); be++) {
+                if (!g_selected[be]) continue;
+                for (int det = 0; det <= deterministic_case(BACKENDS[be], sh->T, sets[i].scale); det++) {
+                    case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], sh, sets[i].scale, (Layout)layout,
+                              det);
+                    char name[160];
+                    snprintf(name, sizeof(name), "%s", g_running_case);
+                    run_case(&in, BACKENDS[be], (Layout)layout, det, &ctx, stream, name);
+                    g_running_case[0] = 0;
                 }
+            }
+        free_inputs(&in);
+    }
 
     CUDA_CHECK(cudaStreamDestroy(stream));
     CUBLAS_CHECK(cublasDestroy(ctx.cublas));

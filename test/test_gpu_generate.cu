@@ -42,9 +42,10 @@ typedef struct {
     double* ref_gpu;    // (B, T, Vp) the GPU training forward's logits
 } Problem;
 
-static void problem_make(Problem* pb, uint64_t seed) {
+// nkv: 2 (multi-head) or 1 (multi-query: both query heads share one K/V head).
+static void problem_make(Problem* pb, uint64_t seed, int nkv) {
     GPTConfig c;
-    c.num_layers = 2, c.channels = 128, c.num_heads = 2, c.vocab_size = 200;
+    c.num_layers = 2, c.channels = 128, c.num_heads = 2, c.num_kv_heads = nkv, c.vocab_size = 200;
     c.padded_vocab_size = gpt_round_up(c.vocab_size, VOCAB_PAD_MULTIPLE), c.max_seq_len = 160;
     pb->config = c;
     pb->B = 3, pb->T = 151;
@@ -191,7 +192,7 @@ static double decode_rest(const Problem* pb, GPTDecoder* d, int start, const int
 
 static void decode_after_prefill_case(const Problem* pb, int splits, cudaStream_t stream) {
     char name[128];
-    snprintf(name, sizeof(name), "decode_after_prefill_L2_C128_NH2_B3_T151_%s",
+    snprintf(name, sizeof(name), "decode_after_prefill_L2_C128_NH2_NKV%d_B3_T151_%s", pb->config.num_kv_heads,
              splits ? "3_splits" : "auto_splits");
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     const int P = 5;
@@ -227,7 +228,8 @@ static void decode_after_prefill_case(const Problem* pb, int splits, cudaStream_
 }
 
 static void decode_from_empty_case(const Problem* pb, cudaStream_t stream) {
-    const char* name = "decode_from_empty_cache_L2_C128_NH2_B3_T151";
+    char name[128];
+    snprintf(name, sizeof(name), "decode_from_empty_cache_L2_C128_NH2_NKV%d_B3_T151", pb->config.num_kv_heads);
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     GPTModel m;
     model_make(&m, pb, 1, stream);
@@ -263,7 +265,8 @@ static void generate_once(const Problem* pb, GPTDecoder* d, const int* d_prompt,
 }
 
 static void generation_repeats_case(const Problem* pb, uint64_t seed, cudaStream_t stream) {
-    const char* name = "generation_repeats_with_a_seed_B3_P7_M60";
+    char name[128];
+    snprintf(name, sizeof(name), "generation_repeats_with_a_seed_NKV%d_B3_P7_M60", pb->config.num_kv_heads);
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     const int P = 7, M = 60, B = pb->B, Vp = pb->config.padded_vocab_size;
     GPTModel m;
@@ -375,9 +378,10 @@ int main(void) {
     const uint64_t seed = pick_and_print_seed();
     sampler_cases(seed);
 
-    const char* gpu_cases[] = {"decode_after_prefill_L2_C128_NH2_B3_T151_auto_splits",
-                               "decode_after_prefill_L2_C128_NH2_B3_T151_3_splits",
-                               "decode_from_empty_cache_L2_C128_NH2_B3_T151", "generation_repeats_with_a_seed_B3_P7_M60"};
+    const char* gpu_cases[] = {"decode_after_prefill_L2_C128_NH2_NKV{2,1}_B3_T151_auto_splits",
+                               "decode_after_prefill_L2_C128_NH2_NKV{2,1}_B3_T151_3_splits",
+                               "decode_from_empty_cache_L2_C128_NH2_NKV{2,1}_B3_T151",
+                               "generation_repeats_with_a_seed_NKV{2,1}_B3_P7_M60"};
     const GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the model");
     if (skip_why) {
@@ -388,15 +392,17 @@ int main(void) {
            gpu.num_sms, TOL_LOGITS);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-    Problem pb;
-    memset(&pb, 0, sizeof(pb));
-    problem_make(&pb, seed);
-    gpu_full_forward(&pb, stream);
-    decode_after_prefill_case(&pb, 0, stream);
-    decode_after_prefill_case(&pb, 3, stream);
-    decode_from_empty_case(&pb, stream);
-    generation_repeats_case(&pb, seed, stream);
-    problem_free(&pb);
+    for (int nkv = 2; nkv >= 1; nkv--) {  // multi-head, then multi-query
+        Problem pb;
+        memset(&pb, 0, sizeof(pb));
+        problem_make(&pb, seed, nkv);
+        gpu_full_forward(&pb, stream);
+        decode_after_prefill_case(&pb, 0, stream);
+        decode_after_prefill_case(&pb, 3, stream);
+        decode_from_empty_case(&pb, stream);
+        generation_repeats_case(&pb, seed, stream);
+        problem_free(&pb);
+    }
     CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();
 }

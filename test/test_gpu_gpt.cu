@@ -2,7 +2,8 @@
 // (test/cpu_gpt.h), forward and backward, with every attention backend.
 //
 // A tiny GPT (L = 2, C = 128, NH = 2 so HD = 64, V = 200 padded to Vp = 256, maxT = 64) on a batch
-// B = 2, T = 33 (odd, not a multiple of any tile). Parameters are drawn GPT-2-like (weights N(0, 0.02),
+// B = 2, T = 33 (odd, not a multiple of any tile); and with grouped-query attention, C = 256, NH = 4
+// (HD = 64) with NKV = 2 key/value heads (GQA) and NKV = 1 (MQA). Parameters are drawn GPT-2-like (weights N(0, 0.02),
 // the residual projections N(0, 0.02/√(2L)), biases N(0, 0.02), LayerNorm weights 1 + N(0, 0.1) and
 // biases N(0, 0.05)), rounded to bf16 on the host, and the CPU reference runs in fp64 on exactly those
 // values and the same tokens. The activation memory is poisoned (0xFF bytes: NaN) before the run, so
@@ -42,9 +43,9 @@ typedef struct {
     double ref_loss;
 } Problem;
 
-static void problem_make(Problem* pb, uint64_t seed) {
+static void problem_make(Problem* pb, uint64_t seed, int C, int NH, int NKV) {
     GPTConfig c;
-    c.num_layers = 2, c.channels = 128, c.num_heads = 2, c.vocab_size = 200;
+    c.num_layers = 2, c.channels = C, c.num_heads = NH, c.num_kv_heads = NKV, c.vocab_size = 200;
     c.padded_vocab_size = gpt_round_up(c.vocab_size, VOCAB_PAD_MULTIPLE), c.max_seq_len = 64;
     pb->config = c;
     pb->B = 2, pb->T = 33;
@@ -82,7 +83,8 @@ static void problem_make(Problem* pb, uint64_t seed) {
 
     pb->ref_logits = test_alloc((size_t)BT * c.padded_vocab_size);
     pb->ref_grads = test_alloc(pb->num_params);
-    const int cfg[6] = {c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, c.max_seq_len};
+    const int cfg[7] = {c.num_layers, c.channels,    c.num_heads,   c.vocab_size,
+                        c.padded_vocab_size, c.max_seq_len, c.num_kv_heads};
     pb->ref_loss = cpu_gpt_forward_backward(cfg, pb->B, pb->T, pb->params, pb->inputs, pb->targets, pb->ref_logits,
                                             pb->ref_grads);
 }
@@ -122,8 +124,10 @@ static void check_grads(const Problem* pb, GPTModel* m, double scale, const char
 }
 
 static void gpt_case(const Problem* pb, AttentionBackend backend, const char* skip_why, cudaStream_t stream) {
-    char name[128];
-    snprintf(name, sizeof(name), "gpt_model_%s_L2_C128_NH2_B2_T33", attention_backend_name(backend));
+    char name[128], kv[32] = "";
+    if (pb->config.num_kv_heads != pb->config.num_heads) snprintf(kv, sizeof(kv), "_NKV%d", pb->config.num_kv_heads);
+    snprintf(name, sizeof(name), "gpt_model_%s_L2_C%d_NH%d%s_B2_T33", attention_backend_name(backend),
+             pb->config.channels, pb->config.num_heads, kv);
     if (skip_why) {
         test_skip(name, skip_why);
         return;
@@ -187,10 +191,13 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
 
 // CPU only: a head dim no backend supports (C = 128, NH = 4: HD = 32) is refused before any CUDA call.
 static void reject_head_dim_case(void) {
-    GPTConfig c = {2, 128, 4, 200, 256, 64};
+    GPTConfig c = {2, 128, 4, 4, 200, 256, 64};
     GPTModel m;
     int rc = gpt_model_create(&m, c, 2, 33, ATTN_FLASH2, 0);
     test_report("gpt_model_rejects_head_dim_32", rc == -1, "gpt_model_create returned %d, want -1", rc);
+    GPTConfig g = {2, 256, 4, 3, 200, 256, 64};  // 3 key/value heads do not divide 4 heads
+    rc = gpt_model_create(&m, g, 2, 33, ATTN_FLASH2, 0);
+    test_report("gpt_model_rejects_kv_heads_3_of_4", rc == -1, "gpt_model_create returned %d, want -1", rc);
 }
 
 int main(void) {
@@ -201,21 +208,25 @@ int main(void) {
     GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the model");
 
-    Problem pb;
-    memset(&pb, 0, sizeof(pb));
     cudaStream_t stream = 0;
     if (!skip_why) {
         printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
         printf("bounds: logits %.0e, mean loss %.0e, each gradient tensor %.0e (||x - ref|| / ||ref||)\n", TOL_LOGITS,
                TOL_LOSS, TOL_GRAD);
         CUDA_CHECK(cudaStreamCreate(&stream));
-        problem_make(&pb, seed);
     }
+    // (C, NH, NKV): multi-head, grouped-query, multi-query
+    const int shapes[3][3] = {{128, 2, 2}, {256, 4, 2}, {256, 4, 1}};
     const AttentionBackend backends[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2, ATTN_NAIVE_RECOMPUTE};
-    for (int i = 0; i < (int)(sizeof(backends) / sizeof(backends[0])); i++) gpt_case(&pb, backends[i], skip_why, stream);
-    if (!skip_why) {
-        problem_free(&pb);
-        CUDA_CHECK(cudaStreamDestroy(stream));
+    for (int k = 0; k < 3; k++) {
+        Problem pb;
+        memset(&pb, 0, sizeof(pb));
+        pb.config.channels = shapes[k][0], pb.config.num_heads = shapes[k][1], pb.config.num_kv_heads = shapes[k][2];
+        if (!skip_why) problem_make(&pb, seed + 0x9E3779B97F4A7C15ull * k, shapes[k][0], shapes[k][1], shapes[k][2]);
+        for (int i = 0; i < (int)(sizeof(backends) / sizeof(backends[0])); i++)
+            gpt_case(&pb, backends[i], skip_why, stream);
+        if (!skip_why) problem_free(&pb);
     }
+    if (!skip_why) CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();
 }

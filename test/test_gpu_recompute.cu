@@ -53,7 +53,7 @@ typedef struct {
 
 static void problem_make(Problem* pb, uint64_t seed) {
     GPTConfig c;
-    c.num_layers = 3, c.channels = 128, c.num_heads = 2, c.vocab_size = 200;
+    c.num_layers = 3, c.channels = 128, c.num_heads = 2, c.num_kv_heads = 2, c.vocab_size = 200;
     c.padded_vocab_size = gpt_round_up(c.vocab_size, VOCAB_PAD_MULTIPLE), c.max_seq_len = 96;
     pb->config = c;
     pb->B = 2, pb->T = 67, pb->N = pb->B * pb->T;
@@ -85,7 +85,8 @@ static void problem_make(Problem* pb, uint64_t seed) {
     }
     pb->ref_grads = test_alloc(pb->num_params);
     double* ref_logits = test_alloc((size_t)pb->N * c.padded_vocab_size);
-    const int cfg[6] = {c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, c.max_seq_len};
+    const int cfg[7] = {c.num_layers,        c.channels,    c.num_heads,   c.vocab_size,
+                        c.padded_vocab_size, c.max_seq_len, c.num_kv_heads};
     pb->ref_loss = cpu_gpt_forward_backward(cfg, pb->B, pb->T, params, pb->inputs, pb->targets, ref_logits,
                                             pb->ref_grads);
     free(ref_logits), free(params);

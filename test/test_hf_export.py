@@ -420,7 +420,7 @@ def test_exported_weights_compute_our_model():
     hf_logits = gpt2_forward_hf_convention(files, L, NH, tokens[:T])
     lib = ctypes.CDLL(lib_path)
     lib.cpu_gpt_forward_backward.restype = ctypes.c_double
-    config = np.array([L, C, NH, V, VP, maxT], dtype=np.int32)
+    config = np.array([L, C, NH, V, VP, maxT, NH], dtype=np.int32)  # the last: key/value heads (GPT-2: NH)
     params = np.concatenate([x.ravel() for x in t]).astype(np.float64)
     inputs = np.ascontiguousarray(tokens[:T].reshape(1, T), dtype=np.int32)
     targets = np.ascontiguousarray(tokens[1:].reshape(1, T), dtype=np.int32)

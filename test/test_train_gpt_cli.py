@@ -139,6 +139,21 @@ def test_recompute_plan_memory_and_flops():
     assert r.returncode == 0 and "recompute    " not in r.stdout and "this run: none" in r.stdout, r.stdout
 
 
+def test_plan_grouped_query_attention():
+    """--kv-heads 4 on gpt3-1.3b (16 heads of 128): the QKV projection is 2048 x (16 + 8)·128 instead of 2048 x
+    6144, so 24·(6144 − 3072)·(2048 + 1) fewer parameters; the FLOPs formula keeps its attention term."""
+    mha = run(*GOOD, "--model", "gpt3-1.3b", "--plan-only")
+    gqa = run(*GOOD, "--model", "gpt3-1.3b", "--kv-heads", "4", "--plan-only")
+    assert mha.returncode == 0 and gqa.returncode == 0, (mha.stderr, gqa.stderr)
+    p_mha, p_gqa = (int(r.stdout.split("parameters   ")[1].split()[0]) for r in (mha, gqa))
+    assert p_mha - p_gqa == 24 * (6144 - 3072) * 2049, (p_mha, p_gqa)
+    assert "16 heads of 128 (4 key/value heads)" in gqa.stdout, gqa.stdout
+    flops = (6 * 64 * p_gqa + 12 * 24 * 2048 * 64 * 64) * 4 / 1e12  # 4 sequences per step
+    assert f"model FLOPs  {flops:.3f} TFLOP" in gqa.stdout, (flops, gqa.stdout)
+    expect_error(run(*GOOD, "--model", "gpt3-1.3b", "--kv-heads", "5", "--plan-only"), 2, "--kv-heads",
+                 "divide")
+
+
 def test_unknown_flag():
     expect_error(run("--no-such-flag"), 2, "--help")
 
@@ -710,8 +725,8 @@ def test_generation_flags_are_checked():
     table = os.path.join(WORK, "not_a_table.bin")
     with open(table, "wb") as f:
         f.write(b"\0" * 2048)
-    expect_error(run(*gen, "--tokenizer", table), 2, "not a token table")
-    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "not a token table")
+    expect_error(run(*gen, "--tokenizer", table), 2, "is it a token table?")
+    expect_error(run(*GOOD, "--sample-every", "2", "--tokenizer", table, "--plan-only"), 2, "is it a token table?")
     expect_error(run("--generate", "8", "--init-from", os.path.join(WORK, "missing.bin")), 1, "missing.bin")
 
 
