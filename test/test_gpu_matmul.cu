@@ -22,7 +22,7 @@
 //   dbias and/or dGELU, and dbias_pre (matmul_backward_dgelu_dbias: the bias gradient of the layer
 //   before the GELU) on the epilogue, kernel and timed paths, with and without accumulate: dbias_pre is
 //   checked against the fp64 column sums of the dinp the call wrote (dinp itself checked as above).
-// - N = 1000 only: determinism: forward and backward (bias, GELU, accumulate) run twice give the
+// - N = 1000 only: determinism: forward and backward (bias, GELU, dbias_pre, accumulate) run twice give the
 //   same bits (with MATMUL_OVERLAP=1, the second backward of a shape runs its dweight half on the
 //   context's side stream, and so do the repeated shapes of the other cases).
 // Two contexts: one with ctx.tune = 0 (cuBLASLt's first algorithm) for the epilogue and kernel
@@ -544,17 +544,18 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
 
 static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const char* name) {
     const FwdVariant fv = {1, 1, 0, 0};
-    const BwdVariant bv = {1, 1, 1, 0, 0, 0};
-    const size_t sizes[5] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias};
-    const __nv_bfloat16* bufs[5] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf};
-    const char* names[5] = {"out", "gelu_pre", "dinp", "dweight", "dbias"};
-    uint16_t* first[5];
+    const BwdVariant bv = {1, 1, 1, 0, 0, 1};  // with dbias_pre (the DGELU_BGRAD epilogue)
+    const size_t sizes[6] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias, (size_t)in->IC};
+    const __nv_bfloat16* bufs[6] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf,
+                                    d->dbias_pre_buf};
+    const char* names[6] = {"out", "gelu_pre", "dinp", "dweight", "dbias", "dbias_pre"};
+    uint16_t* first[6];
     char problems[512] = "";
     for (int run = 0; run < 2; run++) {
         run_forward(ctx, d, in, &fv);
         run_backward(ctx, d, in, &bv);
         sync_or_die(NULL, name, run == 0 ? "first run" : "second run");
-        for (int t = 0; t < 5; t++) {
+        for (int t = 0; t < 6; t++) {
             uint16_t* h = fetch(bufs[t] + GUARD, sizes[t]);
             if (run == 0) {
                 first[t] = h;
