@@ -331,7 +331,8 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
 static int resume_auto(const Options* opt) { return opt->resume && strcmp(opt->resume, "auto") == 0; }
 
 // Exits (2) on generation flags that cannot work: --generate needs weights and does not train;
-// the sampling flags need --generate or --sample-every.
+// --prompt-tokens and --num-samples need --generate; samples during training fit the positions.
+// (--temperature, --top-k and --sample-tokens without a use are ignored, as their defaults are.)
 static void check_generation_options(const Options* opt) {
     if (!isfinite(opt->temperature)) {
         fprintf(stderr, "error: --temperature must be a finite number >= 0 (0 = greedy)\n");

@@ -17,10 +17,11 @@
 // log-sum-exp (natural log). Backward (Algorithm 2), per block of Sᵀ (rows keys, columns queries):
 //   probs_from_scores   P = exp2(S·scale_log2 − LSE·log2 e), masked to 0
 //   dscores_from_probs  dS = P ∘ (dP − D)
-// The mma.sync and flash1 kernels also use, from the end of this file: rescale_rows_if_moved (the
-// rescale skipped by a warp vote when no row max moved), softmax_base, softmax_inv, softmax_lse (one
-// row's exponent base, 1/ℓ and LSE, for flash1's merge across warps) and block_softmax (the softmax
-// of one key block alone: flash1's per-warp slice).
+// The mma.sync and flash1 kernels also use rescale_rows_if_moved (the rescale skipped by a warp
+// vote when no row max moved) and block_softmax (the softmax of one key block alone: flash1's
+// per-warp slice); flash1's merge across warps also uses softmax_base, softmax_inv and softmax_lse
+// (one row's exponent base, 1/ℓ and LSE), which the softmaxes here are built from too, with
+// quad_row_max and exp2_row.
 #ifndef ATTENTION_MATH_CUH
 #define ATTENTION_MATH_CUH
 
@@ -40,6 +41,48 @@ __device__ __forceinline__ void mask_scores(float* s, int row, int col0, int T) 
         }
 }
 
+// The exponent base of a row whose max is m (units of S·scale_log2): m, or 0 for a row whose keys
+// are all masked (m = −∞), so that exp2(x − base) gives 0 there, not NaN.
+__device__ __forceinline__ float softmax_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
+
+// 1/ℓ for the deferred normalization, 0 for a row with no keys (ℓ = 0).
+__device__ __forceinline__ float softmax_inv(float row_sum) { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
+
+// The row's log-sum-exp (natural log) from m (units of S·scale_log2) and ℓ.
+__device__ __forceinline__ float softmax_lse(float row_max, float row_sum) {
+    return (row_max + __log2f(row_sum)) * FLASH2_LN2;
+}
+
+// A row's sum over the quad (the four lanes that share its rows).
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Half `half` of this thread's score rows (row for 0, row + 8 for 1): the row's max over the quad.
+template <int NT>
+__device__ __forceinline__ float quad_row_max(const float* s, int half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// P = exp2(S·scale_log2 − base) in place for half `half` of the rows; returns this thread's sum of it.
+template <int NT>
+__device__ __forceinline__ float exp2_row(float* s, int half, float scale_log2, float base) {
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; e++) {
+            s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -base));
+            sum += s[4 * nt + e];
+        }
+    return sum;
+}
+
 // One online-softmax step (the paper's line 10 of Algorithm 1, in base 2). row_max holds
 // m·scale_log2 per row; row_sum is this thread's partial ℓ (its columns only; softmax_finish adds
 // the quad's). A row whose keys are all masked so far keeps m = −∞ and gets P = 0, not NaN.
@@ -48,24 +91,11 @@ __device__ __forceinline__ void online_softmax(float* s, float (&row_max)[2], fl
                                                float (&rescale)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[half], mx * scale_log2);
-        const float base = new_max == -INFINITY ? 0.f : new_max;
+        const float new_max = fmaxf(row_max[half], quad_row_max<NT>(s, half) * scale_log2);
+        const float base = softmax_base(new_max);
         rescale[half] = fast_exp2(row_max[half] - base);
         row_max[half] = new_max;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; e++) {
-                s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -base));
-                sum += s[4 * nt + e];
-            }
-        row_sum[half] = row_sum[half] * rescale[half] + sum;
+        row_sum[half] = row_sum[half] * rescale[half] + exp2_row<NT>(s, half, scale_log2, base);
     }
 }
 
@@ -81,11 +111,9 @@ __device__ __forceinline__ void softmax_finish(const float (&row_max)[2], const 
                                                float (&lse)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        float sum = row_sum[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        inv[half] = sum > 0.f ? 1.f / sum : 0.f;
-        lse[half] = (row_max[half] + __log2f(sum)) * FLASH2_LN2;
+        const float sum = quad_sum(row_sum[half]);
+        inv[half] = softmax_inv(sum);
+        lse[half] = softmax_lse(row_max[half], sum);
     }
 }
 
@@ -118,7 +146,7 @@ __device__ __forceinline__ void dscores_from_probs(float* dp, const float* p, co
         for (int e = 0; e < 4; e++) dp[4 * nt + e] = p[4 * nt + e] * (dp[4 * nt + e] - d[nt * 8 + (e & 1)]);
 }
 
-// ---- additions for the mma.sync and flash1 kernels ----------------------------------------------
+// ---- used by the mma.sync and flash1 kernels only ---------------------------------------------
 // Several m16 tiles per warp (the mma.sync forward): O ·= the online softmax's factors, skipped when
 // every row of the warp kept its max (all factors 1, as in most key blocks once the maxima settle).
 // The test is a warp vote, so the branch is uniform. acc: MT m16 tiles × NT n8 tiles.
@@ -133,18 +161,6 @@ __device__ __forceinline__ void rescale_rows_if_moved(float (&acc)[MT][NT][4], c
     }
 }
 
-// The exponent base of a row whose max is m (units of S·scale_log2): m, or 0 for a row whose keys
-// are all masked (m = −∞), so that exp2(x − base) gives 0 there, not NaN.
-__device__ __forceinline__ float softmax_base(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
-
-// 1/ℓ for the deferred normalization, 0 for a row with no keys (ℓ = 0).
-__device__ __forceinline__ float softmax_inv(float row_sum) { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
-
-// The row's log-sum-exp (natural log) from m (units of S·scale_log2) and ℓ.
-__device__ __forceinline__ float softmax_lse(float row_max, float row_sum) {
-    return (row_max + __log2f(row_sum)) * FLASH2_LN2;
-}
-
 // The softmax of one key block on its own, not online (flash1's per-warp slice of keys, whose
 // statistics are merged across warps afterwards): row_max = m = rowmax(S)·scale_log2,
 // P = exp2(S·scale_log2 − m) in place, row_sum = ℓ = rowsum(P) over the quad (whole rows).
@@ -152,26 +168,9 @@ template <int NT>
 __device__ __forceinline__ void block_softmax(float* s, float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        row_max[half] = mx * scale_log2;
-        const float base = softmax_base(row_max[half]);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; e++) {
-                s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -base));
-                sum += s[4 * nt + e];
-            }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        row_sum[half] = sum;
+        row_max[half] = quad_row_max<NT>(s, half) * scale_log2;
+        row_sum[half] = quad_sum(exp2_row<NT>(s, half, scale_log2, softmax_base(row_max[half])));
     }
 }
-
 
 #endif  // ATTENTION_MATH_CUH

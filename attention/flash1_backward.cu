@@ -18,7 +18,8 @@
 //       dQ_i += dS K_j: the product sums over the keys of every warp, so the warps exchange dSᵀ
 //       through shared memory (two buffers) and each warp forms a tile of dS K over all BLOCK_N
 //       keys one step later, after the next step's first barrier. That tile is read-modified-written
-//       in dq_accum in HBM (fp32, plain loads and stores: this block owns the whole (b, h), and each
+//       in dq_accum in HBM (fp32, plain loads and stores: this block owns the whole (b, K/V head), all G
+//       of its query heads, and each
 //       element always belongs to the same thread, so no atomics are needed; key block 0, which
 //       meets every query block, writes without reading).
 //     dK_j·scale and dV_j to bf16 into dk, dv.
@@ -97,8 +98,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
     const int dq_m = warp % C::DQ_M, dq_n = warp / C::DQ_M;
     const int dq_chunk0 = dq_n * C::DQ_TILES;
 
-    // Query head h0 + j / per_head, query block m_begin + j % per_head: the j-th step of a key block.
-    // Loads it (Q, dO, O, LSE) into buffer `buf`; rows past the end become zeros.
+    // Query head h, query block m (step j of a key block takes h = h0 + j / per_head and
+    // m = m_begin + j % per_head): loads it (Q, dO, O, LSE) into buffer `buf`; rows past T become zeros.
     auto load_query_block = [&](int h, int m, int buf) {
         const int m0 = m * BLOCK_M;
         const long out_offset = (long)b * T * p.out_stride + (long)h * HD;
@@ -205,8 +206,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
             const int m0 = (m_begin + j % per_head) * BLOCK_M, buf = j & 1;
             const BackwardLanes lanes =
                 backward_lanes<HD>(k_a_lane, v_a_lane, q_tiles + buf * C::QO_ELEMS, do_tiles + buf * C::QO_ELEMS);
-            // Barrier A publishes block m (and K, V) and the dS of step m-1, and frees the other
-            // buffers (every warp has left step m-1), so the prefetch of block m+1 goes after it.
+            // Barrier A publishes step j's query block (and K, V) and the dS of step j-1, and frees the
+            // other buffers (every warp has left step j-1), so the prefetch of step j+1 goes after it.
             cp_async_wait<0>();
             __syncthreads();
             if (j + 1 < steps) load_query_block(h0 + (j + 1) / per_head, m_begin + (j + 1) % per_head, buf ^ 1);

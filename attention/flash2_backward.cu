@@ -16,8 +16,8 @@ template <int HD, bool CAUSAL>
 static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
                                          cudaStream_t stream) {
     typedef Flash2BackwardTiles<HD, CAUSAL> Tiles;
-    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM>(p, B, stream);
-    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM>(p, B, stream);
+    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
+    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
 }
 
 // mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with
@@ -48,7 +48,8 @@ static size_t hopper_workspace_bytes(const AttentionShape* s) {
 
 // The larger of the two kernels' layouts, so that the same workspace serves either (and the
 // caller need not know which runs): mma.sync's dq_accum (B, NH, T, HD), D and LSE·log2 e; the
-// Hopper kernel's (flash2_backward_hopper.cuh).
+// Hopper kernel's (flash2_backward_hopper.cuh). The causal Hopper forward keeps its tile counter in
+// the first 4 bytes of the same workspace (the calls never overlap).
 size_t flash2_attention_workspace_bytes(const AttentionShape* s) {
     const size_t rows = (size_t)s->B * s->NH * s->T;
     const size_t mma_sync = rows * s->HD * sizeof(float) + 2 * rows * sizeof(float);

@@ -2,9 +2,10 @@
 // (sm_90a), head dims 64, 80, 96 and 128. Inputs and outputs as flash2_backward_kernel.cuh (q, k, v,
 // out, dout, lse in; dq, dk, dv out, overwritten); the workspace is laid out here (below).
 //
-// One thread block per (key block of 128 keys, b·NKV + kv head), three warpgroups; its steps are the
-// query blocks of each query head of the K/V head's group in turn (grouped-query attention: K and V
-// loaded once, dK and dV summed over the group in registers; G = NH / NKV times the steps):
+// One thread block per (key block of 128 keys, b·NKV + kv head), started in backward_block_at's
+// order, three warpgroups; its steps are the query blocks of each query head of the K/V head's
+// group in turn (grouped-query attention: K and V loaded once, dK and dV summed over the group in
+// registers; G = NH / NKV times the steps):
 //   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
 //                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
@@ -15,11 +16,15 @@
 //                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
 //                dSᵀ → shared memory (for dQ, and for dK where DK_FROM_SMEM)
 //                dV += Pᵀ dO, dK += dSᵀ Q          wgmma, A from registers (dK: or shared memory)
-//                dQ(m−1) = dS(m−1) K               issued behind them, from the other dSᵀ buffer
-//                                                  (both warpgroups' keys; mbarriers between them)
+//                dQ(m−1) = dS(m−1) K               issued behind them (BWD_DQ_FIRST: before them),
+//                                                  from the other dSᵀ buffer (both warpgroups'
+//                                                  keys; mbarriers between them)
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
+//                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order.
+// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order; the
+// launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
+// never waits on one that has not started.
 //
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
@@ -33,6 +38,7 @@
 
 #include "attention_math.cuh"
 #include "flash2_backward_kernel.cuh"
+#include "flash2_tiles.h"
 #include "tensor_map.h"
 #include "wgmma.cuh"
 
@@ -48,6 +54,7 @@ typedef struct {
     int* dq_counters;        // (B·NH, m_blocks), zero at launch
     long dkv_stride;
     int T, T_pad, NH, NKV, m_blocks;
+    int key_blocks, pairs, order_chunk;  // launch order: backward_order_chunk
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -80,6 +87,9 @@ struct Flash2BackwardWsConfig {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
     static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= (65536 / THREADS / 8 * 8) * THREADS, "register pool");
 };
+
+// The order of a consumer warpgroup's products within a step: BWD_DQ_FIRST, BWD_PINGPONG (flash2_tiles.h).
+constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes)
 
 template <typename C>
 struct Flash2BackwardSmem {
@@ -219,7 +229,7 @@ __device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t 
 // Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin of each query head of
 // the group (`steps` in all; the heads differ only in what the producer loaded).
 // DK_FROM_SMEM: dK += dSᵀ Q reads dSᵀ from shared memory instead of registers (flash2_tiles.h).
-template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM>
+template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM, int SCHED>
 __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                  int cw, int n0, int b, int kv_head, int m_begin, int steps) {
     typedef typename C::KvTile KvTile;
@@ -258,6 +268,15 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         if (lane == 0) mbar_arrive(sm.dq_full);
     };
 
+    // BWD_PINGPONG: wait for this warpgroup's turn to issue products / hand the turn to the other.
+    auto my_turn = [&]() {
+        if constexpr ((SCHED & BWD_PINGPONG) != 0) named_barrier_sync(BWD_TURN_BARRIER + cw, 256);
+    };
+    auto their_turn = [&]() {
+        if constexpr ((SCHED & BWD_PINGPONG) != 0) named_barrier_arrive(BWD_TURN_BARRIER + (cw ^ 1), 256);
+    };
+    constexpr bool DQ_FIRST = (SCHED & BWD_DQ_FIRST) != 0;
+
     // One step: query block m, the j-th of this key block. FIRST (a compile-time tag) has no dQ of
     // a previous step to issue; peeling it keeps every wgmma and every wait unconditional, which
     // ptxas needs to keep the products in flight rather than serialize them.
@@ -269,6 +288,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries, k = HD
         mbar_wait(&sm.q_full[stage], phase);
         mbar_wait(&sm.do_full[stage], phase);
+        my_turn();
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
@@ -280,6 +300,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::k_major(v_addr + wg_rows + KvTile::k_step(ks)),
                                     QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
+        their_turn();
         // Pᵀ while dPᵀ is still being computed, then dSᵀ
         wgmma_wait<1>();
         wgmma_fence_registers(s);
@@ -304,12 +325,19 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             named_barrier_sync(1 + cw, 128);  // this warpgroup's rows of dSᵀ are all written
 
         // dV += Pᵀ dO and dK += dSᵀ Q (Pᵀ from registers, dSᵀ too or from shared memory): B = dO, Q
-        // (queries × HD), MN-major
+        // (queries × HD), MN-major. DQ_FIRST: dQ(j − 1) before them.
+        float acc_dq[DQ_N / 2];
+        if constexpr (DQ_FIRST && !FIRST) mbar_wait(&sm.ds_ready[(j - 1) & 1], ((j - 1) >> 1) & 1);
         wgmma_fence_operands(pa);
         wgmma_fence_operands(dsa);
         wgmma_fence_registers(acc_dv);
         wgmma_fence_registers(acc_dk);
+        my_turn();
         wgmma_fence();
+        if constexpr (DQ_FIRST && !FIRST) {
+            issue_dq(acc_dq, (j - 1) & 1);
+            wgmma_commit();
+        }
 #pragma unroll
         for (int kq = 0; kq < KSTEPS; kq++)
             wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
@@ -325,14 +353,22 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
                 wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
         }
         wgmma_commit();
-        float acc_dq[DQ_N / 2];
-        if constexpr (!FIRST) {  // dQ(j − 1), from the other buffer, written by both warpgroups
+        if constexpr (DQ_FIRST && !FIRST) {  // dQ(j − 1) is done first: stage it while dV, dK run
+            their_turn();
+            wgmma_wait<1>();
+            wgmma_fence_registers(acc_dq);
+            if (lane == 0) mbar_arrive(&sm.ds_free[(j - 1) & 1]);
+            hand_over_dq(acc_dq, j - 1);
+            wgmma_wait<0>();
+        } else if constexpr (!FIRST) {  // dQ(j − 1), from the other buffer, written by both warpgroups
             mbar_wait(&sm.ds_ready[(j - 1) & 1], ((j - 1) >> 1) & 1);
             wgmma_fence();
             issue_dq(acc_dq, (j - 1) & 1);
             wgmma_commit();
+            their_turn();
             wgmma_wait<1>();
         } else {
+            their_turn();
             wgmma_wait<0>();
         }
         wgmma_fence_registers(acc_dv);
@@ -344,13 +380,14 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
             mbar_arrive(&sm.q_empty[stage]);
             mbar_arrive(&sm.do_empty[stage]);
         }
-        if constexpr (!FIRST) {
+        if constexpr (!DQ_FIRST && !FIRST) {
             wgmma_wait<0>();
             wgmma_fence_registers(acc_dq);
             if (lane == 0) mbar_arrive(&sm.ds_free[(j - 1) & 1]);
             hand_over_dq(acc_dq, j - 1);
         }
     };
+    if (cw == 1) their_turn();  // BWD_PINGPONG: warpgroup 0 issues first
     mbar_wait(sm.kv_full, 0);
     step(m_begin, 0, std::true_type());
     for (int j = 1, m = m_begin; j < steps; j++) {  // query block m of the next head after the last
@@ -359,9 +396,12 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     }
     mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
     float acc_dq[DQ_N / 2];
+    my_turn();
     wgmma_fence();
     issue_dq(acc_dq, (steps - 1) & 1);
     wgmma_commit();
+    their_turn();
+    if (cw == 0) my_turn();  // takes warpgroup 1's last hand-over, so that every arrival is matched
     wgmma_wait<0>();
     wgmma_fence_registers(acc_dq);
     hand_over_dq(acc_dq, steps - 1);
@@ -369,15 +409,47 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
+// The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs; within a chunk,
+// key block 0 of each pair, then key block 1, ... (chunk 1: each pair's key blocks side by side).
+// Chunk 1 unless causal with grouped-query attention: there the first key blocks of a pair are the
+// longest (they see every query block) and, a block walking G query heads, few and long; with
+// chunk 1 a few long ones are left for the end (a model of the block scheduler keeps ~78% of the
+// SMs busy at 2k-8k). Larger chunks start the longest first, but the chunk's pairs then stream
+// their Q and dO (G·T·HD·4 bytes each) at once, which must fit in L2: every pair at once lost 9% at
+// 2k (128 MB). So: the largest chunk that divides the pairs (unequal chunks leave a tail, as 5, 5,
+// 5, 1 did: -8% at 4k) and whose Q and dO take at most 3/4 of L2 (H100, d64/d128, NKV 4: 8 pairs at
+// 2k, 4 at 4k, 2 at 8k, 1 at 16k). Multi-head keeps chunk 1: its blocks are short, and chunks of 9
+// heads measured 5-10% slower than chunk 1 at 512-8k (attention/PERF_NOTES.md).
+static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, long T, int HD) {
+    if (!causal || NKV == NH) return 1;
+    const long pair_bytes = (long)(NH / NKV) * T * HD * 4, budget = flash2_l2_bytes() / 4 * 3;
+    int chunk = 1;
+    for (int c = 2; c <= pairs && (long)c * pair_bytes <= budget; c++)
+        if (pairs % c == 0) chunk = c;
+    return chunk;
+}
+
+// The index-th block to start in that order: its key block and its (b, K/V head) pair.
+__host__ __device__ __forceinline__ void backward_block_at(int index, int chunk, int key_blocks, int pairs,
+                                                           int& n_block, int& pair) {
+    const int chunk_blocks = chunk * key_blocks, first = index / chunk_blocks * chunk;
+    const int r = index % chunk_blocks;
+    const int size = pairs - first < chunk ? pairs - first : chunk;  // the last chunk may be smaller
+    n_block = r / size;
+    pair = first + r % size;
+}
+
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
 __global__ void __launch_bounds__(384, 1)
     flash2_backward_ws_kernel(const __grid_constant__ Flash2BackwardMaps maps, const Flash2BackwardWsParams p) {
 #if WGMMA_AVAILABLE
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
-    const int n_block = blockIdx.x, n0 = n_block * C::BLOCK_N;
-    const int b = blockIdx.y / p.NKV, kv_head = blockIdx.y % p.NKV, group = p.NH / p.NKV;
+    int n_block, bkv;
+    backward_block_at(blockIdx.x, p.order_chunk, p.key_blocks, p.pairs, n_block, bkv);
+    const int n0 = n_block * C::BLOCK_N;
+    const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
     const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
     const int steps = group * (p.m_blocks - m_begin);
     if (threadIdx.x == 0) {
@@ -404,7 +476,8 @@ __global__ void __launch_bounds__(384, 1)
             backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin, steps);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
+                                                             steps);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
@@ -439,7 +512,7 @@ static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T
 }
 
 // p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
-template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM>
+template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
 static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
@@ -459,6 +532,9 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.NH = p->NH;
     w.NKV = p->NKV;
     w.m_blocks = m_blocks;
+    w.key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
+    w.pairs = B * p->NKV;
+    w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     CUDA_CHECK(cudaMemsetAsync(w.dq_accum, 0, flash2_backward_ws_workspace_bytes_for<HD, BLOCK_M>(B, p->NH, p->T), stream));
@@ -476,8 +552,9 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     maps.k = make_rows_tensor_map(p->k, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.v = make_rows_tensor_map(p->v, B, p->T, p->NKV, HD, p->kv_stride, C::BLOCK_N, SUB);
     maps.dout = make_rows_tensor_map(p->dout, B, p->T, p->NH, HD, p->out_stride, BLOCK_M, SUB);
-    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM>>(
-        dim3((p->T + C::BLOCK_N - 1) / C::BLOCK_N, B * p->NKV), C::THREADS, C::SMEM_BYTES, stream, maps, w);
+    launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM, SCHED>>(
+        dim3((unsigned)((long)w.key_blocks * w.pairs)),
+        C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     const long chunks = (long)B * p->T * p->NH * (HD / 8);
     flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<(unsigned)((chunks + 255) / 256), 256, 0, stream>>>(

@@ -306,7 +306,7 @@ __device__ __forceinline__ void stage_dk_dv(const float (&acc_dk)[HD / 8][4], co
         }
 }
 
-// ---- 2. the main kernel: one thread block per (key block, b·NKV + kv head) ------------------------
+// ---- 4. the main kernel: one thread block per (key block, b·NKV + kv head) ------------------------
 template <int HD, int BLOCK_M, int NWARPS, int MIN_BLOCKS, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_backward_kernel(Flash2BackwardParams p) {
     typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> C;

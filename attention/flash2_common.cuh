@@ -46,6 +46,17 @@ static inline int flash2_sm_count(void) {
     return count;
 }
 
+// Bytes of L2 cache of the current device.
+static inline long flash2_l2_bytes(void) {
+    static int bytes = 0;
+    if (!bytes) {
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+    }
+    return bytes;
+}
+
 // ---- shared-memory tiles ------------------------------------------------------------------------
 // A tile is ROWS rows of COLS bf16, moved in 16-byte chunks (8 values). When a row is a multiple of
 // 64 values, chunk c of row r is stored at chunk (c ^ r) within its 128-byte group (XOR swizzle);

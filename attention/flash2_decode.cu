@@ -383,17 +383,7 @@ int device_has_pdl() {
 }
 
 // m-tiles per block for M query rows per K/V head: 1, 2 or 4 (more than 64 rows: row groups of 64).
-// DECODE_MAX_MT=1 or 2 in the environment caps it (a tuning knob: fewer rows per block, more row
-// groups, each reading the cache again, mostly from L2).
-int tiles_for_rows(int M) {
-    static int cap = 0;
-    if (!cap) {
-        const char* env = getenv("DECODE_MAX_MT");
-        cap = env && (atoi(env) == 1 || atoi(env) == 2) ? atoi(env) : 4;
-    }
-    const int mt = M <= 16 ? 1 : M <= 32 ? 2 : 4;
-    return mt < cap ? mt : cap;
-}
+int tiles_for_rows(int M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
 
 template <int HD, int MT>
 int blocks_per_sm() {

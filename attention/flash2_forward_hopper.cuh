@@ -5,7 +5,10 @@
 // their K and V blocks are read from L2 after the first.
 //
 // Persistent: one thread block per SM walks the tiles (query block of 64·CONSUMERS rows, b·NH + h),
-// heaviest causal query blocks first, so that one tile's loads overlap the previous tile's epilogue.
+// heaviest causal query blocks first, so that one tile's loads overlap the previous tile's epilogue:
+// non-causal round-robin; causal (tiles of different lengths) taking the next tile from a counter in
+// the call's workspace (without one, causal runs one block per tile). The producer picks the tile and
+// hands its index to the consumers beside its Q buffer (tile_of_q; `tiles` there means stop).
 // 1 + CONSUMERS warpgroups:
 //   producer   warpgroup 0 gives its registers away (setmaxnreg) and one thread issues every load:
 //              per tile the Q tile (once its previous O has been stored from there), then K and V
@@ -75,7 +78,7 @@ typedef struct {
 } Flash2ForwardTile;
 
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
-__device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardParams& p, int t, int heads) {
+__device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardParams& p, int t) {
     const int m_blocks = (p.T + BLOCK_M - 1) / BLOCK_M, bh = t / m_blocks;
     Flash2ForwardTile tile;
     tile.m0 = (m_blocks - 1 - t % m_blocks) * BLOCK_M;
@@ -116,14 +119,14 @@ __device__ __forceinline__ int next_tile(const Flash2ForwardParams& p, int t) {
 // ring. At the end, `tiles` in the next Q buffer tells the consumers to stop.
 template <typename C, int HD, int BLOCK_N, bool CAUSAL>
 __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
-                                                const Flash2ForwardSmem<C>& sm, int tiles, int heads) {
+                                                const Flash2ForwardSmem<C>& sm, int tiles) {
     tma_prefetch_map(&maps.q);
     tma_prefetch_map(&maps.k);
     tma_prefetch_map(&maps.v);
     int ring = 0;  // K/V blocks loaded so far: slot ring % STAGES, its use (ring / STAGES)
     int t = blockIdx.x, iter = 0;
     for (; t < tiles; t = next_tile(p, t), iter++) {
-        const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
+        const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t);
         const int qb = iter % C::Q_BUFFERS, q_use = iter / C::Q_BUFFERS, kv_head = tile.h / (p.NH / p.NKV);
         mbar_wait(&sm.q_empty[qb], (q_use & 1) ^ 1);
         sm.tile_of_q[qb] = t;  // published by the arrival below (release), read after q_full (acquire)
@@ -289,7 +292,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
 // their products through the tiles as one sequence (named barriers TURN_BARRIER + c).
 template <typename C, int HD, int BLOCK_N, bool CAUSAL>
 __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
-                                                const Flash2ForwardSmem<C>& sm, int cw, int tiles, int heads) {
+                                                const Flash2ForwardSmem<C>& sm, int cw, int tiles) {
     constexpr int CONSUMERS = C::BLOCK_M / 64;
     if (cw == CONSUMERS - 1) named_barrier_arrive(C::TURN_BARRIER, 256);  // warpgroup 0 issues first
     int ring = 0;
@@ -298,7 +301,7 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
         mbar_wait(&sm.q_full[qb], (iter / C::Q_BUFFERS) & 1);
         const int t = sm.tile_of_q[qb];
         if (t >= tiles) break;
-        Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t, heads);
+        Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t);
         tile.iter = iter;
         forward_consume_tile<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, cw, tile, ring);
     }
@@ -314,7 +317,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2ForwardSmem<C> sm = forward_smem<C>((uint8_t*)smem_raw);
-    const int heads = p.B * p.NH, tiles = (p.T + C::BLOCK_M - 1) / C::BLOCK_M * heads;
+    const int tiles = (p.T + C::BLOCK_M - 1) / C::BLOCK_M * (p.B * p.NH);
     if (threadIdx.x == 0) {
         for (int q = 0; q < C::Q_BUFFERS; q++) {
             mbar_init(&sm.q_full[q], 1);
@@ -331,10 +334,10 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     __syncthreads();
     if (threadIdx.x < 128) {
         registers_decrease<C::PRODUCER_REGS>();
-        if (threadIdx.x == 0) forward_produce<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles, heads);
+        if (threadIdx.x == 0) forward_produce<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        forward_consume<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, threadIdx.x / 128 - 1, tiles, heads);
+        forward_consume<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, threadIdx.x / 128 - 1, tiles);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there

@@ -4,27 +4,41 @@
 #ifndef FLASH2_TILES_H
 #define FLASH2_TILES_H
 
-// Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step;
-// PERSISTENT: one block per multiprocessor walks the tiles (else one block per tile): non-causal
-// round-robin, causal taking the next tile from a counter in the workspace (tiles differ in length;
-// without a workspace, one block per tile).
+// Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step,
+// persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
+// next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
+// runs one block per tile).
 // CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
-// tiles) balance the SMs better; else 2.
+// tiles) balance the SMs better; 3 at 80 and 96, with 96-key blocks (128 leaves too few registers
+// for three: ptxas serializes the products); 2 at 128. Measured with build/flash2_tune on an H100:
+// three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512;
+// attention/PERF_NOTES.md).
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CAUSAL_SHORT_T = 1024;
-    static constexpr int consumers(int T) { return HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2; }
-    static constexpr int BLOCK_N = 128;
-    static constexpr bool PERSISTENT = true;
+    static constexpr int consumers(int T) {
+        return HD == 80 || HD == 96 ? 3 : HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2;
+    }
+    static constexpr int BLOCK_N = HD == 80 || HD == 96 ? 96 : 128;
 };
 
+// How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):
+//   BWD_DQ_FIRST  dQ(j−1) is issued before dV, dK of step j (not after), so its result is staged
+//                 to shared memory while dV and dK run, instead of after them with the tensor cores idle
+//   BWD_PINGPONG  the two warpgroups take turns issuing their batches of products (Sᵀ, dPᵀ; then dQ,
+//                 dV, dK; named barriers), so one's Pᵀ/dSᵀ arithmetic runs while the other's products do
+enum { BWD_DQ_FIRST = 1, BWD_PINGPONG = 2 };
+
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow
-// 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory (faster only
-// at head dim 128 without the mask).
+// 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory; SCHEDULE: the
+// order of the products (above). Measured
+// with build/flash2_tune on an H100 (attention/PERF_NOTES.md): ping-pong alone at head dim 64 (with
+// dQ first it loses 3-9%), both at 80, 96 and 128, where dK from shared memory then wins causal too.
 template <int HD, bool CAUSAL>
 struct Flash2BackwardTiles {
     static constexpr int BLOCK_M = HD == 64 ? 128 : 64;
-    static constexpr bool DK_FROM_SMEM = HD == 128 && !CAUSAL;
+    static constexpr bool DK_FROM_SMEM = HD == 128;
+    static constexpr int SCHEDULE = HD == 64 ? BWD_PINGPONG : BWD_DQ_FIRST | BWD_PINGPONG;
 };
 
 #endif  // FLASH2_TILES_H

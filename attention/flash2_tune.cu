@@ -35,7 +35,7 @@ typedef struct {
     const char* name;
     int hd;
     BackwardLaunch launch[2];
-    int block_m, dk_from_smem;  // ws kernels: their query block and dK operand; 0 otherwise
+    int block_m, dk_from_smem, schedule;  // ws kernels: query block, dK operand, product order; 0 otherwise
 } BackwardCandidate;
 
 #define FWD(HD, BM, BN, NW, MB) \
@@ -43,7 +43,7 @@ typedef struct {
      {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}, 0, 0, 0}
 #define BWD(HD, BM, NW, MB) \
     {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
-     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0}
+     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0, 0}
 
 // The first candidate of each head dim is the mma.sync kernel, the reference the others are checked
 // against; "ws" are the warp-specialized TMA kernels of Hopper (flash2_forward_hopper.cuh,
@@ -55,27 +55,34 @@ typedef struct {
 static const ForwardCandidate FORWARD[] = {
     FWD(64, 128, 64, 4, 2),  FWD_WS(64, 128, 3, 1),  FWD_WS(64, 128, 3, 0),  FWD_WS(64, 128, 2, 1),
     FWD(80, 128, 64, 4, 2),  FWD_WS(80, 128, 2, 1),  FWD_WS(80, 128, 2, 0),  FWD_WS(80, 176, 2, 1),
+    FWD_WS(80, 96, 3, 1),
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
+    FWD_WS(96, 96, 3, 1),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
-#define BWD_WS(HD, BM, DET, DK_SMEM) \
-    {"bwd ws BM" #BM " dK from " DK_SMEM DET, HD, \
-     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5)>, \
-      launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5)>}, BM, (sizeof(DK_SMEM) > 5)}
+// SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
+#define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
+    {"bwd ws BM" #BM " dK " DK_SMEM " sched" #SCHED DET, HD, \
+     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED>, \
+      launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED>}, BM, (sizeof(DK_SMEM) > 5), SCHED}
 #define BWD_WS_ALL(HD, BM) \
-    BWD_WS(HD, BM, "", "regs"), BWD_WS(HD, BM, "", "shared"), BWD_WS(HD, BM, " determ.", "regs")
+    BWD_WS(HD, BM, "", "regs", 0), BWD_WS(HD, BM, "", "regs", 1), BWD_WS(HD, BM, "", "regs", 2), \
+    BWD_WS(HD, BM, "", "regs", 3), BWD_WS(HD, BM, "", "shared", 0), BWD_WS(HD, BM, "", "shared", 1), \
+    BWD_WS(HD, BM, "", "shared", 3)
+#define BWD_WS_SOME(HD, BM) BWD_WS(HD, BM, "", "regs", 0), BWD_WS(HD, BM, "", "regs", 1), BWD_WS(HD, BM, "", "regs", 3)
+// The deterministic mode as the library runs it (flash2_tiles.h's choice per head dim).
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),
-    BWD(80, 64, 8, 1),   BWD_WS_ALL(80, 64),
-    BWD(96, 64, 8, 1),   BWD_WS_ALL(96, 64),
-    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),
+    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS(64, 128, " determ.", "regs", 2),
+    BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS(80, 64, " determ.", "regs", 3),
+    BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS(96, 64, " determ.", "regs", 3),
+    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS(128, 64, " determ.", "shared", 3),
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
 template <int HD, bool CAUSAL>
 static bool forward_chosen_as(const ForwardCandidate& c, int seq_len) {
     typedef Flash2ForwardTiles<HD, CAUSAL> T;
-    return c.block_n == T::BLOCK_N && c.consumers == T::consumers(seq_len) && c.persistent == (int)T::PERSISTENT;
+    return c.block_n == T::BLOCK_N && c.consumers == T::consumers(seq_len) && c.persistent == 1;  // the library launches persistent
 }
 template <int HD>
 static bool forward_chosen(const ForwardCandidate& c, int causal, int seq_len) {
@@ -92,8 +99,11 @@ static bool forward_is_chosen(const ForwardCandidate& c, int causal, int seq_len
 }
 template <int HD>
 static bool backward_chosen(const BackwardCandidate& c, int causal) {
-    if (causal) return c.block_m == Flash2BackwardTiles<HD, true>::BLOCK_M && c.dk_from_smem == (int)Flash2BackwardTiles<HD, true>::DK_FROM_SMEM;
-    return c.block_m == Flash2BackwardTiles<HD, false>::BLOCK_M && c.dk_from_smem == (int)Flash2BackwardTiles<HD, false>::DK_FROM_SMEM;
+    typedef Flash2BackwardTiles<HD, true> Causal;
+    typedef Flash2BackwardTiles<HD, false> Full;
+    if (causal)
+        return c.block_m == Causal::BLOCK_M && c.dk_from_smem == (int)Causal::DK_FROM_SMEM && c.schedule == Causal::SCHEDULE;
+    return c.block_m == Full::BLOCK_M && c.dk_from_smem == (int)Full::DK_FROM_SMEM && c.schedule == Full::SCHEDULE;
 }
 static bool backward_is_chosen(const BackwardCandidate& c, int causal) {
     if (!c.block_m || strstr(c.name, "determ")) return false;

@@ -12,7 +12,7 @@
 //     per block l (the training forward's recipe on N rows; no statistics are saved):
 //       ln (N, C)     = LN1(x)                           (x = r2 + proj of the previous block, fused)
 //       qkv (N, R)    = ln · qkvwᵀ + qkvb                R = (NH + 2·NKV)·HD, a row: q | k | v heads
-//       cache[l][b, pos] = k, v of the row               (kv_append)
+//       cache[l][b, pos] = k, v of the row               (decode_cache_append, attention/kv_cache.cu)
 //       atty (N, C)   = decode attention(q straight from the qkv rows (stride R), cache[l], lengths)
 //       proj (N, C)   = atty · attprojwᵀ + attprojb
 //       r2, ln        = x + proj, LN2(r2)
@@ -61,6 +61,7 @@ typedef struct {
     int L, B, Tmax, NKV, HD;
     __nv_bfloat16 *k, *v;  // (L, B, Tmax, NKV, HD)
     int* lengths;          // (B) on the GPU
+    int* starts;           // (B) on the GPU: the lengths before the last advance (where it appends)
     int* host_lengths;     // (B) the same on the host (every change is made by the host)
     int max_length;        // max of host_lengths
 } KVCache;
@@ -69,10 +70,13 @@ static size_t kv_cache_layer_elems(const KVCache* c) { return (size_t)c->B * c->
 
 // ---- kernels --------------------------------------------------------------------------------------
 
-// lengths[b] += Tq (one thread per sequence).
-static __global__ void gpt_decode_advance_kernel(int* lengths, int B, int Tq) {
+// starts[b] = lengths[b], lengths[b] += Tq (one thread per sequence).
+static __global__ void gpt_decode_advance_kernel(int* lengths, int* starts, int B, int Tq) {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b < B) lengths[b] += Tq;
+    if (b < B) {
+        starts[b] = lengths[b];
+        lengths[b] += Tq;
+    }
 }
 
 // One thread per 8 channels of a row (b, t): out[row] = wte[tokens[row]] + wpe[lengths[b] − Tq + t].
@@ -93,24 +97,6 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] += p[k];
     store16(out + row * C + c, bf16x8_pack(a));
-}
-
-// One thread per 8 elements of one row's K (and V): rows (b, t) of qkv (B, rows, R) go to cache
-// position lengths[b] − rows + t of k_cache, v_cache (B, Tmax, KVW), KVW = NKV·HD.
-static __global__ void __launch_bounds__(256)
-    gpt_kv_append_kernel(__nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,
-                         const __nv_bfloat16* __restrict__ qkv, const int* __restrict__ lengths, int rows, int Tmax,
-                         int KVW, long row_stride, long k_off, long v_off, size_t total_vecs) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total_vecs) return;
-    const int vecs = KVW / 8;
-    const size_t row = i / vecs;
-    const int c = (int)(i % vecs) * 8;
-    const int b = (int)(row / rows), t = (int)(row % rows);
-    const size_t dst = ((size_t)b * Tmax + (lengths[b] - rows + t)) * KVW + c;
-    const __nv_bfloat16* src = qkv + row * row_stride;
-    store16(k_cache + dst, load16(src + k_off + c));
-    store16(v_cache + dst, load16(src + v_off + c));
 }
 
 // One thread per 8 channels: out[b] = in[b·Tq + Tq − 1] (the last new row of each sequence).
@@ -184,6 +170,7 @@ static int gpt_decoder_create(GPTDecoder* d, GPTModel* model, int B, int Tmax, i
     cuda_malloc_or_explain((void**)&c->k, cache_bytes, "the KV cache (keys)", hint);
     cuda_malloc_or_explain((void**)&c->v, cache_bytes, "the KV cache (values)", hint);
     CUDA_CHECK(cudaMalloc((void**)&c->lengths, B * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&c->starts, B * sizeof(int)));
     CUDA_CHECK(cudaMemsetAsync(c->lengths, 0, B * sizeof(int), model->stream));
     c->host_lengths = (int*)calloc(B, sizeof(int));
 
@@ -218,6 +205,7 @@ static void gpt_decoder_destroy(GPTDecoder* d) {
     if (d->cache.k) CUDA_CHECK(cudaFree(d->cache.k));
     if (d->cache.v) CUDA_CHECK(cudaFree(d->cache.v));
     if (d->cache.lengths) CUDA_CHECK(cudaFree(d->cache.lengths));
+    if (d->cache.starts) CUDA_CHECK(cudaFree(d->cache.starts));
     free(d->cache.host_lengths);
     memset(d, 0, sizeof(*d));
 }
@@ -242,20 +230,18 @@ static void gpt_decoder_advance(GPTDecoder* d, int Tq) {
         c->host_lengths[b] += Tq;
         if (c->host_lengths[b] > c->max_length) c->max_length = c->host_lengths[b];
     }
-    gpt_decode_advance_kernel<<<(d->B + 127) / 128, 128, 0, d->model->stream>>>(c->lengths, d->B, Tq);
+    gpt_decode_advance_kernel<<<(d->B + 127) / 128, 128, 0, d->model->stream>>>(c->lengths, c->starts, d->B, Tq);
     CUDA_CHECK(cudaGetLastError());
 }
 
 // Copies K and V of `rows` rows per sequence from qkv (B, rows, R) of layer l into the cache, at the
-// positions lengths[b] − rows .. lengths[b] − 1 (the lengths already advanced).
+// positions starts[b] .. starts[b] + rows − 1 (the lengths before the last advance).
 static void gpt_decoder_append(GPTDecoder* d, int l, const __nv_bfloat16* qkv, int rows) {
     const KVCache* c = &d->cache;
     const GPTQKVLayout* q = &d->qkv_layout;
-    const int KVW = q->NKV * q->HD;
-    const size_t total = (size_t)d->B * rows * (KVW / 8), off = (size_t)l * kv_cache_layer_elems(c);
-    gpt_kv_append_kernel<<<(unsigned)layer_ceil_div(total, 256), 256, 0, d->model->stream>>>(
-        c->k + off, c->v + off, qkv, c->lengths, rows, c->Tmax, KVW, q->row, q->k_off, q->v_off, total);
-    CUDA_CHECK(cudaGetLastError());
+    const size_t off = (size_t)l * kv_cache_layer_elems(c);
+    decode_cache_append(qkv + q->k_off, qkv + q->v_off, q->row, d->B, rows, q->NKV, q->HD, c->starts, c->k + off,
+                        c->v + off, c->Tmax, d->model->stream);
 }
 
 // The decode attention of layer l for Tq new tokens per sequence: q from d->qkv, out into d->atty.
@@ -347,15 +333,17 @@ static void gpt_decoder_prefill(GPTDecoder* d, const int* inputs) {
     LAYER_REQUIRE(m->B == d->B, "gpt_decoder_prefill: the model is sized for %d sequences, the decoder for %d", m->B,
                   d->B);
     LAYER_REQUIRE(d->cache.max_length == 0, "gpt_decoder_prefill: the cache is not empty (gpt_decoder_reset first)");
-    const int T = m->T, Vp = m->Vp;
+    LAYER_REQUIRE(m->recompute == RECOMPUTE_NONE, "gpt_decoder_prefill: the model must keep every layer's qkv");
+    const int B = m->B, T = m->T, C = m->C;
     gpt_model_forward(m, inputs, inputs);
     gpt_decoder_advance(d, T);
-    const size_t N = (size_t)m->B * T;
-    for (int l = 0; l < m->L; l++) gpt_decoder_append(d, l, m->qkv + (size_t)l * N * d->qkv_layout.row, T);
-    // logits (B, Vp) = rows T−1, 2T−1, ... of the model's (B·T, Vp) logits
-    CUDA_CHECK(cudaMemcpy2DAsync(d->logits, Vp * sizeof(__nv_bfloat16), m->logits + (size_t)(T - 1) * Vp,
-                                 (size_t)T * Vp * sizeof(__nv_bfloat16), Vp * sizeof(__nv_bfloat16), m->B,
-                                 cudaMemcpyDeviceToDevice, m->stream));
+    for (int l = 0; l < m->L; l++) gpt_decoder_append(d, l, gpt_block_acts(m, l).qkv, T);
+    // logits (B, Vp) from rows T−1, 2T−1, ... of lnf: the model keeps only one chunk of its LM head's
+    // logits (GPT_LM_HEAD_CHUNK_ROWS rows), not all B·T
+    gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, m->stream>>>(
+        d->last, m->lnf, B, T, C);
+    CUDA_CHECK(cudaGetLastError());
+    matmul_forward(&m->matmul, d->logits, d->last, m->param_tensors[GPT_WTE], NULL, B, C, m->Vp, NULL);
 }
 
 #endif  // GPT_DECODE_CUH

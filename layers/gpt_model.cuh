@@ -59,7 +59,7 @@
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
-// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_padded (and _with) pads both allocations to a multiple of
+// Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_with pads both allocations to a multiple of
 // pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
 // gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
@@ -396,14 +396,10 @@ static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, At
     return 0;
 }
 
-static int gpt_model_create_padded(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                                   cudaStream_t stream, size_t pad_multiple) {
-    return gpt_model_create_with(m, config, B, T, backend, RECOMPUTE_NONE, 0, stream, pad_multiple);
-}
-
+// No recomputation, the default LM-head chunks, no padding (the tests, --generate's prefill).
 static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
                             cudaStream_t stream) {
-    return gpt_model_create_padded(m, config, B, T, backend, stream, 1);
+    return gpt_model_create_with(m, config, B, T, backend, RECOMPUTE_NONE, 0, stream, 1);
 }
 
 static void gpt_model_destroy(GPTModel* m) {
@@ -563,7 +559,7 @@ static void gpt_lm_head_chunk(GPTModel* m, int row0, int rows) {
 // chunk (all of them when N <= lm_head_rows) are left intact. Enqueued on model->stream; nothing is
 // synchronized (gpt_model_mean_loss copies the scalar back).
 static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
-    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
+    const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
     __nv_bfloat16* const* p = m->param_tensors;

@@ -10,7 +10,7 @@
 // MASTER_ADDR / MASTER_PORT name the rendezvous for every launcher (default 127.0.0.1:29500, right
 // for one node; on several nodes set MASTER_ADDR to rank 0's host).
 //
-// launcher_rendezvous: a small TCP exchange. Rank 0 listens on MASTER_PORT (all interfaces); every
+// launcher_rendezvous_keep: a small TCP exchange. Rank 0 listens on MASTER_PORT (all interfaces); every
 // other rank connects to MASTER_ADDR:MASTER_PORT (retrying until the timeout) and sends
 // (magic, rank, world, tag); rank 0 waits until all world − 1 ranks have said hello, checks that
 // they agree on the world size and on `tag` (a hash of the options that must match) and that no
@@ -18,7 +18,7 @@
 // disagreement, or when not every rank arrives in time, rank 0 tells every connected rank why and
 // all of them return -1 with one line in `err` (what happened and what to check); nothing here
 // prints or exits, and nothing waits longer than the timeout (plus a few seconds on a client).
-// launcher_rendezvous_keep can leave the connections open afterwards, for the watchdog's heartbeat
+// It can leave the connections open afterwards (`keep`), for the watchdog's heartbeat
 // (layers/heartbeat.h). `--rendezvous file:PATH` exchanges the same things through files on a
 // shared filesystem instead (below, "the file exchange"), for nodes that cannot reach each other's ports.
 //
@@ -601,12 +601,6 @@ static inline int launcher_rendezvous_keep(const LaunchInfo* info, const char* f
                                : launcher_file_join(info, file_path, tag, payload, bytes, timeout_s, err, err_len);
     return info->rank == 0 ? launcher_serve(info, tag, payload, bytes, timeout_s, keep, err, err_len)
                            : launcher_join(info, tag, payload, bytes, timeout_s, keep, err, err_len);
-}
-
-// The TCP exchange, connections closed afterwards.
-static inline int launcher_rendezvous(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes,
-                                      double timeout_s, char* err, size_t err_len) {
-    return launcher_rendezvous_keep(info, NULL, tag, payload, bytes, timeout_s, NULL, err, err_len);
 }
 
 // FNV-1a over bytes, for the rendezvous tag (the options every rank must share).

@@ -46,11 +46,9 @@ import contextlib
 import ctypes
 import datetime
 import gc
-import json
 import math
 import os
 import shlex
-import statistics
 import sys
 import warnings
 
@@ -63,17 +61,14 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import git_commit, gpu_slug  # noqa: E402  (the scripts' shared helpers)
+from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, git_commit, gpu_slug,  # noqa: E402  (shared helpers)
+                            length_label as seqlen_label, median_gpu_ms, parse_list, rel_error, write_json,
+                            write_text)
 OUR_IMPLS = ("naive", "flash1", "flash2")
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
 REFERENCE_ORDER = ("torch-flash", "torch-cudnn")  # the first that runs is the correctness reference
 PASSES = ("fwd", "bwd", "fwd+bwd")
-L2_FLUSH_BYTES = 256 * 1024 * 1024
-MIN_REPS, MAX_REPS = 5, 1000
-
-
-class Skip(Exception):
-    """A point an implementation cannot run (rejected shape, not enough memory); the message says why."""
+MAX_REPS = 1000  # most timed runs of a measurement (L2_FLUSH_BYTES, MIN_REPS: results_common's)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,42 +199,13 @@ def backend_context(impl):
 # Timing and checking
 
 def measure_ms(fn, flush, warmup_ms, rep_ms):
-    """Median milliseconds of fn() over about rep_ms of runs, each timed by its own CUDA events, with
-    the L2 cache flushed before every run and about warmup_ms of untimed runs first."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # ms per run, flush included (as do_bench)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    reps = min(MAX_REPS, max(MIN_REPS, int(rep_ms / estimate)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median milliseconds of fn(), L2 flushed before every run (results_common.median_gpu_ms)."""
+    return median_gpu_ms(fn, flush, warmup_ms, rep_ms, MIN_REPS, MAX_REPS)
 
 
 def rel_errors(results, reference):
     """{"out"/"dq"/"dk"/"dv": ‖x − ref‖/‖ref‖} in fp32; NaN when x has a NaN or Inf."""
-    errors = {}
-    for name, x, ref in zip(("out", "dq", "dk", "dv"), results, reference):
-        x, ref = x.float(), ref.float()
-        if not torch.isfinite(x).all():
-            errors[name] = float("nan")
-        else:
-            errors[name] = float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
-    return errors
+    return {name: rel_error(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), results, reference)}
 
 
 def point_flops(B, T, NH, HD, causal):
@@ -331,20 +297,31 @@ def progress_line(r):
 # ---------------------------------------------------------------------------------------------
 # Tables and files
 
-def seqlen_label(seqlen):
-    """512, 1k, 2k, ... as in the FlashAttention-2 paper's tables."""
-    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+PASS_KEYS = {"fwd": "fwd_tflops", "bwd": "bwd_tflops", "fwd+bwd": "fwdbwd_tflops"}
 
 
-def table_rows(records, impls, hdim, causal, seqlens, nkv):
+def ratio_rows(label, num, den, impl_num, impl_den, seqlens):
+    """One row per pass: TFLOP/s of impl_num in num over impl_den's in den ({(impl, seqlen): record}) at every
+    seqlen, "-" where either did not run ok."""
+    rows = []
+    for p in PASSES:
+        cells = []
+        for t in seqlens:
+            a, b = num.get((impl_num, t)), den.get((impl_den, t))
+            ok = a and b and a["status"] == "ok" and b["status"] == "ok"
+            cells.append(f"{a[PASS_KEYS[p]] / b[PASS_KEYS[p]]:.2f}x" if ok else "-")
+        rows.append([f"{label} {p}"] + cells)
+    return rows
+
+
+def table_rows(records, impls, hdim, causal, seqlens, nkv, nh):
     """Rows [label, cell per seqlen] of TFLOP/s for one (hdim, causal, NKV), then ratio rows (flash2/flash1,
-    ours/torch, and for GQA ours against ours multi-head where that ran)."""
+    ours/torch, and for GQA ours against ours multi-head, NKV = nh, where that ran)."""
     def of(kv):
         return {(r["impl"], r["seqlen"]): r for r in records
                 if r["hdim"] == hdim and r["causal"] == bool(causal) and r["kv_heads"] == kv}
     by_key = of(nkv)
-    mha = of(args_heads(records, hdim)) if nkv != args_heads(records, hdim) else {}
-    keys = {"fwd": "fwd_tflops", "bwd": "bwd_tflops", "fwd+bwd": "fwdbwd_tflops"}
+    mha = of(nh) if nkv != nh else {}
     rows = []
     for impl in impls:
         for p in PASSES:
@@ -356,33 +333,16 @@ def table_rows(records, impls, hdim, causal, seqlens, nkv):
                 elif r["status"] == "wrong":
                     cells.append("WRONG")
                 else:
-                    cells.append(f"{r[keys[p]]:.0f}")
+                    cells.append(f"{r[PASS_KEYS[p]]:.0f}")
             rows.append([f"{impl} {p}"] + cells)
     # flash2 against flash1 (the FA2 paper's comparison), then ours against each PyTorch backend
     pairs = [("flash2", "flash1")] if "flash1" in impls and "flash2" in impls else []
     pairs += [(ours, theirs) for ours in impls if ours in OUR_IMPLS for theirs in impls if theirs in TORCH_IMPLS]
     for ours, theirs in pairs:
-        for p in PASSES:
-            cells = []
-            for t in seqlens:
-                a, b = by_key.get((ours, t)), by_key.get((theirs, t))
-                ok = a and b and a["status"] == "ok" and b["status"] == "ok"
-                cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
-            rows.append([f"{ours}/{theirs} {p}"] + cells)
+        rows += ratio_rows(f"{ours}/{theirs}", by_key, by_key, ours, theirs, seqlens)
     for ours in (i for i in impls if i in OUR_IMPLS and mha):
-        for p in PASSES:
-            cells = []
-            for t in seqlens:
-                a, b = by_key.get((ours, t)), mha.get((ours, t))
-                ok = a and b and a["status"] == "ok" and b["status"] == "ok"
-                cells.append(f"{a[keys[p]] / b[keys[p]]:.2f}x" if ok else "-")
-            rows.append([f"{ours} gqa/mha {p}"] + cells)
+        rows += ratio_rows(f"{ours} gqa/mha", by_key, mha, ours, ours, seqlens)
     return rows
-
-
-def args_heads(records, hdim):
-    """NH of the points of head dim hdim (every record of one head dim has the same)."""
-    return next(r["heads"] for r in records if r["hdim"] == hdim)
 
 
 def table_title(hdim, causal, hidden, tokens, nkv):
@@ -420,11 +380,7 @@ def no_nan(value):
 
 def write_results(meta, records, tables, notes, json_path, md_path, complete):
     """Writes the JSON records and the markdown tables (each through a .tmp file and a rename)."""
-    os.makedirs(os.path.dirname(json_path), exist_ok=True)
-    with open(json_path + ".tmp", "w") as f:
-        json.dump(no_nan({**meta, "complete": complete, "records": records}), f, indent=1, allow_nan=False)
-        f.write("\n")
-    os.replace(json_path + ".tmp", json_path)
+    write_json(json_path, no_nan({**meta, "complete": complete, "records": records}))
     md = [f"# Attention benchmark on {meta['device']}", "",
           f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
           f"- torch {meta['torch']}, CUDA {meta['cuda']}", f"- method: {meta['method']}",
@@ -435,9 +391,7 @@ def write_results(meta, records, tables, notes, json_path, md_path, complete):
         md += [markdown_table(title, rows, seqlens), ""]
     if notes:
         md += ["### Notes", ""] + [f"- {n}" for n in notes] + [""]
-    with open(md_path + ".tmp", "w") as f:
-        f.write("\n".join(md))
-    os.replace(md_path + ".tmp", md_path)
+    write_text(md_path, "\n".join(md))
 
 
 def build_tables(records, impls, hdims, causals, seqlens, args):
@@ -449,7 +403,8 @@ def build_tables(records, impls, hdims, causals, seqlens, args):
                 nkv = kv or args.hidden // hdim
                 if any(r["hdim"] == hdim and r["causal"] == bool(causal) and r["kv_heads"] == nkv for r in records):
                     tables.append((table_title(hdim, causal, args.hidden, args.tokens, nkv),
-                                   table_rows(records, impls, hdim, causal, seqlens, nkv), seqlens))
+                                   table_rows(records, impls, hdim, causal, seqlens, nkv, args.hidden // hdim),
+                                   seqlens))
     return tables
 
 
@@ -462,16 +417,6 @@ def build_notes(records):
 
 # ---------------------------------------------------------------------------------------------
 # main
-
-def parse_list(text, convert):
-    """Comma-separated values; "1k" means 1024 for integers."""
-    values = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if item:
-            values.append(convert(item[:-1]) * 1024 if item.endswith("k") else convert(item))
-    return values
-
 
 def main():
     parser = argparse.ArgumentParser(

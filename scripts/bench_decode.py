@@ -38,10 +38,8 @@ import argparse
 import ctypes
 import datetime
 import gc
-import json
 import os
 import shlex
-import statistics
 import sys
 import warnings
 
@@ -54,17 +52,13 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import git_commit, gpu_slug  # noqa: E402
+from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, git_commit, gpu_slug, length_label,  # noqa: E402
+                            median_gpu_ms, parse_list, rel_error, write_json, write_text)
 
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-efficient": SDPBackend.EFFICIENT_ATTENTION,
                "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
 ALL_IMPLS = ("ours",) + tuple(TORCH_IMPLS) + ("naive",)
-L2_FLUSH_BYTES = 256 * 1024 * 1024
-MIN_REPS, MAX_REPS = 5, 2000
-
-
-class Skip(Exception):
-    """A point an implementation cannot run; the message says why."""
+MAX_REPS = 2000  # most timed runs of a measurement (L2_FLUSH_BYTES, MIN_REPS: results_common's)
 
 
 def load_library(path):
@@ -85,29 +79,8 @@ def load_library(path):
 
 
 def measure_us(fn, flush, warmup_ms, rep_ms):
-    """Median microseconds of fn() (see the method above)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        flush.zero_()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-3)
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    reps = min(MAX_REPS, max(MIN_REPS, int(rep_ms / estimate)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for k in range(reps):
-        flush.zero_()
-        starts[k].record()
-        fn()
-        ends[k].record()
-    torch.cuda.synchronize()
-    return 1000.0 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    """Median microseconds of fn() (see the method above; results_common.median_gpu_ms)."""
+    return 1000.0 * median_gpu_ms(fn, flush, warmup_ms, rep_ms, MIN_REPS, MAX_REPS)
 
 
 def copy_gbps(flush, warmup_ms, rep_ms):
@@ -166,13 +139,6 @@ def our_runner(lib, q, k, v, lengths):
             raise Skip(f"failed: {lib.decode_flat_last_error().decode()}")
     run.keep = (ws, q, k, v, lengths)  # the pointers in args stay valid while run lives
     return run, out, splits
-
-
-def rel_error(x, ref):
-    x, ref = x.float(), ref.float()
-    if not torch.isfinite(x).all():
-        return float("nan")
-    return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
 
 
 def make_cache(B, T, NKV, HD, seed, ours):
@@ -272,10 +238,6 @@ def layout_name(NH, NKV):
     return f"MHA {NH}" if NH == NKV else f"MQA {NH}:1" if NKV == 1 else f"GQA {NH}:{NKV}"
 
 
-def length_label(T):
-    return f"{T // 1024}k" if T % 1024 == 0 else str(T)
-
-
 def progress_line(r):
     where = f"{layout_name(r['NH'], r['NKV']):10} B={r['B']:<3} T={length_label(r['T']):5}"
     if r["status"] == "skipped":
@@ -321,11 +283,7 @@ def table(records, impls, copy):
 
 
 def write_results(meta, records, impls, json_path, md_path, complete):
-    os.makedirs(os.path.dirname(json_path), exist_ok=True)
-    with open(json_path + ".tmp", "w") as f:
-        json.dump({**meta, "complete": complete, "records": records}, f, indent=1)
-        f.write("\n")
-    os.replace(json_path + ".tmp", json_path)
+    write_json(json_path, {**meta, "complete": complete, "records": records})
     md = [f"# Decoding attention on {meta['device']}", "",
           f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
           f"- torch {meta['torch']}, CUDA {meta['cuda']}", f"- method: {meta['method']}",
@@ -337,19 +295,8 @@ def write_results(meta, records, impls, json_path, md_path, complete):
              for r in records if r["status"] != "ok"]
     if notes:
         md += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
-    with open(md_path + ".tmp", "w") as f:
-        f.write("\n".join(md))
-    os.replace(md_path + ".tmp", md_path)
+    write_text(md_path, "\n".join(md))
     return md
-
-
-def parse_list(text, convert):
-    values = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if item:
-            values.append(convert(item[:-1]) * 1024 if item.endswith("k") else convert(item))
-    return values
 
 
 def main():

@@ -37,15 +37,14 @@ Usage (repository root, GPU machine, after `make train_gpt`; torch needs PyTorch
     python3 scripts/bench_long_context.py --runs train_gpt:gpt3-1.3b:32768:none,train_gpt:gpt3-1.3b:32768:full
 """
 import argparse
-import datetime
 import json
 import os
 import re
 import shlex
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_train  # noqa: E402  (memory, throughput, data, paths and header of a record, as bench_train's)
 import results_common  # noqa: E402
 import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch runs in the child)
 import train_runs  # noqa: E402
@@ -56,7 +55,6 @@ TORCH_RECOMPUTE = "blocks"  # the torch record's "recompute": checkpointing per 
 GRID = [("gpt3-1.3b", 16384), ("gpt3-1.3b", 32768), ("gpt3-1.3b", 65536), ("gpt3-1.3b", 131072),
         ("gpt3-2.7b", 32768), ("gpt3-2.7b", 65536)]
 RECORD_KEY = ("impl", "model", "seqlen", "recompute")
-DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
 def default_runs():
@@ -88,22 +86,10 @@ def parse_args(argv=None):
                                 "activation checkpointing.", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Usage" + __doc__.split("Usage", 1)[1])
     p.add_argument("--runs", default="", help="IMPL:MODEL:SEQ[:MODE],... (default: the whole grid)")
-    p.add_argument("--warmup", type=int, default=1, help="optimizer steps not timed (default 1)")
-    p.add_argument("--timed", type=int, default=3, help="optimizer steps timed, median (default 3)")
-    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    bench_train.add_run_options(p, "bench_long_context", warmup=1, timed=3, timeout=300, results="long_context")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both (default 3e-4)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="linear warmup steps of both (default 0; e.g. 10 for a falling loss over the first steps)")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
-    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
-    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
-    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per run before it is stopped (default 300)")
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_long_context"),
-                   help="logs of every run (default build/bench_long_context)")
-    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
-                   help="where long_context_<gpu>.json and .md go (default scripts/results)")
-    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
     args = p.parse_args(argv)
     try:
         args.runs = parse_runs(args.runs) if args.runs else default_runs()
@@ -154,21 +140,13 @@ def run_one(args, impl, model, seqlen, mode, data, peak):
                "--warmup-steps", str(args.warmup_steps)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout, env=env)
-    record = {"impl": impl, "model": model, "seqlen": seqlen, "recompute": mode, "status": "ok", "note": "",
-              "step_ms": None, "tflops_per_gpu": None, "hw_tflops_per_gpu": None, "mfu": None, "peak_gib": None,
-              "mem_source": None, "losses": [], "step_ms_all": [], "wall_s": round(wall, 1),
-              "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
-    if poller.process_mib is not None:
-        record["peak_gib"], record["mem_source"] = poller.process_mib / 1024, "process"
-    elif poller.gpu_mib is not None:
-        record["peak_gib"], record["mem_source"] = poller.gpu_mib / 1024, "whole GPU"
-    hw_step = []
+    hw_ratio, torch_version = None, None
     if impl == "train_gpt":
         steps_done = train_runs.read_step_records(result_path)
-        step_ms = [float(r["ms"]) for r in steps_done]
-        record["losses"] = [float(r["loss"]) for r in steps_done]
-        hw_step = [float(r.get("hw_tflops_per_gpu", r["tflops_per_gpu"])) / float(r["tflops_per_gpu"])
-                   for r in steps_done if r.get("tflops_per_gpu")]
+        step_ms, losses = [float(r["ms"]) for r in steps_done], [float(r["loss"]) for r in steps_done]
+        last = next((r for r in reversed(steps_done) if r.get("tflops_per_gpu")), None)
+        if last is not None:  # train_gpt's hardware FLOPs (recomputation included) over its model FLOPs
+            hw_ratio = float(last.get("hw_tflops_per_gpu", last["tflops_per_gpu"])) / float(last["tflops_per_gpu"])
         failed = rc != 0
     else:
         try:
@@ -176,44 +154,27 @@ def run_one(args, impl, model, seqlen, mode, data, peak):
                 result = json.load(f)
         except (OSError, json.JSONDecodeError):
             result = {}
-        step_ms, record["losses"] = result.get("step_ms", []), result.get("losses", [])
-        record["torch"] = result.get("torch")
+        step_ms, losses = result.get("step_ms", []), result.get("losses", [])
+        torch_version = result.get("torch")
         failed = rc != 0 or result.get("status") != "ok"
-    record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
+    record = {"impl": impl, "model": model, "seqlen": seqlen, "recompute": mode, "status": "ok", "note": "",
+              "step_ms": None, "tflops_per_gpu": None, "hw_tflops_per_gpu": None, "mfu": None, "peak_gib": None,
+              "mem_source": None, "losses": losses, "step_ms_all": [round(ms, 3) for ms in step_ms],
+              "wall_s": round(wall, 1), "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
+    if impl == "torch":
+        record["torch"] = torch_version
+    bench_train.record_memory(record, poller, "peak_gib")
     if failed:
         text, oom = failure_note(log_path)
         record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
         record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
         return record
-    timed = step_ms[args.warmup:]
-    if len(timed) < args.timed:
-        record["status"], record["note"] = "error", f"only {len(step_ms)} of {steps} steps ran"
-        return record
-    ms = statistics.median(timed)
     cfg = tg.gpt_config(model, seq_len=seqlen)
-    record["step_ms"] = ms
-    record["tflops_per_gpu"] = tg.flops_per_sequence(cfg, seqlen) / (ms / 1e3) / 1e12
-    record["mfu"] = record["tflops_per_gpu"] / peak
-    hw_ratio = hw_step[-1] if hw_step else torch_hw_flops_per_sequence(cfg, seqlen) / tg.flops_per_sequence(cfg, seqlen)
-    record["hw_tflops_per_gpu"] = record["tflops_per_gpu"] * hw_ratio
+    if bench_train.record_throughput(record, step_ms, args.warmup, args.timed, cfg, 1, peak):  # batch 1
+        if hw_ratio is None:
+            hw_ratio = torch_hw_flops_per_sequence(cfg, seqlen) / tg.flops_per_sequence(cfg, seqlen)
+        record["hw_tflops_per_gpu"] = record["tflops_per_gpu"] * hw_ratio
     return record
-
-
-def load_previous(json_path, device, fresh):
-    if fresh or not os.path.exists(json_path):
-        return []
-    try:
-        with open(json_path) as f:
-            old = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"warning: {json_path} unreadable ({err}); starting a new file", flush=True)
-        return []
-    return old.get("records", []) if old.get("device") == device else []
-
-
-def merge(records, new):
-    key = tuple(new[k] for k in RECORD_KEY)
-    return [r for r in records if tuple(r.get(k) for k in RECORD_KEY) != key] + [new]
 
 
 HEADER = ["model", "seq", "impl", "recompute", "ms/step", "TFLOP/s", "hw TFLOP/s", "MFU", "peak GiB", "vs torch",
@@ -245,12 +206,8 @@ def table_rows(records):
 
 
 def text_table(rows):
-    widths = [max([len(HEADER[i])] + [len(r[i]) for r in rows]) for i in range(len(HEADER))]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i in (0, 2, 3, 10) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join([line(HEADER)] + [line(r) for r in rows])
+    """The rows in fixed-width columns (model, impl, recompute and losses left-aligned)."""
+    return results_common.text_table(HEADER, rows, left=(0, 2, 3, 10))
 
 
 def notes(records):
@@ -258,11 +215,10 @@ def notes(records):
             for r in records if r["status"] != "ok" or r["note"]]
 
 
-def write_results(meta, records, json_path, md_path):
+def write_results(meta, records, json_path, md_path, attn="flash2"):
     results_common.write_json(json_path, {**meta, "records": records})
-    runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
     md = [f"# Long-context training on {meta['device']}", "",
-          "Batch 1, one sequence per optimizer step. train_gpt (`--attn flash2`) with each `--recompute` mode "
+          f"Batch 1, one sequence per optimizer step. train_gpt (`--attn {attn}`) with each `--recompute` mode "
           "that fits, against the PyTorch reference (`scripts/torch_gpt.py bench --checkpoint-blocks`: bf16 "
           "autocast, fused AdamW, torch.compile, SDPA FlashAttention-2, torch.utils.checkpoint per block), "
           "measured in the same run on the same GPU (\"vs torch\": ours over torch's TFLOP/s at the same model and "
@@ -270,9 +226,8 @@ def write_results(meta, records, json_path, md_path):
           f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
           "| " + " | ".join(HEADER) + " |", "|---|---|---|---|" + "---:|" * (len(HEADER) - 5) + "---|"]
     md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
-    md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
-    if notes(records):
-        md += ["", "Notes (a status other than ok: the run did not finish):", ""] + [f"- {n}" for n in notes(records)]
+    md += results_common.runs_and_notes(records, notes(records),
+                                        "Notes (a status other than ok: the run did not finish):")
     results_common.write_text(md_path, "\n".join(md) + "\n")
 
 
@@ -282,38 +237,28 @@ def main(argv=None):
         sys.exit(f"bench_long_context.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
     os.makedirs(args.out, exist_ok=True)
     device = results_common.gpu_name()
-    peak = args.peak_tflops or results_common.peak_tflops(device) or 989.4
-    data = args.train_data
-    longest = max(seqlen for _, _, seqlen, _ in args.runs)
-    try:
-        tg.shard_paths(data)
-    except FileNotFoundError:
-        data = os.path.join(args.out, "random_tokens.bin")
-        tg.write_random_shard(data, 2 * longest + 1, seed=0)
-        print(f"no file matches {args.train_data}: training on random tokens ({data})", flush=True)
-    slug = results_common.gpu_slug(device)
-    json_path = os.path.join(args.results_dir, f"long_context_{slug}.json")
-    md_path = os.path.join(args.results_dir, f"long_context_{slug}.md")
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    command = shlex.join(["python3"] + (sys.argv if argv is None else [sys.argv[0], *argv]))
-    commit = results_common.git_commit()
-    meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
+    peak = bench_train.peak_for(args.peak_tflops, device)
+    data = bench_train.training_data(args.train_data, args.out, 2 * max(seqlen for _, _, seqlen, _ in args.runs) + 1)
+    json_path, md_path = bench_train.results_paths(args.results_dir, "long_context", device)
+    meta = bench_train.run_meta(device, peak, argv)
+    now, commit, command = meta["date"], meta["commit"], meta["command"]
+    meta.update({
             "method": f"median time of an optimizer step (batch 1) over {args.timed} steps after {args.warmup} "
                       "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize()); "
                       f"lr {args.lr:g}, {args.warmup_steps} warmup steps",
             "flops": "TFLOP/s: 6*s*P + 12*L*h*s^2 per sequence (model FLOPs, MFU against "
                      f"{peak:g}); hw TFLOP/s add the recomputed work (train_gpt's hw_tflops_per_gpu; torch: "
                      "L*(24*s*h^2 + 4*s^2*h) per sequence for rerunning every block's forward)",
-            "memory": "peak GPU memory of the process (nvidia-smi, polled every 0.2 s), GiB"}
-    records = load_previous(json_path, device, args.fresh)
+            "memory": "peak GPU memory of the process (nvidia-smi, polled every 0.2 s), GiB"})
+    records = results_common.load_previous(json_path, device, args.fresh)
     print(f"{device}; commit {commit}; {args.warmup} + {args.timed} steps per run; logs in {args.out}", flush=True)
     failed = 0
     for impl, model, seqlen, mode in args.runs:
         record = run_one(args, impl, model, seqlen, mode, data, peak)
         record.update(date=now, commit=commit, bench_command=command, data=os.path.relpath(data, REPO_ROOT))
         failed += record["status"] not in ("ok", "oom")
-        records = merge(records, record)
-        write_results(meta, records, json_path, md_path)
+        records = results_common.merge(records, record, RECORD_KEY)
+        write_results(meta, records, json_path, md_path, args.attn)
         what = f"{model} {seqlen:6d} {impl:9} {mode:9}"
         if record["status"] == "ok":
             print(f"{what} {record['step_ms']:9.1f} ms  {record['tflops_per_gpu']:6.1f} TFLOP/s  hw "

@@ -76,6 +76,25 @@ RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn", "kv_heads")  # k
 DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
+def add_run_options(p, name, warmup, timed, timeout, results):
+    """The options bench_train.py and bench_long_context.py share: steps, backend, peak, data, binaries,
+    time limit and where logs (build/NAME) and results (RESULTS_<gpu>.json and .md) go."""
+    p.add_argument("--warmup", type=int, default=warmup, help=f"optimizer steps not timed (default {warmup})")
+    p.add_argument("--timed", type=int, default=timed, help=f"optimizer steps timed, median (default {timed})")
+    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
+    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
+    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
+    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds per run before it is stopped (default {timeout:g})")
+    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", name),
+                   help=f"logs of every run (default build/{name})")
+    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
+                   help=f"where {results}_<gpu>.json and .md go (default scripts/results)")
+    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description="End-to-end training speed and memory: train_gpt vs PyTorch.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,24 +103,12 @@ def parse_args():
                    help=f"comma-separated: {', '.join(CONFIGS)} or MODEL:SEQ:MICRO (default {DEFAULT_CONFIGS})")
     p.add_argument("--impls", default="train_gpt,torch", help="train_gpt, torch or both (default both)")
     p.add_argument("--total-batch-tokens", type=int, default=131072, help="tokens per optimizer step (default 131072)")
-    p.add_argument("--warmup", type=int, default=2, help="optimizer steps not timed (default 2)")
-    p.add_argument("--timed", type=int, default=4, help="optimizer steps timed, median (default 4)")
-    p.add_argument("--attn", default="flash2", help="train_gpt's backend (default flash2)")
+    add_run_options(p, "bench_train", warmup=2, timed=4, timeout=900, results="train")
     p.add_argument("--kv-heads", type=int, default=0,
                    help="key/value heads of every config (grouped-query attention; default 0: the heads)")
     p.add_argument("--sdpa", default="flash", choices=tg.SDPA_BACKENDS, help="PyTorch's SDPA backend (default flash)")
     p.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
                    help="PyTorch: torch.compile the whole model (default), each block, or nothing")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak for MFU (default: by GPU name)")
-    p.add_argument("--train-data", default=DEFAULT_DATA, help=f"token shards (default {DEFAULT_DATA})")
-    p.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"), help="the binary (default ./train_gpt)")
-    p.add_argument("--python", default=sys.executable, help="Python for the PyTorch child (default this one)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is stopped (default 900)")
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_train"),
-                   help="logs of every run (default build/bench_train)")
-    p.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "scripts", "results"),
-                   help="where train_<gpu>.json and .md go (default scripts/results)")
-    p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
     p.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)  # cpu: to test this script
     args = p.parse_args()
     args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -159,29 +166,39 @@ def base_record(impl, args, name, model, seqlen, micro, cmd, log_path):
             "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
 
 
+def record_memory(record, poller, field):
+    """record[field]: the child's peak GPU memory in GiB (the whole GPU's where nvidia-smi does not list its
+    pid), and record["mem_source"] saying which."""
+    if poller.process_mib is not None:
+        record[field], record["mem_source"] = poller.process_mib / 1024, "process"
+    elif poller.gpu_mib is not None:
+        record[field], record["mem_source"] = poller.gpu_mib / 1024, "whole GPU"
+
+
+def record_throughput(record, step_ms, warmup, timed, cfg, sequences_per_step, peak):
+    """record's step_ms (the median of the timed steps after `warmup`), tflops_per_gpu (FA2 paper's
+    formula, sequences_per_step sequences of record["seqlen"] tokens) and mfu (against peak); with fewer
+    than `timed` timed steps, status "error" instead. Returns whether the numbers were filled in."""
+    if len(step_ms[warmup:]) < timed:
+        record["status"], record["note"] = "error", f"only {len(step_ms)} of {warmup + timed} steps ran"
+        return False
+    ms = statistics.median(step_ms[warmup:])
+    record["step_ms"] = ms
+    record["tflops_per_gpu"] = tg.flops_per_sequence(cfg, record["seqlen"]) * sequences_per_step / (ms / 1e3) / 1e12
+    record["mfu"] = record["tflops_per_gpu"] / peak
+    return True
+
+
 def finish_record(record, step_ms, args, cfg, peak, poller, wall_s):
     """Fills in throughput (median of the timed steps) and memory."""
     record["wall_s"] = round(wall_s, 1)
     record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
-    if poller.process_mib is not None:
-        record["peak_mem_gb"], record["mem_source"] = poller.process_mib / 1024, "process"
-    elif poller.gpu_mib is not None:
-        record["peak_mem_gb"], record["mem_source"] = poller.gpu_mib / 1024, "whole GPU"
+    record_memory(record, poller, "peak_mem_gb")
     if poller.gpu_mib is not None:
         record["gpu_mem_gb"] = poller.gpu_mib / 1024
-    if record["status"] != "ok":
-        return record
-    timed = step_ms[args.warmup:]
-    if len(timed) < args.timed:
-        record["status"], record["note"] = "error", f"only {len(step_ms)} of {args.warmup + args.timed} steps ran"
-        return record
-    ms = statistics.median(timed)
-    seconds = ms / 1e3
-    record["step_ms"] = ms
-    record["tokens_per_s"] = args.total_batch_tokens / seconds
-    record["tflops_per_gpu"] = tg.flops_per_sequence(cfg, record["seqlen"]) * (
-        args.total_batch_tokens / record["seqlen"]) / seconds / 1e12
-    record["mfu"] = record["tflops_per_gpu"] / peak
+    if record["status"] == "ok" and record_throughput(record, step_ms, args.warmup, args.timed, cfg,
+                                                      args.total_batch_tokens / record["seqlen"], peak):
+        record["tokens_per_s"] = args.total_batch_tokens / (record["step_ms"] / 1e3)
     return record
 
 
@@ -248,31 +265,10 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
 # ---------------------------------------------------------------------------------------------
 # Results: merge, JSON, markdown, the printed table
 
-def load_previous(json_path, device, fresh):
-    """Records of an existing results file of the same device (none with --fresh or another device)."""
-    if fresh or not os.path.exists(json_path):
-        return []
-    try:
-        with open(json_path) as f:
-            old = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        print(f"warning: {json_path} unreadable ({err}); starting a new file", flush=True)
-        return []
-    if old.get("device") != device:
-        print(f"warning: {json_path} is of {old.get('device')!r}, not {device!r}; starting a new file", flush=True)
-        return []
-    return old.get("records", [])
-
-
 def merge(records, new):
-    """records with `new` in place of a record of the same key (or appended)."""
-    key = tuple(new[k] for k in RECORD_KEY)
-    return [r for r in records if record_key(r) != key] + [new]
-
-
-def record_key(r):
-    """A record's RECORD_KEY values (kv_heads 0 in records from before grouped-query attention)."""
-    return tuple(r.get(k, 0 if k == "kv_heads" else None) for k in RECORD_KEY)
+    """records with `new` in place of a record of the same RECORD_KEY (kv_heads 0 in records from before
+    grouped-query attention), or appended."""
+    return results_common.merge(records, new, RECORD_KEY, {"kv_heads": 0})
 
 
 def table_rows(records):
@@ -311,12 +307,7 @@ HEADER = ["model", "seq", "micro x accum", "ours TFLOP/s", "torch TFLOP/s", "our
 
 def text_table(rows):
     """The rows in fixed-width columns for the terminal (model left-aligned, numbers right-aligned)."""
-    widths = [max([len(HEADER[i])] + [len(r[i]) for r in rows]) for i in range(len(HEADER))]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join([line(HEADER)] + [line(r) for r in rows])
+    return results_common.text_table(HEADER, rows)
 
 
 def notes(records):
@@ -324,20 +315,17 @@ def notes(records):
             for r in records if r["status"] != "ok" or r["note"]]
 
 
-def write_results(meta, records, json_path, md_path):
+def write_results(meta, records, json_path, md_path, attn="flash2"):
     """The JSON (every record) and the markdown table, each through a .tmp file and a rename."""
     results_common.write_json(json_path, {**meta, "records": records})
-    runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
     md = [f"# End-to-end training benchmark on {meta['device']}", "",
-          "train_gpt (`--attn flash2`) against the PyTorch reference (`scripts/torch_gpt.py`: "
+          f"train_gpt (`--attn {attn}`) against the PyTorch reference (`scripts/torch_gpt.py`: "
           "bf16 autocast, fused AdamW, torch.compile, SDPA FlashAttention-2 backend), measured in the same run "
           "on the same GPU.", "",
           f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
           "| " + " | ".join(HEADER) + " |", "|---|---|---|" + "---:|" * (len(HEADER) - 3)]
     md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
-    md += ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
-    if notes(records):
-        md += ["", "Notes:", ""] + [f"- {n}" for n in notes(records)]
+    md += results_common.runs_and_notes(records, notes(records))
     results_common.write_text(md_path, "\n".join(md) + "\n")
 
 
@@ -350,35 +338,58 @@ def summary_line(r):
             f"MFU {100 * r['mfu']:4.1f}%  peak {mem}  (wall {r['wall_s']:.0f} s)")
 
 
+def peak_for(peak_tflops, device):
+    """--peak-tflops, else the GPU's by name; an unknown GPU: MFU against an H100's 989.4."""
+    return peak_tflops or results_common.peak_tflops(device) or 989.4
+
+
+def training_data(pattern, out_dir, tokens):
+    """pattern when it names token shards; else a shard of `tokens` random tokens written in out_dir (the
+    speed does not depend on the tokens)."""
+    try:
+        tg.shard_paths(pattern)
+        return pattern
+    except FileNotFoundError:
+        data = os.path.join(out_dir, "random_tokens.bin")
+        tg.write_random_shard(data, tokens, seed=0)
+        print(f"no file matches {pattern}: timing on {tokens} random tokens ({data})", flush=True)
+        return data
+
+
+def results_paths(results_dir, prefix, device):
+    """<results_dir>/<prefix>_<gpu>.json and .md."""
+    base = os.path.join(results_dir, f"{prefix}_{results_common.gpu_slug(device)}")
+    return base + ".json", base + ".md"
+
+
+def run_meta(device, peak, argv=None):
+    """{device, date (ISO, UTC), commit, command, peak_tflops}: the header of a results file; argv the
+    arguments when main() is called with them (sys.argv otherwise)."""
+    return {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": results_common.git_commit(),
+            "command": shlex.join(["python3"] + (sys.argv if argv is None else [sys.argv[0], *argv])),
+            "peak_tflops": peak}
+
+
 def main():
     args = parse_args()
     if "train_gpt" in args.impls and not os.path.exists(args.train_gpt):
         sys.exit(f"bench_train.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
     os.makedirs(args.out, exist_ok=True)
     device = results_common.gpu_name()
-    peak = args.peak_tflops or results_common.peak_tflops(device) or 989.4  # unknown GPU: MFU against an H100
-    data = args.train_data
-    try:
-        tg.shard_paths(data)
-    except FileNotFoundError:
-        data = os.path.join(args.out, "random_tokens.bin")
-        tokens = max(2 * args.total_batch_tokens + 1, 1 << 20)
-        tg.write_random_shard(data, tokens, seed=0)
-        print(f"no file matches {args.train_data}: timing on {tokens} random tokens ({data})", flush=True)
-    slug = results_common.gpu_slug(device)
-    json_path = os.path.join(args.results_dir, f"train_{slug}.json")
-    md_path = os.path.join(args.results_dir, f"train_{slug}.md")
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    command = shlex.join(["python3"] + sys.argv)
-    commit = results_common.git_commit()
-    meta = {"device": device, "date": now, "commit": commit, "command": command, "peak_tflops": peak,
+    peak = peak_for(args.peak_tflops, device)
+    data = training_data(args.train_data, args.out, max(2 * args.total_batch_tokens + 1, 1 << 20))
+    json_path, md_path = results_paths(args.results_dir, "train", device)
+    meta = run_meta(device, peak)
+    now, commit, command = meta["date"], meta["commit"], meta["command"]
+    meta.update({
             "method": f"median time of a whole optimizer step over {args.timed} steps after {args.warmup} "
                       "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize() calls)",
             "flops": "6*s*P + 12*L*h*s^2 per sequence of s tokens, P all parameters (padded wte and wpe included); "
                      f"MFU against {peak:g} TFLOP/s",
             "memory": "peak GPU memory of the process (nvidia-smi --query-compute-apps, polled every 0.2 s; "
-                      "'whole GPU' where the pid is not listed), GiB"}
-    records = load_previous(json_path, device, args.fresh)
+                      "'whole GPU' where the pid is not listed), GiB"})
+    records = results_common.load_previous(json_path, device, args.fresh)
     print(f"{device}; MFU peak {peak:g} TFLOP/s; commit {commit}; {args.total_batch_tokens} tokens per step, "
           f"{args.warmup} + {args.timed} steps; logs in {args.out}", flush=True)
 
@@ -390,7 +401,7 @@ def main():
             record.update(date=now, commit=commit, bench_command=command, data=os.path.relpath(data, REPO_ROOT))
             failed += record["status"] != "ok"
             records = merge(records, record)
-            write_results(meta, records, json_path, md_path)
+            write_results(meta, records, json_path, md_path, args.attn)
             print(summary_line(record), flush=True)
 
     print()

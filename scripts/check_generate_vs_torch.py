@@ -3,6 +3,7 @@
 
 Run on a GPU machine with PyTorch, from the repository root, after `make train_gpt`:
     python3 scripts/check_generate_vs_torch.py                     # gpt2-124m shape, 4 prompts x 64 tokens
+    python3 scripts/check_generate_vs_torch.py --kv-heads 4        # the same with grouped-query attention
     python3 scripts/check_generate_vs_torch.py --tokens 128 --out build/check_generate
 
 What it does:
@@ -49,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt as tg  # noqa: E402
+from results_common import Report  # noqa: E402  (prints lines and writes them to the log as they come)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,6 +62,7 @@ def parse_args():
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=0)
     ap.add_argument("--heads", type=int, default=0)
+    ap.add_argument("--kv-heads", type=int, default=0, help="key/value heads (default 0 = the heads: multi-head)")
     ap.add_argument("--positions", type=int, default=256, help="rows of wpe (the model's positions)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=16)
@@ -74,17 +77,6 @@ def parse_args():
     if args.prompt_len + args.tokens - 1 > args.positions:
         ap.error("--prompt-len + --tokens - 1 must be at most --positions")
     return args
-
-
-class Report:
-    def __init__(self, path):
-        self.f = open(path, "w") if path else None
-
-    def __call__(self, line=""):
-        print(line, flush=True)
-        if self.f:
-            self.f.write(line + "\n")
-            self.f.flush()
 
 
 def random_weights(cfg, seed, wte_sigma):
@@ -130,12 +122,18 @@ def main():
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    dev = "cuda"
     work = args.out or tempfile.mkdtemp(prefix="check_generate_")
     os.makedirs(work, exist_ok=True)
-    report = Report(os.path.join(work, "check_generate_vs_torch.log"))
-    cfg = tg.gpt_config(args.model, args.layers, args.hidden, args.heads, args.positions)
-    report(f"model {args.model}: L{cfg.num_layers} C{cfg.channels} NH{cfg.num_heads} (HD {cfg.head_dim}), "
+    with Report(os.path.join(work, "check_generate_vs_torch.log")) as report:
+        return check(args, work, report)
+
+
+def check(args, work, report):
+    """Our greedy generation against PyTorch's on --prompts random prompts; returns the exit status."""
+    import torch
+    dev = "cuda"
+    cfg = tg.gpt_config(args.model, args.layers, args.hidden, args.heads, args.positions, args.kv_heads)
+    report(f"model {args.model}: L{cfg.num_layers} C{cfg.channels} NH{cfg.num_heads} NKV{cfg.num_kv_heads} (HD {cfg.head_dim}), "
            f"{args.positions} positions; seed {args.seed}, wte row sigma {args.wte_sigma}; {args.prompts} prompts of "
            f"{args.prompt_len} tokens, {args.tokens} new tokens each, {args.num_samples} samples per run; "
            f"attn {args.attn}; tie tolerance {args.tie_ulps} bf16 steps")

@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_hf  # noqa: E402
 import hf_gpt2  # noqa: E402
 import import_hf  # noqa: E402
+import results_common  # noqa: E402
 import shard_format  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,15 +97,12 @@ def parse_args():
     return args
 
 
-class Report:
-    """Prints lines, keeps them for the log, and collects the checks."""
+class Report(results_common.Report):
+    """Prints lines, keeps them for the log (results_common.Report), and collects the checks."""
 
     def __init__(self):
-        self.lines, self.failures, self.rows = [], [], []
-
-    def __call__(self, line=""):
-        print(line, flush=True)
-        self.lines.append(line)
+        super().__init__()
+        self.failures, self.rows = [], []
 
     def check(self, name, ok, value, bound):
         self.rows.append((name, value, bound, "PASS" if ok else "FAIL"))

@@ -13,7 +13,8 @@ What it does:
  2. trains the PyTorch model in fp32 (fp32 weights and math, TF32 off, SDPA's math backend) for --steps
     AdamW steps on the batches train_gpt's loader serves, with train_gpt's schedule, clipping and
     accumulation, keeping the gradients of step 1 (before clipping); then the same in bf16 autocast
-    ("torch-bf16"), only to show how far PyTorch's own bf16 training is from fp32 on the same data;
+    ("torch-bf16"), to show how far PyTorch's own bf16 training is from fp32 on the same data (it sets
+    the loss-curve bound of a step where it is far off: see Tolerances);
  3. for each backend of --attn runs
       ./train_gpt --init-from W --dump-grads G --train-data SHARD --val-data "" --batch-size B --seq-len T
                   --total-batch-tokens B*T*ACCUM --max-steps S --lr ... --log-file L.jsonl --attn X (+ shape)
@@ -39,7 +40,12 @@ The loss curve: after step 1 the two trainings drift apart by the compounding of
 AdamW updates (the first updates are ±lr per weight whatever the gradient's size, so noise in small
 gradients flips updates); at lr 1e-3 over 20 steps that drift stays within a few 0.01 nats, hence
 --curve-tol 0.1 nats absolute (about 1% of the loss), which a missing bias correction, a wrong clip, a
-wrong schedule or wrong batches exceeds within a few steps. The table prints the torch-bf16 drift too.
+wrong schedule or wrong batches exceeds within a few steps. One batch can be far more sensitive than the
+rest: on a loss spike (fp32 7.0 -> 10.0 -> 7.0 on one batch of the --kv-heads 4 run) every bf16 training
+lands tenths of a nat from fp32, PyTorch's own included. So where torch-bf16 ran, a step's bound is the
+larger of --curve-tol and CURVE_BF16_FACTOR (2) times torch-bf16's own distance from fp32 at that step: we
+must stay as close to fp32 as PyTorch's bf16 training is, within a factor of two, which the errors above
+still exceed at once (they move every step, not one).
 """
 import argparse
 import contextlib
@@ -58,10 +64,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shard_format  # noqa: E402
 import torch_gpt as tg  # noqa: E402
+from results_common import Report  # noqa: E402  (prints lines and keeps them for the log file)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SHAKESPEARE = os.path.join(REPO_ROOT, "data", "tinyshakespeare", "tinyshakespeare_train_*.bin")
 LR_TOL = 1e-5  # the JSONL log prints lr with 7 significant digits
+CURVE_BF16_FACTOR = 2.0  # a step's loss may be this many times as far from fp32 as torch-bf16's
 
 
 def parse_args():
@@ -107,17 +115,6 @@ def parse_args():
     except ValueError as err:
         p.error(str(err))
     return args
-
-
-class Report:
-    """Prints lines and keeps them for the log file."""
-
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, line=""):
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,8 +260,17 @@ def fmt(e):
     return f"{e:.2e}" if math.isfinite(e) else "nan/inf"
 
 
+def curve_bounds(curve_tol, yard, ref):
+    """Per step: curve_tol, or CURVE_BF16_FACTOR times torch-bf16's distance from fp32 where that is larger."""
+    if not yard:
+        return [curve_tol] * len(ref["losses"])
+    return [max(curve_tol, CURVE_BF16_FACTOR * abs(y - x)) if math.isfinite(y) else curve_tol
+            for y, x in zip(yard["losses"], ref["losses"])]
+
+
 def compare(args, ref, yard, results, report):
-    """Prints the tables; returns the failures (strings). yard (torch-bf16, maybe None) is shown, not checked."""
+    """Prints the tables; returns the failures (strings). yard (torch-bf16, maybe None) is not checked; it
+    widens a step's loss bound where it is itself far from fp32 (curve_bounds)."""
     failures = [f"{a}: train_gpt failed: {r['error']}" for a, r in results.items() if "error" in r]
     ours = {a: r for a, r in results.items() if "error" not in r}
     columns = ([("torch-bf16", yard)] if yard else []) + list(ours.items())
@@ -272,7 +278,7 @@ def compare(args, ref, yard, results, report):
 
     report()
     report(f"(b) step-1 gradients: ||x - ref|| / ||ref|| against PyTorch fp32, bound {args.grad_tol:g}" +
-           (" (torch-bf16: PyTorch's bf16 autocast, for scale only)" if yard else ""))
+           (" (torch-bf16: PyTorch's bf16 autocast, for scale)" if yard else ""))
     report(f"{'tensor':10} {'shape':>18} {'||ref||':>10} {heading}")
     for i, (name, shape) in enumerate(tg.param_shapes(args.cfg)):
         cells = []
@@ -297,7 +303,8 @@ def compare(args, ref, yard, results, report):
 
     report()
     report(f"(a) step-1 loss, bound {args.loss_tol:g} relative; (c) loss per step, bound {args.curve_tol:g} "
-           f"nats; (d) lr per step, bound {LR_TOL:g} relative")
+           f"nats" + (f" or {CURVE_BF16_FACTOR:g} x torch-bf16's |loss - ref| where larger" if yard else "") +
+           f"; (d) lr per step, bound {LR_TOL:g} relative")
     report(f"{'step':>4} {'lr':>10} {'fp32 ref':>9} {heading}   loss - ref: " + " ".join(
         f"{name:>10}" for name, _ in columns))
     for s in range(args.steps):
@@ -308,6 +315,8 @@ def compare(args, ref, yard, results, report):
         loss_err = abs(r["losses"][0] - ref["losses"][0]) / ref["losses"][0]
         diffs = [abs(x - y) if math.isfinite(x) else math.inf for x, y in zip(r["losses"], ref["losses"])]
         worst = int(np.argmax(diffs))
+        bounds = curve_bounds(args.curve_tol, yard, ref)
+        over = [s for s in range(args.steps) if not diffs[s] <= bounds[s]]
         bad_lr = [s for s in range(args.steps) if col in ours and
                   not abs(r["lrs"][s] - ref["lrs"][s]) <= LR_TOL * max(abs(ref["lrs"][s]), 1e-30)]
         report(f"{col}: step-1 loss rel err {fmt(loss_err)}; largest |loss - ref| {diffs[worst]:.4f} at step "
@@ -317,9 +326,9 @@ def compare(args, ref, yard, results, report):
         if not loss_err <= args.loss_tol:
             failures.append(f"{col}: step-1 loss {r['losses'][0]:.6f} vs {ref['losses'][0]:.6f} "
                             f"(rel {fmt(loss_err)} > {args.loss_tol:g})")
-        if not diffs[worst] <= args.curve_tol:
-            failures.append(f"{col}: loss at step {worst + 1} {r['losses'][worst]:.4f} vs {ref['losses'][worst]:.4f} "
-                            f"(|diff| {diffs[worst]:.4f} > {args.curve_tol:g})")
+        for s in over[:1]:
+            failures.append(f"{col}: loss at step {s + 1} {r['losses'][s]:.4f} vs {ref['losses'][s]:.4f} "
+                            f"(|diff| {diffs[s]:.4f} > {bounds[s]:.4f}; {len(over)} steps over their bound)")
         if bad_lr:
             s = bad_lr[0]
             failures.append(f"{col}: lr at step {s + 1} is {r['lrs'][s]:.6e}, the schedule says {ref['lrs'][s]:.6e} "

@@ -1,6 +1,9 @@
 """results_common.py: what every benchmark script records about a run, and how it writes results.
 
-Standard library only. Used by scripts/train_runs.py, bench_train.py, table1.py and bench_multigpu.py.
+Used by scripts/train_runs.py, bench_train.py, bench_long_context.py, bench_multigpu.py, table1.py,
+soak_preemption.py, bench_attention.py, bench_decode.py, check_vs_torch.py, check_hf_roundtrip.py and
+check_generate_vs_torch.py (and test/test_scripts.py). Standard library only; the GPU helpers at the end
+import PyTorch when called.
 
   gpu_name()          the GPU the children use (first of CUDA_VISIBLE_DEVICES), by nvidia-smi
   gpu_slug(name)      a short tag for file names: "NVIDIA H100 80GB HBM3" -> "h100"
@@ -10,6 +13,24 @@ Standard library only. Used by scripts/train_runs.py, bench_train.py, table1.py 
   run_metadata()      {device, date, commit, command}: what every results file records
   write_text(path, text), write_json(path, obj)
                       written to path.tmp and renamed, so a crash never leaves half a results file
+  load_previous(json_path, device, fresh)
+                      the records of an existing results file of the same device (a warning otherwise)
+  merge(records, new, key_fields, defaults)
+                      records with `new` in place of the record of the same key
+  text_table(header, rows, left)
+                      fixed-width columns for the terminal
+  runs_and_notes(records, notes, notes_title)
+                      the markdown lines listing the runs (date, commit, command) and the notes
+  length_label(n)     512, 1k, 2k, ...: sequence and cache lengths in tables
+  parse_list(text, convert)
+                      comma-separated values, "8k" meaning 8192
+  Report(path)        prints lines, keeps them (.lines) and, given a path, writes each to that file
+  Skip                the exception for a point a benchmark cannot run
+  L2_FLUSH_BYTES, MIN_REPS
+                      the GPU benchmarks' L2 flush buffer and fewest timed runs
+  median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps)
+                      the GPU benchmarks' one timing method (PyTorch)
+  rel_error(x, ref)   ||x - ref|| / ||ref|| in fp32, NaN when x is not finite (PyTorch)
 """
 import datetime
 import json
@@ -93,3 +114,142 @@ def write_text(path, text):
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+def load_previous(json_path, device, fresh):
+    """Records of an existing results file of the same device (none with --fresh or another device)."""
+    if fresh or not os.path.exists(json_path):
+        return []
+    try:
+        with open(json_path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"warning: {json_path} unreadable ({err}); starting a new file", flush=True)
+        return []
+    if old.get("device") != device:
+        print(f"warning: {json_path} is of {old.get('device')!r}, not {device!r}; starting a new file", flush=True)
+        return []
+    return old.get("records", [])
+
+
+def merge(records, new, key_fields, defaults=None):
+    """records with `new` in place of a record of the same key_fields values (or appended); defaults gives
+    the value of a field that older records lack."""
+    defaults = defaults or {}
+
+    def key(r):
+        return tuple(r.get(k, defaults.get(k)) for k in key_fields)
+
+    return [r for r in records if key(r) != key(new)] + [new]
+
+
+def text_table(header, rows, left=(0,)):
+    """The rows in fixed-width columns for the terminal: columns in `left` left-aligned, the others right."""
+    widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def runs_and_notes(records, notes, notes_title="Notes:"):
+    """Markdown lines: the runs the records came from (date, commit, command), then the notes if any."""
+    runs = sorted({(r.get("date", ""), r.get("commit", ""), r.get("bench_command", "")) for r in records})
+    md = ["", "Runs (date, commit, command):", ""] + [f"- {d}, `{c}`: `{cmd}`" for d, c, cmd in runs]
+    if notes:
+        md += ["", notes_title, ""] + [f"- {n}" for n in notes]
+    return md
+
+
+def length_label(n):
+    """512, 1k, 2k, ... as in the FlashAttention-2 paper's tables."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def parse_list(text, convert):
+    """Comma-separated values; "1k" means 1024 for integers."""
+    values = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if item:
+            values.append(convert(item[:-1]) * 1024 if item.endswith("k") else convert(item))
+    return values
+
+
+class Report:
+    """Prints lines and keeps them (.lines); given a path, also writes each line to that file as it comes
+    (flushed, so a crash keeps them). close() or a with block closes the file."""
+
+    def __init__(self, path=None):
+        self.lines = []
+        self.f = open(path, "w") if path else None
+
+    def __call__(self, line=""):
+        print(line, flush=True)
+        self.lines.append(line)
+        if self.f:
+            self.f.write(line + "\n")
+            self.f.flush()
+
+    def close(self):
+        if self.f:
+            self.f.close()
+            self.f = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU benchmarks (PyTorch, imported when called)
+
+class Skip(Exception):
+    """A point an implementation cannot run (rejected shape, not enough memory); the message says why."""
+
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # zeroed before every timed run: larger than any GPU's L2
+MIN_REPS = 5  # fewest timed runs of a measurement
+
+
+def rel_error(x, ref):
+    """||x - ref|| / ||ref|| in fp32; NaN when x has a NaN or Inf."""
+    import torch
+    x, ref = x.float(), ref.float()
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
+
+
+def median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps):
+    """Median milliseconds of fn() over about rep_ms of runs (min_reps to max_reps), each timed by its own
+    CUDA events, with the L2 cache flushed (flush.zero_(), a buffer larger than L2) before every run and
+    about warmup_ms of untimed runs first. The benchmarks' one timing method (PyTorch on a GPU)."""
+    import statistics
+
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # ms per run, flush included (as do_bench)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    reps = min(max_reps, max(min_reps, int(rep_ms / estimate)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))

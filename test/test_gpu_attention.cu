@@ -47,6 +47,7 @@
 
 #include "../attention/attention.h"
 #include "../attention/backends.h"
+#include "../attention/flash2_backward_hopper.cuh"
 #include "../layers/cuda_common.h"
 #include "cpu_reference.h"
 #include "gpu_test_util.h"
@@ -504,7 +505,36 @@ static AttentionShape shape_of(int B, int T, int NH, int HD, int causal) {
     return s;
 }
 
+// The Hopper backward's launch order (backward_block_at): every (key block, pair) exactly once, and
+// within each chunk of pairs key block n of every pair before key block n + 1 of any (longest first
+// when causal), for chunks of 1 (key-block major), a few with a smaller last one, and all pairs.
+static void launch_order_case(void) {
+    const char* name = "flash2_backward_launch_order_covers_every_block_once";
+    static const int SHAPES[][3] = {{1, 16, 32}, {9, 16, 256}, {5, 32, 16}, {17, 8, 40}, {32, 16, 32}, {3, 7, 2}};
+    char why[160] = "";
+    for (size_t i = 0; i < COUNT(SHAPES) && !why[0]; i++) {
+        const int chunk = SHAPES[i][0], key_blocks = SHAPES[i][1], pairs = SHAPES[i][2];
+        static int seen[64 * 256];
+        memset(seen, 0, sizeof(seen));
+        int prev_n = -1, prev_chunk = -1;
+        for (int index = 0; index < key_blocks * pairs && !why[0]; index++) {
+            int n = -1, pair = -1;
+            backward_block_at(index, chunk, key_blocks, pairs, n, pair);
+            const int this_chunk = pair / chunk;
+            if (n < 0 || n >= key_blocks || pair < 0 || pair >= pairs || seen[n * pairs + pair]++)
+                snprintf(why, sizeof(why), "chunk %d, %d key blocks, %d pairs: block %d is (%d, %d), out of range or twice",
+                         chunk, key_blocks, pairs, index, n, pair);
+            else if (this_chunk == prev_chunk && n < prev_n)
+                snprintf(why, sizeof(why), "chunk %d: block %d has key block %d after %d in the same chunk", chunk, index,
+                         n, prev_n);
+            prev_n = n, prev_chunk = this_chunk;
+        }
+    }
+    test_report(name, !why[0], "%s", why);
+}
+
 static void cpu_cases(void) {
+    launch_order_case();
     char why[256];
     for (size_t f = 0; f < COUNT(FLASH_BACKENDS); f++) {
         const AttentionBackend backend = FLASH_BACKENDS[f];

@@ -12,6 +12,7 @@
 
 #include "layers/launcher.h"
 #include "test/test_harness.h"
+#include "test/test_ports.h"
 
 #define PAYLOAD 128
 #define ERR_LEN 1024
@@ -73,22 +74,6 @@ static void test_detect(void) {
     rc = launcher_detect(&li, err, sizeof(err));
     test_report("detect_bad_port_is_an_error", rc == -1 && strstr(err, "MASTER_PORT"), "rc %d err %s", rc, err);
     clear_env();
-}
-
-// A port nobody listens on right now (bind to 0, read it back, close).
-static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    if (s < 0 || bind(s, (struct sockaddr*)&sa, sizeof(sa)) != 0 || getsockname(s, (struct sockaddr*)&sa, &len) != 0) {
-        if (s >= 0) close(s);
-        return 29555;
-    }
-    close(s);
-    return ntohs(sa.sin_port);
 }
 
 typedef struct {
@@ -166,7 +151,7 @@ static void test_rendezvous_ok(int world, int clients_first) {
         procs[i] = (Proc){rank, world, 42, 20.0};
     }
     Result res[8];
-    run_procs(procs, world, free_port(), offer, res);
+    run_procs(procs, world, test_free_port(29555), offer, res);
     int ok = 1;
     char why[ERR_LEN + 64] = "";
     for (int i = 0; i < world && ok; i++) {
@@ -183,7 +168,7 @@ static void test_world_mismatch(void) {
     Proc procs[2] = {{0, 2, 7, 20.0}, {1, 3, 7, 20.0}};
     Result r[2];
     unsigned char offer[PAYLOAD] = {9};
-    run_procs(procs, 2, free_port(), offer, r);
+    run_procs(procs, 2, test_free_port(29555), offer, r);
     const char* want = "rank 1 says world size 3, rank 0 says 2";
     test_report("rendezvous_world_size_mismatch_fails_on_both_sides_at_once",
                 r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], want) && contains(&r[1], want) &&
@@ -196,13 +181,13 @@ static void test_duplicate_rank_and_tag(void) {
     unsigned char offer[PAYLOAD] = {1};
     Proc dup[3] = {{0, 3, 7, 20.0}, {1, 3, 7, 20.0}, {1, 3, 7, 20.0}};
     Result r[3];
-    run_procs(dup, 3, free_port(), offer, r);
+    run_procs(dup, 3, test_free_port(29555), offer, r);
     test_report("rendezvous_duplicate_rank_fails_everywhere",
                 r[0].rc == -1 && r[1].rc == -1 && r[2].rc == -1 && contains(&r[0], "two processes say they are rank 1") &&
                     contains(&r[1], "rank 1") && contains(&r[2], "rank 1"),
                 "%s | %s | %s", r[0].err, r[1].err, r[2].err);
     Proc tag[2] = {{0, 2, 7, 20.0}, {1, 2, 8, 20.0}};
-    run_procs(tag, 2, free_port(), offer, r);
+    run_procs(tag, 2, test_free_port(29555), offer, r);
     test_report("rendezvous_different_options_fail_on_both_sides",
                 r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "other options") && contains(&r[1], "other options"),
                 "%s | %s", r[0].err, r[1].err);
@@ -210,7 +195,7 @@ static void test_duplicate_rank_and_tag(void) {
 
 static void test_timeouts(void) {
     unsigned char offer[PAYLOAD] = {1};
-    const int port = free_port();
+    const int port = test_free_port(29555);
     Proc lone[1] = {{1, 2, 7, 1.0}};
     Result r[3];
     run_procs(lone, 1, port, offer, r);
@@ -221,7 +206,7 @@ static void test_timeouts(void) {
                     contains(&r[0], "MASTER_ADDR") && r[0].seconds < 5,
                 "rc %d after %.1f s: %s", r[0].rc, r[0].seconds, r[0].err);
     Proc missing[2] = {{0, 3, 7, 1.0}, {1, 3, 7, 1.0}};
-    run_procs(missing, 2, free_port(), offer, r);
+    run_procs(missing, 2, test_free_port(29555), offer, r);
     test_report("rendezvous_missing_rank_times_out_on_every_side",
                 r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "only 2 of 3 ranks") &&
                     contains(&r[0], "missing ranks: 2") && contains(&r[1], "only 2 of 3 ranks arrived") &&

@@ -56,6 +56,22 @@ def test_results_files_are_written_whole():
     assert set(meta) == {"device", "date", "commit", "command"}, meta
 
 
+def test_results_records_merge_and_tables():
+    """The results-file helpers bench_train.py and bench_long_context.py share."""
+    path = os.path.join(WORK, "records.json")
+    results_common.write_json(path, {"device": "GPU A", "records": [{"impl": "x", "n": 1}]})
+    assert results_common.load_previous(path, "GPU A", False) == [{"impl": "x", "n": 1}]
+    assert results_common.load_previous(path, "GPU B", False) == []  # another device's file: not kept
+    assert results_common.load_previous(path, "GPU A", True) == []  # --fresh
+    old = [{"impl": "a", "kv": 0, "v": 1}, {"impl": "b", "v": 2}]
+    merged = results_common.merge(old, {"impl": "b", "kv": 0, "v": 3}, ("impl", "kv"), {"kv": 0})
+    assert merged == [{"impl": "a", "kv": 0, "v": 1}, {"impl": "b", "kv": 0, "v": 3}], merged
+    assert results_common.text_table(["ab", "c"], [["x", "1"], ["yyy", "22"]]).splitlines() == \
+        ["ab    c", "x     1", "yyy  22"]
+    assert results_common.parse_list("512, 1k,8K", int) == [512, 1024, 8192]
+    assert [results_common.length_label(n) for n in (512, 2048, 3000)] == ["512", "2k", "3000"]
+
+
 def test_step_records_skip_validation_and_a_torn_last_line():
     path = os.path.join(WORK, "log.jsonl")
     with open(path, "w") as f:
@@ -124,6 +140,17 @@ def test_bench_long_context_runs_and_records():
                 "hint: --recompute full would fit\nmodel        gpt3-1.3b\ngpu          H100\nmfu peak     989.4\n")
     note, oom = blc.failure_note(log)
     assert oom and "--recompute full would fit" in note and "mfu peak" not in note, note
+
+
+def test_check_vs_torch_curve_bounds():
+    """The loss-curve bound widens only at steps where PyTorch's own bf16 run is far from fp32."""
+    import check_vs_torch as cvt
+    ref = {"losses": [11.0, 7.0, 10.03, 6.95]}
+    yard = {"losses": [11.0, 7.01, 9.93, float("nan")]}
+    bounds = cvt.curve_bounds(0.1, yard, ref)
+    assert bounds[:2] == [0.1, 0.1] and bounds[3] == 0.1, bounds
+    assert abs(bounds[2] - 2 * 0.1) < 1e-9, bounds  # twice torch-bf16's 0.1 off
+    assert cvt.curve_bounds(0.1, None, ref) == [0.1] * 4
 
 
 if __name__ == "__main__":

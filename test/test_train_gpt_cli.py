@@ -33,7 +33,9 @@ GOOD = ["--train-data", os.path.join(WORK, "good_train_*.bin"), "--val-data", os
 
 
 def run(*args):
-    return subprocess.run([TRAIN_GPT, *args], capture_output=True, text=True, timeout=120)
+    # errors="replace": generated text is the tokens' bytes, and a random model's tokens can split a
+    # UTF-8 character (train_gpt prints them as they come, as it should)
+    return subprocess.run([TRAIN_GPT, *args], capture_output=True, text=True, errors="replace", timeout=120)
 
 
 def gpu_listed():

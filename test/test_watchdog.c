@@ -13,6 +13,7 @@
 #include "layers/launcher.h"
 #include "layers/watchdog.h"
 #include "test/test_harness.h"
+#include "test/test_ports.h"
 
 #define WORLD 4
 
@@ -234,21 +235,6 @@ static void real_arrive(void* u, long long seq) { heartbeat_arrive(((RealCtx*)u)
 static void real_peers(void* u, WatchdogPeer* p, WatchdogVerdict* v) { heartbeat_poll(((RealCtx*)u)->hb, p, v); }
 static void real_announce(void* u, const WatchdogVerdict* v) { heartbeat_announce(((RealCtx*)u)->hb, v); }
 
-static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    if (s < 0 || bind(s, (struct sockaddr*)&sa, sizeof(sa)) != 0 || getsockname(s, (struct sockaddr*)&sa, &len) != 0) {
-        if (s >= 0) close(s);
-        return 29557;
-    }
-    close(s);
-    return ntohs(sa.sin_port);
-}
-
 static LaunchInfo test_info(int rank, int world, int port) {
     LaunchInfo li;
     memset(&li, 0, sizeof(li));
@@ -314,7 +300,7 @@ static void wait_for_beats(Heartbeat* hb) {
 }
 
 static void test_heartbeat_kill(void) {
-    const int port = free_port();
+    const int port = test_free_port(29557);
     pid_t child = spawn_rank1(port, 0);
     Heartbeat hb;
     int ok = serve_rank0(port, &hb) == 0;
@@ -340,7 +326,7 @@ static void test_heartbeat_kill(void) {
 }
 
 static void test_heartbeat_bye_and_verdict(void) {
-    int port = free_port();
+    int port = test_free_port(29557);
     pid_t child = spawn_rank1(port, 1);
     Heartbeat hb;
     int ok = serve_rank0(port, &hb) == 0;
@@ -354,7 +340,7 @@ static void test_heartbeat_bye_and_verdict(void) {
                 ok ? hb.table[1].last_seq : -1);
     if (ok) heartbeat_close(&hb);
 
-    port = free_port();
+    port = test_free_port(29557);
     child = spawn_rank1(port, 2);
     ok = serve_rank0(port, &hb) == 0;
     if (ok) wait_for_beats(&hb);
