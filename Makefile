@@ -43,7 +43,8 @@ GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_g
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
              $(BUILD)/kv_cache.o
-TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl
+TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
+         $(BUILD)/gpu_ceilings
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -106,6 +107,10 @@ $(BUILD)/attention_tool: attention/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
 # Times candidate flash2 block shapes (a development tool; built so that it keeps compiling).
 $(BUILD)/flash2_tune: attention/flash2_tune.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/flash2_tune.d -o $@ $<
+
+# The GEMM and copy ceilings scripts/profile_step.py compares the step's kernels against.
+$(BUILD)/gpu_ceilings: layers/gpu_ceilings.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/gpu_ceilings.d -o $@ $< -lcublasLt
 
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas

@@ -29,6 +29,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cuda_profiler_api.h>
+
 #include "attention/attention.h"
 #include "data/batch_upload.h"
 #include "data/checkpoint.h"
@@ -126,7 +128,8 @@ static const OptionSpec OPTIONS[] = {
      "naive | flash1 | flash2, or naive-recompute: naive that recomputes S and P in the backward (long T)"},
     {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
      "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
-     "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway)"},
+     "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway); GEMMs then "
+     "take cuBLASLt's first algorithm, as with naive and flash1, not the fastest timed at start-up"},
     {"recompute", 0, OPT_RECOMPUTE, FIELD(recompute), "none", "MODE", 0, 0,
      "none | selective | full: activation recomputation for long sequences. selective keeps the GEMM outputs "
      "and recomputes LayerNorms and GELU (and naive attention's forward) in the backward; full keeps only each "
@@ -862,6 +865,7 @@ typedef struct {
     double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
+    long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
     TrainingSampler* sampler;  // --sample-every (rank 0), else NULL
     Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
 } Trainer;
@@ -923,11 +927,16 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     const Options* opt = p->opt;
     memset(t, 0, sizeof(*t));
     t->last_checkpoint_step = -1;
+    const char* profile_step = getenv("TRAIN_GPT_PROFILE_STEP");  // for a profiler started with profiling off
+    t->profile_step = profile_step ? atoll(profile_step) : 0;
     CUDA_CHECK(cudaStreamCreate(&t->stream));
     if (gpt_model_create_with(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0,
                               t->stream, optimizer_pad_multiple(p->world)) != 0)
         exit(1);
     t->model.deterministic_attention = opt->deterministic;
+    // GEMM algorithms timed at start-up may differ between processes: not where reruns must give the
+    // same bits (--deterministic, and the backends whose own kernels are deterministic)
+    t->model.matmul.tune = !opt->deterministic && opt->attn == ATTN_FLASH2;
     gpt_model_print_memory(&t->model, stdout);
     t->mg = mg;
     if (mg) multi_gpu_attach(mg, &t->model);
@@ -1172,6 +1181,7 @@ static void train(Plan* p, Trainer* t) {
     for (long long step = p->start_step; step <= p->steps; step++) {
         const DataLoaderState step_data = dataloader_get_state(&p->train);  // for a rescue checkpoint
         if (t->mg) multi_gpu_set_step(t->mg, step);                         // for the watchdog's message
+        if (step == t->profile_step) CUDA_CHECK(cudaProfilerStart());       // scripts/profile_step.py
         CUDA_CHECK(cudaEventRecord(t->start, t->stream));
         double loss = forward_backward(p, t);                               // over the micro steps
         const float grad_norm = gradient_norm(t, &loss);                    // several GPUs: the mean loss too
@@ -1182,6 +1192,7 @@ static void train(Plan* p, Trainer* t) {
         optimizer_update(&t->optimizer, &t->model, norm_device(t), lr, step);  // clip, AdamW
         if (t->mg && t->mg->zero) multi_gpu_all_gather_params(t->mg, t->model.params, t->stream);
         log_step(p, t, step, loss, lr, grad_norm, step_ms(t));
+        if (step == t->profile_step) CUDA_CHECK(cudaProfilerStop());
         if (validation_due(p, step)) validate(p, t, step);
         if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
         if (t->log) fflush(t->log);

@@ -641,11 +641,13 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         if (m->recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
         if (m->recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
         const GPTBlockActs a = gpt_block_acts(m, l);
-        // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU
-        matmul_backward(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, g[GPT_FCPROJB] + lC, m->dresidual, a.fch_gelu,
-                        p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a.fch, 1, m->scratch);
-        // dln (N, C) = d(ln2)
-        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, g[GPT_FCB] + lC * 4, m->dwide, a.ln2,
+        // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU,
+        // and the fc bias gradient dfcb += column sums of d(fch), made with it
+        matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, g[GPT_FCPROJB] + lC, m->dresidual,
+                                    a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a.fch, 1, m->scratch,
+                                    g[GPT_FCB] + lC * 4);
+        // dln (N, C) = d(ln2) (the fc bias gradient is done)
+        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, a.ln2,
                         p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
         // dresidual += LN2 backward: now d(residual2)
         layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, ln_scratch, m->scratch_bytes, m->dln,

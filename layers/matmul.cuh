@@ -1,5 +1,6 @@
 // matmul.cuh: the trainer's linear layers, every GEMM through cuBLASLt (bf16 in and out, fp32
-// accumulation, fp32 scale), with bias, GELU and their gradients fused into cuBLASLt epilogues.
+// accumulation, fp32 scale), with bias, GELU and their gradients fused into cuBLASLt epilogues or
+// into small kernels, whichever is faster for the shape.
 //
 // Tensors, row-major as everywhere in the trainer (weights in nn.Linear's (out, in) layout):
 //   inp (N, IC)  weight (OC, IC)  bias (OC) or NULL  out (N, OC)  gelu_pre (N, OC) or NULL
@@ -19,22 +20,44 @@
 //   dbias (OC)       = Σ_n dout[n, :]     (+= when accumulate, = otherwise; skipped when dbias is NULL)
 //   The LM head's backward, matmul_backward(dweight = dwte, dbias NULL, accumulate = 1), adds
 //   dlogitsᵀ · lnf into the tied embedding's gradient.
+// matmul_backward_dgelu_dbias: matmul_backward, and also, with gelu_pre, the bias gradient of the
+//   layer that produced gelu_pre: dbias_pre (IC) (+)= Σ_n dinp[n, :] (the MLP's fc bias, computed while
+//   its gradient dinp is made, so that the fc layer's own backward passes dbias NULL).
 //
 // Row-major ↔ cuBLASLt (column-major): a row-major (R, C) matrix is the column-major (C, R) matrix
 // with leading dimension C, the same bytes. Each GEMM is therefore written on the transposes; the
 // mapping is spelled out above each call (Xᶜ = the column-major view of row-major X, (rows, cols)).
 //
-// Epilogues (ctx->fusion = MATMUL_FUSE_EPILOGUES, the default):
-//   forward            BIAS, GELU_AUX or GELU_AUX_BIAS (aux = gelu_pre), DEFAULT without either
-//   backward dinp      DGELU (aux = gelu_pre) with gelu_pre, DEFAULT without
-//   backward dweight   BGRADB (Σ over k = N of op(B) = doutᶜᵀ: the column sums of dout) with dbias
-// Where cuBLASLt has no algorithm for a GELU/dGELU/BGRADB epilogue on this GPU, and always with
-// MATMUL_FUSE_NONE, the plain GEMM runs and small kernels finish the job (gelu.cuh: GELU of the bf16
-// pre-activation; dGELU in place on the bf16 dinp; dbias by a deterministic two-pass reduction:
-// fp32 partial sums per row chunk, then a fixed-order sum). ctx->last_* say which path ran.
+// Paths (ctx->fusion):
+//   forward GELU       GELU_AUX(_BIAS) epilogue (aux = gelu_pre), or BIAS/DEFAULT + GELU kernel
+//   backward dGELU     DGELU epilogue (aux = gelu_pre), or DEFAULT + dGELU kernel
+//   dGELU + dbias_pre  DGELU_BGRAD epilogue; or the dGELU path above + the dbias reduction on dinp;
+//                      or DEFAULT + one kernel doing the dGELU and the dbias reduction's first pass
+//   backward dbias     BGRADB on the dweight GEMM (Σ over k = N of op(B) = doutᶜᵀ: the column sums of
+//                      dout), or DEFAULT + the dbias reduction kernels
+//   MATMUL_FUSE_AUTO (the default) times the paths of each shape once, at its first call, and keeps
+//   the fastest for the context's life (untimed, with ctx->tune = 0: the epilogues, except the DGELU
+//   path + reduction for dbias_pre); MATMUL_FUSE_EPILOGUES takes the epilogue wherever cuBLASLt has an
+//   algorithm for it; MATMUL_FUSE_NONE always the kernels (gelu.cuh: GELU of the bf16
+//   pre-activation, dGELU of the bf16 dinp; dbias by a deterministic two-pass reduction: fp32 partial
+//   sums per row chunk, then a fixed-order sum). ctx->last_* say which path ran.
+// Algorithms (ctx->tune = 1; 0 after matmul_context_create): at the first GEMM of each shape (sizes, layouts, epilogue,
+// alignment, beta), the MATMUL_TUNE_CANDIDATES best algorithms of cuBLASLt's heuristic are timed on
+// the call's own buffers (an output read because beta != 0 is saved and restored around the timing)
+// and the fastest is cached for the context's life; the heuristic's first stays unless another is
+// at least MATMUL_TUNE_MARGIN faster. ctx->tune = 0 takes the heuristic's first and fixed paths, a
+// choice that does not depend on timing: the same bits in every process (train_gpt --deterministic,
+// and naive or flash1 attention). MATMUL_TUNE_LOG=1 in the environment prints every timing and
+// choice to stderr.
 //
-// Determinism: every path should give the same bits run to run (cuBLASLt documents bitwise
-// reproducibility for a fixed algorithm, workspace and single stream; the reduction kernel sums in a
+// Streams: everything runs on ctx->stream. With ctx->overlap (MATMUL_OVERLAP=1 in the environment;
+// off by default: not yet measured on a GPU), from the second call of a backward shape on, the
+// dweight half (dweight, dbias) runs on a side stream of the context, with its own workspace and
+// scratch, beside the dinp half, so that each may fill the SMs the other leaves idle (wave tails,
+// the bias-gradient kernels); it is joined back before matmul_backward returns. The results are the
+// same either way.
+// Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
+// reproducibility for a fixed algorithm and workspace size; each GEMM runs on one stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
 // Errors: sizes that are not multiples of 8, pointers not 16-byte aligned, or a cuBLASLt with no
 // algorithm for a GEMM end the program with a message saying what to change.
@@ -47,44 +70,99 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_common.h"
 #include "gelu.cuh"
 
 #define MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)  // cuBLASLt workspace; NVIDIA recommends 32 MiB on Hopper
+#define MATMUL_TUNE_CANDIDATES 8   // heuristic algorithms timed per GEMM shape
+#define MATMUL_TUNE_ROUNDS 2       // timing rounds over the candidates (the minimum counts)
+#define MATMUL_TUNE_RUNS 3         // back-to-back runs per timing
+#define MATMUL_TUNE_MARGIN 0.01f   // another algorithm replaces the heuristic's first when this much faster
+#define MATMUL_ALGO_CACHE 96       // GEMM shapes remembered (a GPT uses about 15)
+#define MATMUL_PATH_CACHE 128      // fused-or-kernel choices (and backward shapes seen) remembered
 
 typedef enum {
     MATMUL_FUSE_EPILOGUES = 0,  // GELU, dGELU and dbias in cuBLASLt epilogues where cuBLASLt has an algorithm
     MATMUL_FUSE_NONE = 1,       // plain GEMMs (BIAS epilogue only) and the kernels of this file
+    MATMUL_FUSE_AUTO = 2,       // per shape, the faster of the two, timed once (epilogues when ctx->tune is 0)
 } MatmulFusion;
+
+// What a GEMM's algorithm is looked up by.
+typedef struct {
+    int32_t transa, transb, epilogue, beta_nonzero, has_bias, has_aux;
+    int64_t m, n, k, lda, ldb, ldd, aux_ld;
+    uint32_t align_a, align_b, align_d;
+} MatmulGemmKey;
+
+typedef struct {
+    MatmulGemmKey key;
+    int found;                  // 0: cuBLASLt has no algorithm for it
+    cublasLtMatmulAlgo_t algo;  // the chosen one
+    float ms;                   // its time when tuned (0 when not timed)
+} MatmulAlgoEntry;
+
+// Which path a fused-or-kernel choice took, by (kind, sizes).
+typedef struct {
+    int kind, N, IC, OC, accumulate, has_bias;
+    int path;
+} MatmulPathEntry;
 
 typedef struct {
     cublasLtHandle_t lt;
     void* workspace;         // MATMUL_WORKSPACE_BYTES of device memory, owned
     size_t workspace_bytes;
     cudaStream_t stream;     // every GEMM and kernel of this context runs on it
-    MatmulFusion fusion;
+    MatmulFusion fusion;     // MATMUL_FUSE_AUTO after matmul_context_create
+    int tune;                // 1: time the heuristic's candidates and the paths per shape (0 after create)
+    int log;                 // print timings and choices to stderr (MATMUL_TUNE_LOG=1)
     // What the last calls did (static strings, for logs and tests).
     const char* last_forward;
     const char* last_dinp;
     const char* last_dbias;
+    const char* last_dbias_pre;
     unsigned noted_fallbacks;  // epilogues whose fallback has been reported on stderr (bit per epilogue)
+    // the choices made so far (this context's life)
+    MatmulAlgoEntry algos[MATMUL_ALGO_CACHE];
+    int num_algos;
+    MatmulAlgoEntry spill;   // the entry used once the cache is full (looked up again every call)
+    MatmulPathEntry paths[MATMUL_PATH_CACHE];
+    int num_paths;
+    cudaEvent_t events[2];   // for the timings
+    // matmul_backward's dweight half beside its dinp half (ctx->overlap: MATMUL_OVERLAP=1)
+    int overlap;
+    cudaStream_t side;       // the dweight half's stream, workspace and dbias scratch
+    void* side_workspace;
+    void* side_scratch;
+    size_t side_scratch_bytes;
+    cudaEvent_t fork, join;
 } MatmulContext;
 
 // ---- sizes and checks ---------------------------------------------------------------------------
 
-#define MATMUL_DBIAS_MAX_CHUNKS 64     // row chunks of the dbias reduction kernel
+#define MATMUL_DBIAS_MAX_CHUNKS 64     // row chunks of the dbias reduction kernel for OC >= MATMUL_DBIAS_WIDE
+#define MATMUL_DBIAS_WIDE 8192         // narrower outputs get more chunks (as many partial sums in all),
+                                       // so that their grid still fills the GPU
 #define MATMUL_DBIAS_MIN_CHUNK_ROWS 64
 
-static inline int matmul_dbias_chunks(int N) {
-    int chunks = (N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS;
-    return chunks < 1 ? 1 : (chunks > MATMUL_DBIAS_MAX_CHUNKS ? MATMUL_DBIAS_MAX_CHUNKS : chunks);
+// Row chunks of the dbias reduction for N rows and OC columns: one per 64 rows, at most
+// 64·max(OC, 8192)/OC (so at most 64·max(OC, 8192) partial sums).
+static inline int matmul_dbias_chunks(int N, int OC) {
+    const long long wide = OC > MATMUL_DBIAS_WIDE ? OC : MATMUL_DBIAS_WIDE;
+    const int most = (int)(MATMUL_DBIAS_MAX_CHUNKS * wide / (OC > 0 ? OC : 1));
+    const int chunks = (N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS;
+    return chunks < 1 ? 1 : (chunks > most ? most : chunks);
 }
 
-// Bytes of the dbias scratch matmul_backward needs for N rows and OC outputs (fp32 partial sums,
-// (chunks, OC)). Non-decreasing in N and OC: the value for the largest N and OC serves every call.
+// Bytes of the dbias scratch matmul_backward needs for N rows and OC outputs: the fp32 partial sums
+// (chunks, OC), bounded by min(ceil(N / 64)·OC, 64·max(OC, 8192)) values. Non-decreasing in N and
+// OC: the value for the largest N and OC serves every call.
 static inline size_t matmul_dbias_scratch_bytes(int N, int OC) {
-    return (size_t)matmul_dbias_chunks(N) * (size_t)OC * sizeof(float);
+    const size_t by_rows = (size_t)((N + MATMUL_DBIAS_MIN_CHUNK_ROWS - 1) / MATMUL_DBIAS_MIN_CHUNK_ROWS) * (size_t)OC;
+    const size_t most = (size_t)MATMUL_DBIAS_MAX_CHUNKS * (size_t)(OC > MATMUL_DBIAS_WIDE ? OC : MATMUL_DBIAS_WIDE);
+    const size_t values = by_rows < most ? by_rows : most;
+    return (values > (size_t)OC ? values : (size_t)OC) * sizeof(float);
 }
 
 // 0 when N, IC, OC are usable; otherwise -1 and a message in why saying what to change.
@@ -139,24 +217,77 @@ static inline void matmul_require_pointer(const char* fn, const char* name, cons
 
 // ---- context ------------------------------------------------------------------------------------
 
-// Creates the cuBLASLt handle and the workspace; everything runs on stream (0: the default stream).
+// Creates the cuBLASLt handle and the workspaces; everything runs on stream (0: the default stream).
+// MATMUL_FUSE_AUTO with ctx->tune = 0: fixed choices, the same in every context and process; set
+// ctx->tune = 1 before the first GEMM to time them (train_gpt does, for flash2 without --deterministic).
 static inline void matmul_context_create(MatmulContext* ctx, cudaStream_t stream) {
-    ctx->lt = NULL;
-    ctx->workspace = NULL;
+    memset(ctx, 0, sizeof(*ctx));
     ctx->workspace_bytes = MATMUL_WORKSPACE_BYTES;
     ctx->stream = stream;
-    ctx->fusion = MATMUL_FUSE_EPILOGUES;
-    ctx->last_forward = ctx->last_dinp = ctx->last_dbias = "none";
-    ctx->noted_fallbacks = 0;
+    ctx->fusion = MATMUL_FUSE_AUTO;
+    ctx->tune = 0;
+    const char* log = getenv("MATMUL_TUNE_LOG");
+    ctx->log = log && log[0] && strcmp(log, "0") != 0;
+    ctx->last_forward = ctx->last_dinp = ctx->last_dbias = ctx->last_dbias_pre = "none";
     CUBLAS_CHECK(cublasLtCreate(&ctx->lt));
     CUDA_CHECK(cudaMalloc(&ctx->workspace, ctx->workspace_bytes));
+    CUDA_CHECK(cudaEventCreate(&ctx->events[0]));
+    CUDA_CHECK(cudaEventCreate(&ctx->events[1]));
+    const char* overlap = getenv("MATMUL_OVERLAP");
+    ctx->overlap = overlap && overlap[0] && strcmp(overlap, "0") != 0;
+    CUDA_CHECK(cudaStreamCreate(&ctx->side));
+    CUDA_CHECK(cudaMalloc(&ctx->side_workspace, ctx->workspace_bytes));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
 }
 
 static inline void matmul_context_destroy(MatmulContext* ctx) {
     if (ctx->workspace) CUDA_CHECK(cudaFree(ctx->workspace));
     if (ctx->lt) CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
+    if (ctx->events[0]) CUDA_CHECK(cudaEventDestroy(ctx->events[0]));
+    if (ctx->events[1]) CUDA_CHECK(cudaEventDestroy(ctx->events[1]));
+    if (ctx->side_workspace) CUDA_CHECK(cudaFree(ctx->side_workspace));
+    if (ctx->side_scratch) CUDA_CHECK(cudaFree(ctx->side_scratch));
+    if (ctx->side) CUDA_CHECK(cudaStreamDestroy(ctx->side));
+    if (ctx->fork) CUDA_CHECK(cudaEventDestroy(ctx->fork));
+    if (ctx->join) CUDA_CHECK(cudaEventDestroy(ctx->join));
+    ctx->side_workspace = ctx->side_scratch = NULL;
+    ctx->side = NULL;
+    ctx->fork = ctx->join = NULL;
     ctx->workspace = NULL;
     ctx->lt = NULL;
+    ctx->events[0] = ctx->events[1] = NULL;
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+
+// Work enqueued on ctx->stream by a timing: a GEMM with one algorithm, or a kernel. Returns 0 when
+// it was enqueued.
+typedef int (*MatmulWork)(MatmulContext* ctx, const void* arg);
+
+// Milliseconds per run of work: MATMUL_TUNE_RUNS runs back to back between two events; a negative
+// value when work failed to enqueue. Synchronizes ctx->stream (start-up only).
+static inline float matmul_time_once(MatmulContext* ctx, MatmulWork work, const void* arg) {
+    CUDA_CHECK(cudaEventRecord(ctx->events[0], ctx->stream));
+    for (int r = 0; r < MATMUL_TUNE_RUNS; r++)
+        if (work(ctx, arg) != 0) return -1.0f;
+    CUDA_CHECK(cudaEventRecord(ctx->events[1], ctx->stream));
+    CUDA_CHECK(cudaEventSynchronize(ctx->events[1]));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ctx->events[0], ctx->events[1]));
+    return ms / MATMUL_TUNE_RUNS;
+}
+
+// The best of MATMUL_TUNE_ROUNDS timings of work after one warm-up run (a kernel's cost in a path).
+static inline float matmul_time_work(MatmulContext* ctx, MatmulWork work, const void* arg) {
+    if (work(ctx, arg) != 0) return -1.0f;
+    float best = -1.0f;
+    for (int round = 0; round < MATMUL_TUNE_ROUNDS; round++) {
+        float ms = matmul_time_once(ctx, work, arg);
+        if (ms < 0.0f) return -1.0f;
+        if (best < 0.0f || ms < best) best = ms;
+    }
+    return best;
 }
 
 // ---- one cuBLASLt GEMM --------------------------------------------------------------------------
@@ -175,8 +306,8 @@ typedef struct {
     int64_t ldd;
     float beta;                   // C = D (in place) when nonzero
     cublasLtEpilogue_t epilogue;
-    const void* bias;             // BIAS*: input (m); BGRADB: output (n)
-    void* aux;                    // GELU_AUX*: output (m, n); DGELU: input (m, n); ld aux_ld
+    const void* bias;             // BIAS*: input (m); BGRADB: output (n); DGELU_BGRAD: output (m)
+    void* aux;                    // GELU_AUX*: output (m, n); DGELU*: input (m, n); ld aux_ld
     int64_t aux_ld;
 } MatmulLtGemm;
 
@@ -187,6 +318,7 @@ static inline const char* matmul_epilogue_name(cublasLtEpilogue_t e) {
         case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
         case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
         case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+        case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
         case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
         default: return "other";
     }
@@ -199,33 +331,57 @@ static inline uint32_t matmul_alignment(const void* p) {
     return align;
 }
 
-// Runs g on ctx's stream. Returns 1 when it ran. When cuBLASLt has no algorithm: returns 0 if
-// allow_missing (the caller falls back), otherwise ends the program with a message.
-static inline int matmul_lt_gemm(MatmulContext* ctx, const MatmulLtGemm* g, int allow_missing) {
+// The descriptors of one GEMM (made per call: they hold the call's bias and aux pointers).
+typedef struct {
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t a, b, d;
+} MatmulLtDescs;
+
+static inline void matmul_lt_descs_create(const MatmulLtGemm* g, MatmulLtDescs* x) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&x->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t transa = g->transa, transb = g->transb;
     uint32_t epilogue = (uint32_t)g->epilogue;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof(transa)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof(transb)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof(transa)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof(transb)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (g->bias) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof(g->bias)));
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof(g->bias)));
     }
     if (g->aux) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
                                                     sizeof(g->aux)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->aux_ld,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->aux_ld,
                                                     sizeof(g->aux_ld)));
     }
     const int a_n = g->transa == CUBLAS_OP_N;
     const int b_n = g->transb == CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, a_n ? g->m : g->k, a_n ? g->k : g->m, g->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, b_n ? g->k : g->n, b_n ? g->n : g->k, g->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_16BF, g->m, g->n, g->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_16BF, a_n ? g->m : g->k, a_n ? g->k : g->m, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_16BF, b_n ? g->k : g->n, b_n ? g->n : g->k, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->d, CUDA_R_16BF, g->m, g->n, g->ldd));
+}
 
+static inline void matmul_lt_descs_destroy(MatmulLtDescs* x) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(x->d));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(x->b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(x->a));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(x->desc));
+}
+
+static inline MatmulGemmKey matmul_gemm_key(const MatmulLtGemm* g) {
+    MatmulGemmKey k;
+    memset(&k, 0, sizeof(k));  // the key is compared with memcmp: no stray padding bytes
+    k.transa = g->transa, k.transb = g->transb, k.epilogue = (int32_t)g->epilogue;
+    k.beta_nonzero = g->beta != 0.0f, k.has_bias = g->bias != NULL, k.has_aux = g->aux != NULL;
+    k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldd = g->ldd, k.aux_ld = g->aux ? g->aux_ld : 0;
+    k.align_a = matmul_alignment(g->A), k.align_b = matmul_alignment(g->B), k.align_d = matmul_alignment(g->D);
+    return k;
+}
+
+// Up to want candidates from cuBLASLt's heuristic, best first; the number found (0: none).
+static inline int matmul_lt_heuristic(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
+                                      cublasLtMatmulHeuristicResult_t* results, int want) {
+    cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t workspace_bytes = ctx->workspace_bytes;
     uint32_t align_a = matmul_alignment(g->A), align_b = matmul_alignment(g->B), align_d = matmul_alignment(g->D);
@@ -239,24 +395,132 @@ static inline int matmul_lt_gemm(MatmulContext* ctx, const MatmulLtGemm* g, int 
                                                       sizeof(align_d)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                       sizeof(align_d)));
-
-    cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, a_layout, b_layout, d_layout, d_layout, pref, 1, &heuristic, &found);
+        cublasLtMatmulAlgoGetHeuristic(ctx->lt, x->desc, x->a, x->b, x->d, x->d, pref, want, results, &found);
     if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
-    const int have_algo = status == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (have_algo) {
-        const float alpha = 1.0f;
-        CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->A, a_layout, g->B, b_layout, &g->beta, g->D, d_layout,
-                                    g->D, d_layout, &heuristic.algo, ctx->workspace, ctx->workspace_bytes, ctx->stream));
-    }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d_layout));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b_layout));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a_layout));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
-    if (have_algo) return 1;
+    if (status != CUBLAS_STATUS_SUCCESS) return 0;
+    int usable = 0;  // keep the candidates the heuristic says work, in order
+    for (int i = 0; i < found; i++)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
+    return usable;
+}
+
+static inline cublasStatus_t matmul_lt_launch(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
+                                              const cublasLtMatmulAlgo_t* algo) {
+    const float alpha = 1.0f;
+    return cublasLtMatmul(ctx->lt, x->desc, &alpha, g->A, x->a, g->B, x->b, &g->beta, g->D, x->d, g->D, x->d, algo,
+                          ctx->workspace, ctx->workspace_bytes, ctx->stream);
+}
+
+typedef struct {
+    const MatmulLtGemm* g;
+    const MatmulLtDescs* x;
+    const cublasLtMatmulAlgo_t* algo;
+} MatmulGemmWork;
+
+static inline int matmul_gemm_work(MatmulContext* ctx, const void* arg) {
+    const MatmulGemmWork* w = (const MatmulGemmWork*)arg;
+    return matmul_lt_launch(ctx, w->g, w->x, w->algo) == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
+
+// "id 66 tile 20 stages 8 splitK 1 cluster 2": what the log says of an algorithm.
+static inline void matmul_algo_describe(const cublasLtMatmulAlgo_t* algo, char* buf, size_t size) {
+    int32_t id = 0;
+    uint32_t tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &got);
+    snprintf(buf, size, "id %d tile %u stages %u splitK %u cluster %u", id, tile, stages, splitk, cluster);
+}
+
+// Times the candidates on g's buffers and returns the index of the one to keep (see the top of the
+// file); ms[i] their times. D, when beta != 0 makes it an input, is saved first and restored after.
+static inline int matmul_lt_tune(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
+                                 const cublasLtMatmulHeuristicResult_t* results, int count, float* ms) {
+    void* saved = NULL;
+    const size_t d_bytes = ((size_t)g->ldd * (size_t)(g->n - 1) + (size_t)g->m) * sizeof(__nv_bfloat16);
+    if (g->beta != 0.0f) {
+        if (cudaMallocAsync(&saved, d_bytes, ctx->stream) != cudaSuccess) {
+            (void)cudaGetLastError();  // no room to save D: keep the heuristic's first, untimed
+            return 0;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(saved, g->D, d_bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+    }
+    MatmulGemmWork w[MATMUL_TUNE_CANDIDATES];
+    for (int i = 0; i < count; i++) {
+        w[i].g = g, w[i].x = x, w[i].algo = &results[i].algo;
+        ms[i] = matmul_gemm_work(ctx, &w[i]) == 0 ? 0.0f : -1.0f;  // warm-up; -1: refused
+    }
+    for (int round = 0; round < MATMUL_TUNE_ROUNDS; round++)  // rounds across candidates: clocks drift alike
+        for (int i = 0; i < count; i++) {
+            if (ms[i] < 0.0f) continue;
+            float t = matmul_time_once(ctx, matmul_gemm_work, &w[i]);
+            if (t < 0.0f) ms[i] = -1.0f;
+            else if (round == 0 || t < ms[i]) ms[i] = t;
+        }
+    (void)cudaGetLastError();
+    if (saved) {
+        CUDA_CHECK(cudaMemcpyAsync(g->D, saved, d_bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+        CUDA_CHECK(cudaFreeAsync(saved, ctx->stream));
+    }
+    int best = 0;
+    for (int i = 1; i < count; i++)
+        if (ms[i] >= 0.0f && (ms[best] < 0.0f || ms[i] < ms[best])) best = i;
+    if (best != 0 && ms[0] >= 0.0f && ms[best] > ms[0] * (1.0f - MATMUL_TUNE_MARGIN)) best = 0;
+    return best;
+}
+
+// The algorithm for g: from the cache, or chosen now (timed when ctx->tune) and cached.
+static inline const MatmulAlgoEntry* matmul_lt_algo(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x) {
+    const MatmulGemmKey key = matmul_gemm_key(g);
+    for (int i = 0; i < ctx->num_algos; i++)
+        if (memcmp(&ctx->algos[i].key, &key, sizeof(key)) == 0) return &ctx->algos[i];
+    MatmulAlgoEntry* e = ctx->num_algos < MATMUL_ALGO_CACHE ? &ctx->algos[ctx->num_algos++] : &ctx->spill;
+    memset(e, 0, sizeof(*e));
+    e->key = key;
+    cublasLtMatmulHeuristicResult_t results[MATMUL_TUNE_CANDIDATES];
+    const int tune = ctx->tune && e != &ctx->spill;
+    const int count = matmul_lt_heuristic(ctx, g, x, results, tune ? MATMUL_TUNE_CANDIDATES : 1);
+    e->found = count > 0;
+    if (!e->found) return e;
+    float ms[MATMUL_TUNE_CANDIDATES];
+    for (int i = 0; i < MATMUL_TUNE_CANDIDATES; i++) ms[i] = -1.0f;
+    // A single candidate is timed too: the fused-or-kernel choices compare these times.
+    const int best = tune ? matmul_lt_tune(ctx, g, x, results, count, ms) : 0;
+    e->algo = results[best].algo;
+    e->ms = tune && ms[best] > 0.0f ? ms[best] : 0.0f;
+    if (ctx->log) {
+        const double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k;
+        fprintf(stderr, "matmul tune: %s m=%lld n=%lld k=%lld op(A)=%c op(B)=%c beta=%g epilogue %s: %d candidates\n",
+                g->what, (long long)g->m, (long long)g->n, (long long)g->k, g->transa == CUBLAS_OP_N ? 'N' : 'T',
+                g->transb == CUBLAS_OP_N ? 'N' : 'T', g->beta, matmul_epilogue_name(g->epilogue), count);
+        for (int i = 0; i < (tune ? count : 1); i++) {
+            char desc[128];
+            matmul_algo_describe(&results[i].algo, desc, sizeof(desc));
+            if (tune)
+                fprintf(stderr, "  %s %d: %8.4f ms %7.1f TFLOP/s  %s\n", i == best ? "*" : " ", i, ms[i],
+                        ms[i] > 0.0f ? flops / (ms[i] * 1e-3) / 1e12 : 0.0, desc);
+            else
+                fprintf(stderr, "  * %d: (untimed)  %s\n", i, desc);
+        }
+    }
+    return e;
+}
+
+// Runs g on ctx's stream. Returns 1 when it ran. When cuBLASLt has no algorithm: returns 0 if
+// allow_missing (the caller falls back), otherwise ends the program with a message.
+static inline int matmul_lt_gemm(MatmulContext* ctx, const MatmulLtGemm* g, int allow_missing) {
+    MatmulLtDescs x;
+    matmul_lt_descs_create(g, &x);
+    const MatmulAlgoEntry* e = matmul_lt_algo(ctx, g, &x);
+    if (e->found) CUBLAS_CHECK(matmul_lt_launch(ctx, g, &x, &e->algo));
+    matmul_lt_descs_destroy(&x);
+    if (e->found) return 1;
     if (allow_missing) return 0;
     fprintf(stderr,
             "error: cuBLASLt (version %zu) found no algorithm for %s: column-major m=%lld n=%lld k=%lld, op(A)=%c "
@@ -264,22 +528,109 @@ static inline int matmul_lt_gemm(MatmulContext* ctx, const MatmulLtGemm* g, int 
             "%u/%u/%u bytes, workspace %zu bytes\n",
             cublasLtGetVersion(), g->what, (long long)g->m, (long long)g->n, (long long)g->k,
             g->transa == CUBLAS_OP_N ? 'N' : 'T', (long long)g->lda, g->transb == CUBLAS_OP_N ? 'N' : 'T',
-            (long long)g->ldb, (long long)g->ldd, matmul_epilogue_name(g->epilogue), align_a, align_b, align_d,
-            ctx->workspace_bytes);
+            (long long)g->ldb, (long long)g->ldd, matmul_epilogue_name(g->epilogue), e->key.align_a, e->key.align_b,
+            e->key.align_d, ctx->workspace_bytes);
     fprintf(stderr,
             "hint: bf16 GEMMs need a GPU of compute capability 8.0 or newer; check nvidia-smi, that the sizes are "
             "multiples of 8, and that the CUDA toolkit and driver are recent\n");
     exit(1);
 }
 
+// The tuned time of g's algorithm in ms (choosing it now if needed, which may run g on its buffers);
+// -1 when cuBLASLt has none; 0 when not timed.
+static inline float matmul_lt_gemm_ms(MatmulContext* ctx, const MatmulLtGemm* g) {
+    MatmulLtDescs x;
+    matmul_lt_descs_create(g, &x);
+    const MatmulAlgoEntry* e = matmul_lt_algo(ctx, g, &x);
+    matmul_lt_descs_destroy(&x);
+    return e->found ? e->ms : -1.0f;
+}
+
 // Reports once per epilogue that cuBLASLt had no algorithm for it and the kernels run instead.
 static inline void matmul_note_fallback(MatmulContext* ctx, cublasLtEpilogue_t e, const char* what) {
-    unsigned bit = e == CUBLASLT_EPILOGUE_DGELU ? 1u : (e == CUBLASLT_EPILOGUE_BGRADB ? 2u : 4u);
+    unsigned bit = e == CUBLASLT_EPILOGUE_DGELU         ? 1u
+                   : e == CUBLASLT_EPILOGUE_BGRADB      ? 2u
+                   : e == CUBLASLT_EPILOGUE_DGELU_BGRAD ? 8u
+                                                        : 4u;
     if (ctx->noted_fallbacks & bit) return;
     ctx->noted_fallbacks |= bit;
     fprintf(stderr, "note: cuBLASLt has no algorithm for the %s epilogue of %s on this GPU; using a plain GEMM and a "
                     "separate kernel instead (same results, a little slower)\n",
             matmul_epilogue_name(e), what);
+}
+
+// ---- fused-or-kernel choices --------------------------------------------------------------------
+
+typedef enum {
+    MATMUL_CHOICE_GELU = 0,     // forward GELU: 0 epilogue, 1 kernel
+    MATMUL_CHOICE_DGELU = 1,    // backward dGELU: 0 epilogue, 1 kernel
+    MATMUL_CHOICE_DBIAS = 2,    // backward dbias: 0 BGRADB epilogue, 1 reduction kernels
+    MATMUL_CHOICE_DGELU_DBIAS = 3,  // dGELU + dbias_pre: 0 DGELU_BGRAD, 1 dGELU path + reduction, 2 fused kernel
+    MATMUL_CHOICE_SEEN = 4,     // a backward shape whose choices are made (its halves may overlap)
+} MatmulChoiceKind;
+
+static inline const char* matmul_choice_name(int kind) {
+    static const char* names[] = {"forward GELU", "backward dGELU", "backward dbias", "backward dGELU + dbias_pre",
+                                  "backward seen"};
+    return names[kind];
+}
+
+// The cached path for (kind, sizes), or -1.
+static inline int matmul_path_find(const MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate,
+                                   int has_bias) {
+    for (int i = 0; i < ctx->num_paths; i++) {
+        const MatmulPathEntry* p = &ctx->paths[i];
+        if (p->kind == kind && p->N == N && p->IC == IC && p->OC == OC && p->accumulate == accumulate &&
+            p->has_bias == has_bias)
+            return p->path;
+    }
+    return -1;
+}
+
+// Whether a new choice may be timed: ctx->tune, and room to remember it (with full caches every
+// call would be timed again, e.g. generation's many prompt lengths; fixed choices then).
+static inline int matmul_timing_on(const MatmulContext* ctx) {
+    return ctx->tune && ctx->num_paths < MATMUL_PATH_CACHE && ctx->num_algos < MATMUL_ALGO_CACHE;
+}
+
+// Remembers path for (kind, sizes) while there is room (otherwise it is chosen again next time).
+static inline void matmul_path_remember(MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate,
+                                        int has_bias, int path) {
+    if (ctx->num_paths >= MATMUL_PATH_CACHE) return;
+    MatmulPathEntry* p = &ctx->paths[ctx->num_paths++];
+    p->kind = kind, p->N = N, p->IC = IC, p->OC = OC, p->accumulate = accumulate, p->has_bias = has_bias;
+    p->path = path;
+}
+
+// Makes the side scratch at least bytes (stream-ordered on ctx->stream, which the side stream
+// follows at every fork); 0 when there is no room for it (the backward then stays on one stream).
+static inline int matmul_side_reserve(MatmulContext* ctx, size_t bytes) {
+    if (ctx->side_scratch_bytes >= bytes) return 1;
+    void* p = NULL;
+    if (cudaMallocAsync(&p, bytes, ctx->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (ctx->side_scratch) CUDA_CHECK(cudaFreeAsync(ctx->side_scratch, ctx->stream));
+    ctx->side_scratch = p;
+    ctx->side_scratch_bytes = bytes;
+    return 1;
+}
+
+// Picks the cheapest of count paths (cost < 0: not available; path 0 when none is) and remembers it.
+static inline int matmul_path_choose(MatmulContext* ctx, int kind, int N, int IC, int OC, int accumulate, int has_bias,
+                                     const float* cost, int count) {
+    int best = -1;
+    for (int i = 0; i < count; i++)
+        if (cost[i] >= 0.0f && (best < 0 || cost[i] < cost[best])) best = i;
+    if (best < 0) best = 0;
+    matmul_path_remember(ctx, kind, N, IC, OC, accumulate, has_bias, best);
+    if (ctx->log) {
+        fprintf(stderr, "matmul path: %s N=%d IC=%d OC=%d:", matmul_choice_name(kind), N, IC, OC);
+        for (int i = 0; i < count; i++) fprintf(stderr, " %s%d %.4f ms", i == best ? "*" : "", i, cost[i]);
+        fprintf(stderr, "\n");
+    }
+    return best;
 }
 
 // ---- kernels for the unfused paths ---------------------------------------------------------------
@@ -289,12 +640,14 @@ static inline void matmul_note_fallback(MatmulContext* ctx, cublasLtEpilogue_t e
 #define MATMUL_DBIAS_THREADS_X 32  // column groups of 8 per block: 256 columns
 #define MATMUL_DBIAS_THREADS_Y 8   // rows read at once per block
 
-// Pass 1 of dbias: partial (chunks, OC) fp32, partial[c][o] = Σ of dout[n][o] (dout (N, OC) bf16)
-// over rows n of chunk c = blockIdx.y (rows_per_chunk rows), in a fixed order. Grid
-// (ceil(OC / 256), chunks), block (32, 8); thread x sums columns 8x..8x+7 of its block over rows
-// y, y + 8, ..., then the 8 row groups are added in order y = 0..7.
-static __global__ void matmul_dbias_partial_kernel(float* partial, const __nv_bfloat16* dout, int N, int OC,
-                                                   int rows_per_chunk) {
+// Pass 1 of dbias: partial (chunks, OC) fp32, partial[c][o] = Σ of g[n][o] over rows n of chunk c =
+// blockIdx.y (rows_per_chunk rows), in a fixed order, where g = dout (N, OC) bf16, or, with gelu_pre
+// (N, OC) non-NULL, g = bf16(dout · GELU'(gelu_pre)), which is also written to dgelu_out (N, OC)
+// (may be dout: in place). Grid (ceil(OC / 256), chunks), block (32, 8); thread x sums columns
+// 8x..8x+7 of its block over rows y, y + 8, ..., then the 8 row groups are added in order y = 0..7.
+static __global__ void matmul_dbias_partial_kernel(float* partial, const __nv_bfloat16* dout,
+                                                   const __nv_bfloat16* gelu_pre, __nv_bfloat16* dgelu_out, int N,
+                                                   int OC, int rows_per_chunk) {
     __shared__ float sums[MATMUL_DBIAS_THREADS_Y][MATMUL_DBIAS_THREADS_X * 8];
     const int col = (blockIdx.x * MATMUL_DBIAS_THREADS_X + threadIdx.x) * 8;
     const int row_begin = blockIdx.y * rows_per_chunk;
@@ -303,13 +656,18 @@ static __global__ void matmul_dbias_partial_kernel(float* partial, const __nv_bf
     for (int j = 0; j < 8; j++) acc[j] = 0.0f;
     if (col < OC) {
         for (int r = row_begin + threadIdx.y; r < row_end; r += MATMUL_DBIAS_THREADS_Y) {
-            uint4 v = *reinterpret_cast<const uint4*>(dout + (size_t)r * OC + col);
-            const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-            for (int j = 0; j < 4; j++) {
-                float2 f = __bfloat1622float2(v2[j]);
-                acc[2 * j] += f.x;
-                acc[2 * j + 1] += f.y;
+            const size_t at = (size_t)r * OC + col;
+            float f[8];
+            bf16x8_unpack(f, load16_stream(dout + at));
+            if (gelu_pre) {
+                float x[8];
+                bf16x8_unpack(x, load16_stream(gelu_pre + at));
+                for (int j = 0; j < 8; j++) f[j] *= gelu_grad_f32(x[j]);
+                const uint4 packed = bf16x8_pack(f);
+                store16(dgelu_out + at, packed);
+                bf16x8_unpack(f, packed);  // sum what was stored, as the other paths do
             }
+            for (int j = 0; j < 8; j++) acc[j] += f[j];
         }
     }
     for (int j = 0; j < 8; j++) sums[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
@@ -335,13 +693,94 @@ static __global__ void matmul_dbias_finish_kernel(__nv_bfloat16* dbias, const fl
     dbias[o] = __float2bfloat16(s);
 }
 
-// dbias (OC) += grad (OC), both bf16 (the BGRADB epilogue's result when accumulating).
+// dbias (OC) += grad (OC), both bf16 (a bias-gradient epilogue's result when accumulating).
 static __global__ void matmul_dbias_add_kernel(__nv_bfloat16* dbias, const __nv_bfloat16* grad, int OC) {
     const int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o < OC) dbias[o] = __float2bfloat16(__bfloat162float(dbias[o]) + __bfloat162float(grad[o]));
 }
 
+// One pass of the reduction (and the dGELU, with gelu_pre): see matmul_dbias_partial_kernel.
+typedef struct {
+    float* partial;
+    const __nv_bfloat16* dout;
+    const __nv_bfloat16* gelu_pre;  // NULL: no dGELU
+    __nv_bfloat16* dgelu_out;
+    int N, OC;
+} MatmulDbiasPass;
+
+static inline int matmul_dbias_pass(MatmulContext* ctx, const void* arg) {
+    const MatmulDbiasPass* a = (const MatmulDbiasPass*)arg;
+    const int chunks = matmul_dbias_chunks(a->N, a->OC);
+    const int rows_per_chunk = (a->N + chunks - 1) / chunks;
+    dim3 grid((a->OC + MATMUL_DBIAS_THREADS_X * 8 - 1) / (MATMUL_DBIAS_THREADS_X * 8), chunks);
+    dim3 block(MATMUL_DBIAS_THREADS_X, MATMUL_DBIAS_THREADS_Y);
+    matmul_dbias_partial_kernel<<<grid, block, 0, ctx->stream>>>(a->partial, a->dout, a->gelu_pre, a->dgelu_out, a->N,
+                                                                 a->OC, rows_per_chunk);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+// dbias (OC) (+)= column sums of dout (N, OC), or of dout·GELU'(gelu_pre), then written to dgelu_out;
+// scratch: matmul_dbias_scratch_bytes(N, OC).
+static inline void matmul_dbias_reduce(MatmulContext* ctx, __nv_bfloat16* dbias, void* scratch,
+                                       const __nv_bfloat16* dout, const __nv_bfloat16* gelu_pre,
+                                       __nv_bfloat16* dgelu_out, int N, int OC, int accumulate) {
+    MatmulDbiasPass a = {(float*)scratch, dout, gelu_pre, dgelu_out, N, OC};
+    matmul_dbias_pass(ctx, &a);
+    matmul_dbias_finish_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(dbias, (const float*)scratch,
+                                                                          matmul_dbias_chunks(N, OC), OC, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// dbias (OC) (+)= a bias-gradient epilogue's result: already in dbias when it was written there
+// (not accumulating), otherwise in the scratch, added now.
+static inline void matmul_dbias_from_epilogue(MatmulContext* ctx, __nv_bfloat16* dbias, const void* scratch, int OC,
+                                              int accumulate) {
+    if (!accumulate) return;
+    matmul_dbias_add_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(dbias, (const __nv_bfloat16*)scratch, OC);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// The elementwise kernels as timed work.
+typedef struct {
+    __nv_bfloat16* out;
+    const __nv_bfloat16* inp;
+    const __nv_bfloat16* pre;  // backward only
+    size_t n;
+} MatmulGeluWork;
+
+static inline int matmul_gelu_forward_work(MatmulContext* ctx, const void* arg) {
+    const MatmulGeluWork* a = (const MatmulGeluWork*)arg;
+    gelu_forward(a->out, a->inp, a->n, ctx->stream);
+    return 0;
+}
+
+static inline int matmul_gelu_backward_work(MatmulContext* ctx, const void* arg) {
+    const MatmulGeluWork* a = (const MatmulGeluWork*)arg;
+    gelu_backward(a->out, a->inp, a->pre, a->n, ctx->stream);
+    return 0;
+}
+
+// Adds b to a cost (either negative: unavailable).
+static inline float matmul_cost_add(float a, float b) { return a < 0.0f || b < 0.0f ? -1.0f : a + b; }
+
 // ---- forward ------------------------------------------------------------------------------------
+
+// Which forward-GELU path to take (0 epilogue, 1 kernel) for fused / plain (plain writes gelu_pre).
+static inline int matmul_gelu_path(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
+                                   __nv_bfloat16* out, const __nv_bfloat16* gelu_pre, int N, int IC, int OC) {
+    if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
+    const int has_bias = fused->bias != NULL;
+    int path = matmul_path_find(ctx, MATMUL_CHOICE_GELU, N, IC, OC, 0, has_bias);
+    if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 0;
+    MatmulGeluWork w = {out, gelu_pre, NULL, (size_t)N * OC};
+    float cost[2];
+    cost[0] = matmul_lt_gemm_ms(ctx, fused);
+    cost[1] = matmul_cost_add(matmul_lt_gemm_ms(ctx, plain), matmul_time_work(ctx, matmul_gelu_forward_work, &w));
+    return matmul_path_choose(ctx, MATMUL_CHOICE_GELU, N, IC, OC, 0, has_bias, cost, 2);
+}
 
 // out (N, OC) = inp (N, IC) · weight (OC, IC)ᵀ + bias (OC, or NULL); with gelu_pre (N, OC) non-NULL:
 // gelu_pre = that, out = GELU(gelu_pre). Runs on ctx->stream.
@@ -383,96 +822,180 @@ static inline void matmul_forward(MatmulContext* ctx, __nv_bfloat16* out, const 
         ctx->last_forward = bias ? "BIAS epilogue" : "DEFAULT epilogue";
         return;
     }
-    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) {
-        MatmulLtGemm fused = g;
-        fused.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        fused.aux = gelu_pre;
-        fused.aux_ld = OC;
+    MatmulLtGemm fused = g;
+    fused.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    fused.aux = gelu_pre;
+    fused.aux_ld = OC;
+    MatmulLtGemm plain = g;  // the GEMM (+ bias) writes the pre-activation, then out = GELU(gelu_pre)
+    plain.D = gelu_pre;
+    if (matmul_gelu_path(ctx, &fused, &plain, out, gelu_pre, N, IC, OC) == 0) {
         if (matmul_lt_gemm(ctx, &fused, 1)) {
             ctx->last_forward = bias ? "GELU_AUX_BIAS epilogue" : "GELU_AUX epilogue";
             return;
         }
         matmul_note_fallback(ctx, fused.epilogue, fn);
     }
-    // Unfused: the GEMM (+ bias) writes the pre-activation, then out = GELU(gelu_pre).
-    g.D = gelu_pre;
-    matmul_lt_gemm(ctx, &g, 0);
+    matmul_lt_gemm(ctx, &plain, 0);
     gelu_forward(out, gelu_pre, (size_t)N * OC, ctx->stream);
     ctx->last_forward = bias ? "BIAS epilogue + GELU kernel" : "DEFAULT epilogue + GELU kernel";
 }
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// Given dout (N, OC) and the forward's inp (N, IC) and weight (OC, IC):
-//   dinp (N, IC) = dout · weight (overwritten; skipped when dinp is NULL); with gelu_pre (N, IC)
-//     non-NULL, dinp = GELU'(gelu_pre) ∘ (dout · weight), for inp = GELU(gelu_pre);
-//   dweight (OC, IC) (+)= doutᵀ · inp;   dbias (OC) (+)= column sums of dout (skipped when NULL);
-//   "+=" when accumulate (micro-batches after the first, the tied LM head), "=" otherwise.
-// dbias_scratch: device memory of matmul_dbias_scratch_bytes(N, OC) bytes, 16-byte aligned, needed
-// when dbias is non-NULL (NULL otherwise); its contents on entry do not matter. Runs on ctx->stream.
-static inline void matmul_backward(MatmulContext* ctx, __nv_bfloat16* dinp, __nv_bfloat16* dweight,
-                                   __nv_bfloat16* dbias, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
-                                   const __nv_bfloat16* weight, int N, int IC, int OC, const __nv_bfloat16* gelu_pre,
-                                   int accumulate, void* dbias_scratch) {
-    const char* fn = "matmul_backward";
-    matmul_require_sizes(fn, N, IC, OC);
-    if (dinp) matmul_require_pointer(fn, "dinp", dinp);
-    matmul_require_pointer(fn, "dweight", dweight);
-    matmul_require_pointer(fn, "dout", dout);
-    matmul_require_pointer(fn, "inp", inp);
-    matmul_require_pointer(fn, "weight", weight);
-    if (dinp && gelu_pre) matmul_require_pointer(fn, "gelu_pre", gelu_pre);
-    if (dbias) {
-        matmul_require_pointer(fn, "dbias", dbias);
-        matmul_require_pointer(fn, "dbias_scratch", dbias_scratch);
-    }
+// Which dGELU path (0 DGELU epilogue, 1 GEMM + dGELU kernel); with cost_out non-NULL also its time
+// in *cost_out (-1 when untimed).
+static inline int matmul_dgelu_path(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
+                                    const __nv_bfloat16* gelu_pre, int N, int IC, int OC, float* cost_out) {
+    if (cost_out) *cost_out = -1.0f;
+    if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
+    int path = matmul_path_find(ctx, MATMUL_CHOICE_DGELU, N, IC, OC, 0, 0);
+    if (path >= 0 && !cost_out) return path;
+    if (!matmul_timing_on(ctx)) return path >= 0 ? path : 0;
+    float cost[2];
+    cost[0] = matmul_lt_gemm_ms(ctx, fused);
+    MatmulGeluWork w = {(__nv_bfloat16*)plain->D, (const __nv_bfloat16*)plain->D, gelu_pre, (size_t)N * IC};
+    cost[1] = matmul_cost_add(matmul_lt_gemm_ms(ctx, plain), matmul_time_work(ctx, matmul_gelu_backward_work, &w));
+    if (path < 0) path = matmul_path_choose(ctx, MATMUL_CHOICE_DGELU, N, IC, OC, 0, 0, cost, 2);
+    if (cost_out) *cost_out = cost[path];
+    return path;
+}
 
-    // ---- dinp
+// Runs the dGELU path: dinp = GELU'(gelu_pre) ∘ (the GEMM of plain).
+static inline void matmul_dgelu_run(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
+                                    const __nv_bfloat16* gelu_pre, int N, int IC, int OC, const char* fn) {
+    if (matmul_dgelu_path(ctx, fused, plain, gelu_pre, N, IC, OC, NULL) == 0) {
+        if (matmul_lt_gemm(ctx, fused, 1)) {
+            ctx->last_dinp = "DGELU epilogue";
+            return;
+        }
+        matmul_note_fallback(ctx, fused->epilogue, fn);
+    }
+    matmul_lt_gemm(ctx, plain, 0);
+    gelu_backward((__nv_bfloat16*)plain->D, (const __nv_bfloat16*)plain->D, gelu_pre, (size_t)N * IC, ctx->stream);
+    ctx->last_dinp = "DEFAULT epilogue + dGELU kernel";
+}
+
+// Which dGELU + dbias_pre path: 0 DGELU_BGRAD epilogue, 1 the dGELU path + the reduction on dinp,
+// 2 GEMM + the kernel doing both.
+static inline int matmul_dgelu_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fused_bgrad,
+                                          const MatmulLtGemm* fused, const MatmulLtGemm* plain,
+                                          const __nv_bfloat16* gelu_pre, void* scratch, int N, int IC, int OC,
+                                          int accumulate) {
+    if (ctx->fusion == MATMUL_FUSE_NONE) return 2;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
+    int path = matmul_path_find(ctx, MATMUL_CHOICE_DGELU_DBIAS, N, IC, OC, accumulate, 1);
+    if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 1;  // untimed: DGELU_BGRAD ran at ~290 TFLOP/s on an H100, DGELU ~690
+    __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
+    MatmulDbiasPass reduce = {(float*)scratch, dinp, NULL, NULL, N, IC};
+    MatmulDbiasPass dgelu_reduce = {(float*)scratch, dinp, gelu_pre, dinp, N, IC};
+    float cost[3], dgelu_cost;
+    cost[0] = matmul_lt_gemm_ms(ctx, fused_bgrad);
+    matmul_dgelu_path(ctx, fused, plain, gelu_pre, N, IC, OC, &dgelu_cost);
+    cost[1] = matmul_cost_add(dgelu_cost, matmul_time_work(ctx, matmul_dbias_pass, &reduce));
+    cost[2] = matmul_cost_add(matmul_lt_gemm_ms(ctx, plain), matmul_time_work(ctx, matmul_dbias_pass, &dgelu_reduce));
+    return matmul_path_choose(ctx, MATMUL_CHOICE_DGELU_DBIAS, N, IC, OC, accumulate, 1, cost, 3);
+}
+
+// Which dbias path for the dweight GEMM: 0 BGRADB epilogue, 1 plain GEMM + the reduction kernels.
+static inline int matmul_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fused, const MatmulLtGemm* plain,
+                                    const __nv_bfloat16* dout, void* scratch, int N, int IC, int OC, int accumulate) {
+    if (ctx->fusion == MATMUL_FUSE_NONE) return 1;
+    if (ctx->fusion == MATMUL_FUSE_EPILOGUES) return 0;
+    int path = matmul_path_find(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1);
+    if (path >= 0) return path;
+    if (!matmul_timing_on(ctx)) return 0;
+    MatmulDbiasPass reduce = {(float*)scratch, dout, NULL, NULL, N, OC};
+    float cost[2];
+    cost[0] = matmul_lt_gemm_ms(ctx, fused);
+    cost[1] = matmul_cost_add(matmul_lt_gemm_ms(ctx, plain), matmul_time_work(ctx, matmul_dbias_pass, &reduce));
+    return matmul_path_choose(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1, cost, 2);
+}
+
+// dinp = GELU'(gelu_pre) ∘ (the GEMM of plain), and dbias_pre (IC) (+)= its column sums, by the
+// path matmul_dgelu_dbias_path picks (fused: the DGELU epilogue, bgrad: DGELU_BGRAD).
+static inline void matmul_dgelu_dbias_run(MatmulContext* ctx, const MatmulLtGemm* bgrad, const MatmulLtGemm* fused,
+                                          const MatmulLtGemm* plain, const __nv_bfloat16* gelu_pre,
+                                          __nv_bfloat16* dbias_pre, void* dbias_scratch, int N, int IC, int OC,
+                                          int accumulate, const char* fn) {
+    __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
+    int path = matmul_dgelu_dbias_path(ctx, bgrad, fused, plain, gelu_pre, dbias_scratch, N, IC, OC, accumulate);
+    if (path == 0) {
+        if (matmul_lt_gemm(ctx, bgrad, 1)) {
+            matmul_dbias_from_epilogue(ctx, dbias_pre, dbias_scratch, IC, accumulate);
+            ctx->last_dinp = "DGELU_BGRAD epilogue";
+            ctx->last_dbias_pre = accumulate ? "DGELU_BGRAD epilogue + add kernel" : "DGELU_BGRAD epilogue";
+            return;
+        }
+        matmul_note_fallback(ctx, bgrad->epilogue, fn);
+        path = 2;
+    }
+    if (path == 1) {
+        matmul_dgelu_run(ctx, fused, plain, gelu_pre, N, IC, OC, fn);
+        matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, NULL, NULL, N, IC, accumulate);
+        ctx->last_dbias_pre = "reduction kernel";
+        return;
+    }
+    matmul_lt_gemm(ctx, plain, 0);
+    matmul_dbias_reduce(ctx, dbias_pre, dbias_scratch, dinp, gelu_pre, dinp, N, IC, accumulate);
+    ctx->last_dinp = "DEFAULT epilogue + dGELU in the reduction kernel";
+    ctx->last_dbias_pre = "dGELU + reduction kernel";
+}
+
+// The dinp half of matmul_backward_dgelu_dbias (with dbias_pre), on ctx->stream.
+static inline void matmul_backward_dinp(MatmulContext* ctx, __nv_bfloat16* dinp, const __nv_bfloat16* dout,
+                                        const __nv_bfloat16* weight, int N, int IC, int OC,
+                                        const __nv_bfloat16* gelu_pre, int accumulate, void* dbias_scratch,
+                                        __nv_bfloat16* dbias_pre) {
+    const char* fn = "matmul_backward";
     // dinpᶜ (IC, N) = weightᶜ (IC, OC) · doutᶜ (OC, N):
     //   A = weight, stored (IC, OC) ld IC, op N;  B = dout, stored (OC, N) ld OC, op N;
     //   D = dinp (IC, N) ld IC;  m = IC, n = N, k = OC;  DGELU aux = gelu_pre (N, IC) row-major =
-    //   (IC, N) ld IC, laid out like D: D = GELU'(aux) ∘ (A·B), elementwise.
-    ctx->last_dinp = "skipped";
-    if (dinp) {
-        MatmulLtGemm g;
-        g.what = "matmul_backward (dinp = dout·weight)";
-        g.transa = CUBLAS_OP_N;
-        g.transb = CUBLAS_OP_N;
-        g.m = IC;
-        g.n = N;
-        g.k = OC;
-        g.A = weight;
-        g.lda = IC;
-        g.B = dout;
-        g.ldb = OC;
-        g.D = dinp;
-        g.ldd = IC;
-        g.beta = 0.0f;
-        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-        g.bias = NULL;
-        g.aux = NULL;
-        g.aux_ld = 0;
-        int done = 0;
-        if (gelu_pre && ctx->fusion == MATMUL_FUSE_EPILOGUES) {
-            MatmulLtGemm fused = g;
-            fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
-            fused.aux = (void*)gelu_pre;  // read only
-            fused.aux_ld = IC;
-            done = matmul_lt_gemm(ctx, &fused, 1);
-            if (done) ctx->last_dinp = "DGELU epilogue";
-            else matmul_note_fallback(ctx, fused.epilogue, fn);
-        }
-        if (!done) {
-            matmul_lt_gemm(ctx, &g, 0);
-            ctx->last_dinp = "DEFAULT epilogue";
-            if (gelu_pre) {
-                gelu_backward(dinp, dinp, gelu_pre, (size_t)N * IC, ctx->stream);  // in place
-                ctx->last_dinp = "DEFAULT epilogue + dGELU kernel";
-            }
-        }
+    //   (IC, N) ld IC, laid out like D: D = GELU'(aux) ∘ (A·B), elementwise;  DGELU_BGRAD also writes
+    //   the row sums of Dᶜ (m = IC values: the column sums of dinp) to the bias pointer.
+    MatmulLtGemm g;
+    g.what = "matmul_backward (dinp = dout·weight)";
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_N;
+    g.m = IC;
+    g.n = N;
+    g.k = OC;
+    g.A = weight;
+    g.lda = IC;
+    g.B = dout;
+    g.ldb = OC;
+    g.D = dinp;
+    g.ldd = IC;
+    g.beta = 0.0f;
+    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    g.bias = NULL;
+    g.aux = NULL;
+    g.aux_ld = 0;
+    if (!gelu_pre) {
+        matmul_lt_gemm(ctx, &g, 0);
+        ctx->last_dinp = "DEFAULT epilogue";
+        return;
     }
+    MatmulLtGemm fused = g;
+    fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    fused.aux = (void*)gelu_pre;  // read only
+    fused.aux_ld = IC;
+    if (!dbias_pre) {
+        matmul_dgelu_run(ctx, &fused, &g, gelu_pre, N, IC, OC, fn);
+        return;
+    }
+    MatmulLtGemm bgrad = fused;
+    bgrad.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    bgrad.bias = accumulate ? dbias_scratch : (void*)dbias_pre;  // written, not accumulated
+    matmul_dgelu_dbias_run(ctx, &bgrad, &fused, &g, gelu_pre, dbias_pre, dbias_scratch, N, IC, OC, accumulate, fn);
+}
 
-    // ---- dweight (and dbias)
+// The dweight (and dbias) half of matmul_backward_dgelu_dbias, on ctx->stream.
+static inline void matmul_backward_dweight(MatmulContext* ctx, __nv_bfloat16* dweight, __nv_bfloat16* dbias,
+                                           const __nv_bfloat16* dout, const __nv_bfloat16* inp, int N, int IC,
+                                           int OC, int accumulate, void* dbias_scratch) {
+    const char* fn = "matmul_backward";
     // dweightᶜ (IC, OC) = inpᶜ (IC, N) · doutᶜᵀ (N, OC):
     //   A = inp, stored (IC, N) ld IC, op N;  B = dout, stored (OC, N) ld OC, op T;
     //   D = dweight (IC, OC) ld IC;  m = IC, n = OC, k = N;  beta = 1 accumulates in place.
@@ -497,37 +1020,92 @@ static inline void matmul_backward(MatmulContext* ctx, __nv_bfloat16* dinp, __nv
     g.aux = NULL;
     g.aux_ld = 0;
     ctx->last_dbias = "skipped";
-    if (dbias && ctx->fusion == MATMUL_FUSE_EPILOGUES) {
+    if (dbias) {
         MatmulLtGemm fused = g;
         fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
         fused.bias = accumulate ? dbias_scratch : (void*)dbias;
-        if (matmul_lt_gemm(ctx, &fused, 1)) {
-            if (accumulate) {
-                matmul_dbias_add_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(
-                    dbias, (const __nv_bfloat16*)dbias_scratch, OC);
-                CUDA_CHECK(cudaGetLastError());
-                ctx->last_dbias = "BGRADB epilogue + add kernel";
-            } else {
-                ctx->last_dbias = "BGRADB epilogue";
+        if (matmul_dbias_path(ctx, &fused, &g, dout, dbias_scratch, N, IC, OC, accumulate) == 0) {
+            if (matmul_lt_gemm(ctx, &fused, 1)) {
+                matmul_dbias_from_epilogue(ctx, dbias, dbias_scratch, OC, accumulate);
+                ctx->last_dbias = accumulate ? "BGRADB epilogue + add kernel" : "BGRADB epilogue";
+                return;
             }
-            return;
+            matmul_note_fallback(ctx, fused.epilogue, fn);
         }
-        matmul_note_fallback(ctx, fused.epilogue, fn);
     }
     matmul_lt_gemm(ctx, &g, 0);
     if (dbias) {
-        const int chunks = matmul_dbias_chunks(N);
-        const int rows_per_chunk = (N + chunks - 1) / chunks;
-        dim3 grid((OC + MATMUL_DBIAS_THREADS_X * 8 - 1) / (MATMUL_DBIAS_THREADS_X * 8), chunks);
-        dim3 block(MATMUL_DBIAS_THREADS_X, MATMUL_DBIAS_THREADS_Y);
-        matmul_dbias_partial_kernel<<<grid, block, 0, ctx->stream>>>((float*)dbias_scratch, dout, N, OC,
-                                                                     rows_per_chunk);
-        CUDA_CHECK(cudaGetLastError());
-        matmul_dbias_finish_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(dbias, (const float*)dbias_scratch,
-                                                                              chunks, OC, accumulate);
-        CUDA_CHECK(cudaGetLastError());
+        matmul_dbias_reduce(ctx, dbias, dbias_scratch, dout, NULL, NULL, N, OC, accumulate);
         ctx->last_dbias = "reduction kernel";
     }
+}
+
+// Given dout (N, OC) and the forward's inp (N, IC) and weight (OC, IC):
+//   dinp (N, IC) = dout · weight (overwritten; skipped when dinp is NULL); with gelu_pre (N, IC)
+//     non-NULL, dinp = GELU'(gelu_pre) ∘ (dout · weight), for inp = GELU(gelu_pre);
+//   dweight (OC, IC) (+)= doutᵀ · inp;   dbias (OC) (+)= column sums of dout (skipped when NULL);
+//   dbias_pre (IC) (+)= column sums of the dinp written (needs dinp and gelu_pre; skipped when NULL);
+//   "+=" when accumulate (micro-batches after the first, the tied LM head), "=" otherwise.
+// dbias_scratch: device memory of matmul_dbias_scratch_bytes(N, max(OC, IC when dbias_pre)) bytes,
+// 16-byte aligned, needed when dbias or dbias_pre is non-NULL (NULL otherwise); its contents on entry
+// do not matter. Runs on ctx->stream.
+static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16* dinp, __nv_bfloat16* dweight,
+                                               __nv_bfloat16* dbias, const __nv_bfloat16* dout,
+                                               const __nv_bfloat16* inp, const __nv_bfloat16* weight, int N, int IC,
+                                               int OC, const __nv_bfloat16* gelu_pre, int accumulate,
+                                               void* dbias_scratch, __nv_bfloat16* dbias_pre) {
+    const char* fn = "matmul_backward";
+    matmul_require_sizes(fn, N, IC, OC);
+    if (dinp) matmul_require_pointer(fn, "dinp", dinp);
+    matmul_require_pointer(fn, "dweight", dweight);
+    matmul_require_pointer(fn, "dout", dout);
+    matmul_require_pointer(fn, "inp", inp);
+    matmul_require_pointer(fn, "weight", weight);
+    if (dinp && gelu_pre) matmul_require_pointer(fn, "gelu_pre", gelu_pre);
+    if (dbias) matmul_require_pointer(fn, "dbias", dbias);
+    if (dbias_pre) {
+        if (!dinp || !gelu_pre)
+            matmul_die(fn, "dbias_pre (the bias gradient of the layer that produced gelu_pre) needs dinp and gelu_pre");
+        matmul_require_pointer(fn, "dbias_pre", dbias_pre);
+    }
+    if (dbias || dbias_pre) matmul_require_pointer(fn, "dbias_scratch", dbias_scratch);
+
+    ctx->last_dinp = "skipped";
+    ctx->last_dbias_pre = "skipped";
+    const int flags = (dinp != NULL) | (dbias != NULL) << 1 | (gelu_pre != NULL) << 2 | (dbias_pre != NULL) << 3;
+    const int overlap =
+        ctx->overlap && dinp && matmul_path_find(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags) >= 0;
+    if (!overlap) {
+        // One stream (and the first call of a shape, whose choices are timed alone).
+        if (dinp)
+            matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+        matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, dbias_scratch);
+        if (ctx->overlap && dinp && matmul_side_reserve(ctx, matmul_dbias_scratch_bytes(N, OC)))
+            matmul_path_remember(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags, 0);
+        return;
+    }
+    // dinp on ctx->stream (the next layer waits for it), dweight and dbias beside it on the side
+    // stream with its own workspace and scratch, so that each fills the other's idle SMs; joined
+    // before return (the caller's scratch and the gradients are then free to use).
+    CUDA_CHECK(cudaEventRecord(ctx->fork, ctx->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+    matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+    cudaStream_t main_stream = ctx->stream;
+    void* main_workspace = ctx->workspace;
+    ctx->stream = ctx->side, ctx->workspace = ctx->side_workspace;
+    matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, ctx->side_scratch);
+    ctx->stream = main_stream, ctx->workspace = main_workspace;
+    CUDA_CHECK(cudaEventRecord(ctx->join, ctx->side));
+    CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+}
+
+// matmul_backward_dgelu_dbias without dbias_pre (see above).
+static inline void matmul_backward(MatmulContext* ctx, __nv_bfloat16* dinp, __nv_bfloat16* dweight,
+                                   __nv_bfloat16* dbias, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
+                                   const __nv_bfloat16* weight, int N, int IC, int OC, const __nv_bfloat16* gelu_pre,
+                                   int accumulate, void* dbias_scratch) {
+    matmul_backward_dgelu_dbias(ctx, dinp, dweight, dbias, dout, inp, weight, N, IC, OC, gelu_pre, accumulate,
+                                dbias_scratch, NULL);
 }
 
 #endif  // MATMUL_CUH

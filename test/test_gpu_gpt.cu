@@ -142,6 +142,7 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
         return;
     }
     if (backend == ATTN_NAIVE) gpt_model_print_memory(&m, stdout);
+    m.matmul.tune = backend == ATTN_FLASH2;  // as train_gpt: timed GEMM choices with flash2, fixed ones otherwise
     const int BT = pb->B * pb->T, Vp = pb->config.padded_vocab_size;
     int *d_inputs, *d_targets;
     CUDA_CHECK(cudaMalloc((void**)&d_inputs, BT * sizeof(int)));

@@ -12,15 +12,21 @@
 //
 // Cases per input set:
 // - forward: bias on/off × GELU epilogue on/off, and the two GELU variants again with the epilogues
-//   off (ctx.fusion = MATMUL_FUSE_NONE: GEMM, then the GELU kernel). Checks out and, with GELU,
+//   off (ctx.fusion = MATMUL_FUSE_NONE: GEMM, then the GELU kernel), and timed (MATMUL_FUSE_AUTO). Checks out and, with GELU,
 //   gelu_pre (the pre-activation) against inp·weightᵀ + bias and ref_gelu_forward of it.
 // - backward: dbias on/off × dGELU on/off × accumulate on/off, and every variant with dbias or
 //   dGELU again with the epilogues off (GEMM, then the dGELU / dbias reduction kernels). With dGELU,
 //   dinp is checked against ref_gelu_backward(gelu_pre, dout·weight). With accumulate, dweight and
 //   dbias start from nonzero random values (of the size of one micro-batch's gradient) and the
-//   reference is start + gradient.
-// - N = 1000 only: determinism: forward and backward (bias, GELU, accumulate) run twice give the
-//   same bits.
+//   reference is start + gradient. Then the timed choice of paths (ctx.fusion = MATMUL_FUSE_AUTO) with
+//   dbias and/or dGELU, and dbias_pre (matmul_backward_dgelu_dbias: the bias gradient of the layer
+//   before the GELU) on the epilogue, kernel and timed paths, with and without accumulate: dbias_pre is
+//   checked against the fp64 column sums of the dinp the call wrote (dinp itself checked as above).
+// - N = 1000 only: determinism: forward and backward (bias, GELU, dbias_pre, accumulate) run twice give the
+//   same bits (with MATMUL_OVERLAP=1, the second backward of a shape runs its dweight half on the
+//   context's side stream, and so do the repeated shapes of the other cases).
+// Two contexts: one with ctx.tune = 0 (cuBLASLt's first algorithm) for the epilogue and kernel
+// cases, one that times its algorithms and paths (ctx.tune = 1) for the MATMUL_FUSE_AUTO cases.
 // Checks: relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for every output, printed for every case with the
 // path matmul.cuh took (epilogue or kernel); outputs (and the dbias scratch) are poisoned with NaN
 // (0xFF bytes) before every run and every output element must be finite afterwards (written); a
@@ -58,13 +64,17 @@ static const Dims DIMS[] = {{64, 192}, {768, 2304}, {768, 3072}, {3072, 768}, {7
 
 typedef struct {
     int bias, gelu, unfused;
+    int autofuse;  // ctx.fusion = MATMUL_FUSE_AUTO on the context that times its choices
 } FwdVariant;
-static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1}};
+static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {1, 1, 0, 0},
+                                          {0, 1, 1, 0}, {1, 1, 1, 0}, {0, 1, 0, 1}, {1, 1, 0, 1}};
 
 typedef struct {
     int bias, gelu, acc, unfused;
+    int autofuse;  // ctx.fusion = MATMUL_FUSE_AUTO (timed choice) instead of MATMUL_FUSE_EPILOGUES
+    int pre;       // dbias_pre: the bias gradient of the layer before the GELU (needs gelu)
 } BwdVariant;
-static BwdVariant BWD_VARIANTS[16];
+static BwdVariant BWD_VARIANTS[32];
 static int NUM_BWD_VARIANTS = 0;
 
 static void make_bwd_variants(void) {
@@ -74,19 +84,36 @@ static void make_bwd_variants(void) {
             for (int gelu = 0; gelu <= 1; gelu++)
                 for (int acc = 0; acc <= 1; acc++) {
                     if (unfused && !bias && !gelu) continue;  // nothing to fuse: the same as the fused case
-                    BwdVariant v = {bias, gelu, acc, unfused};
+                    BwdVariant v = {bias, gelu, acc, unfused, 0, 0};
                     BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
                 }
+    // The timed choice, and dbias_pre on every path (epilogues, kernels, timed).
+    for (int bias = 0; bias <= 1; bias++)
+        for (int gelu = 0; gelu <= 1; gelu++) {
+            if (!bias && !gelu) continue;
+            BwdVariant v = {bias, gelu, 1, 0, 1, 0};
+            BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
+        }
+    for (int fusion = 0; fusion < 3; fusion++)
+        for (int acc = 0; acc <= 1; acc++) {
+            BwdVariant v = {1, 1, acc, fusion == 1, fusion == 2, 1};
+            BWD_VARIANTS[NUM_BWD_VARIANTS++] = v;
+        }
+}
+
+static MatmulFusion bwd_fusion(const BwdVariant* v) {
+    return v->unfused ? MATMUL_FUSE_NONE : v->autofuse ? MATMUL_FUSE_AUTO : MATMUL_FUSE_EPILOGUES;
 }
 
 static void fwd_name(char* buf, size_t size, int N, Dims d, const FwdVariant* v) {
-    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
-             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "");
+    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
+             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
 }
 
 static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v) {
-    snprintf(buf, size, "matmul_bwd_N%d_IC%d_OC%d_%s_%s_%s%s", N, d.IC, d.OC, v->bias ? "dbias" : "nodbias",
-             v->gelu ? "dgelu" : "nodgelu", v->acc ? "acc" : "noacc", v->unfused ? "_unfused" : "");
+    snprintf(buf, size, "matmul_bwd_N%d_IC%d_OC%d_%s_%s_%s%s%s%s", N, d.IC, d.OC, v->bias ? "dbias" : "nodbias",
+             v->gelu ? "dgelu" : "nodgelu", v->acc ? "acc" : "noacc", v->pre ? "_dbiaspre" : "",
+             v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
 }
 
 static void det_name(char* buf, size_t size, int N, Dims d) {
@@ -100,6 +127,7 @@ typedef struct {
     // bf16 bits as uploaded: inp (N, IC), weight (OC, IC), bias (OC), dout (N, OC), pre (N, IC) (the
     // backward's gelu_pre), dweight0 (OC, IC) and dbias0 (OC) (starting gradients for accumulate).
     uint16_t *inp_bits, *weight_bits, *bias_bits, *dout_bits, *pre_bits, *dweight0_bits, *dbias0_bits;
+    uint16_t* dbias_pre0_bits;  // (IC): the starting dbias_pre for accumulate
     double *inp, *weight, *bias, *dout, *pre;  // the same values
     int nrows, *rows;    // rows of out, gelu_pre and dinp checked against the reference (sorted)
     int nchans, *chans;  // rows of dweight (output channels) checked (sorted)
@@ -163,6 +191,7 @@ static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     in.pre_bits = (uint16_t*)host_alloc(n_inp * 2);
     in.dweight0_bits = (uint16_t*)host_alloc(n_w * 2);
     in.dbias0_bits = (uint16_t*)host_alloc((size_t)OC * 2);
+    in.dbias_pre0_bits = (uint16_t*)host_alloc((size_t)IC * 2);
     in.inp = test_alloc(n_inp);
     in.weight = test_alloc(n_w);
     in.bias = test_alloc(OC);
@@ -176,6 +205,7 @@ static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     fill(&rng, in.pre_bits, in.pre, n_inp, 2.0);
     fill(&rng, in.dweight0_bits, NULL, n_w, sqrt((double)N));  // about the size of one gradient
     fill(&rng, in.dbias0_bits, NULL, OC, sqrt((double)N));
+    fill(&rng, in.dbias_pre0_bits, NULL, IC, sqrt((double)N));
 
     // Subsets where the full reference would be slow.
     const double mm = (double)N * IC * OC;
@@ -237,6 +267,7 @@ static void free_inputs(InputSet* in) {
     free(in->pre_bits);
     free(in->dweight0_bits);
     free(in->dbias0_bits);
+    free(in->dbias_pre0_bits);
     free(in->inp);
     free(in->weight);
     free(in->bias);
@@ -257,7 +288,7 @@ static void free_inputs(InputSet* in) {
 typedef struct {
     __nv_bfloat16 *inp, *weight, *bias, *dout, *pre;  // inputs (pre: the backward's gelu_pre (N, IC))
     void *inp_base, *weight_base, *bias_base, *dout_base, *pre_base;
-    __nv_bfloat16 *out_buf, *pre_out_buf, *dinp_buf, *dweight_buf, *dbias_buf;  // outputs with guards
+    __nv_bfloat16 *out_buf, *pre_out_buf, *dinp_buf, *dweight_buf, *dbias_buf, *dbias_pre_buf;  // outputs with guards
     size_t n_out, n_inp, n_w, n_bias;  // elements of the tensors (without guards)
     void* scratch;
     size_t scratch_bytes;
@@ -287,14 +318,15 @@ static DeviceSet device_set(const InputSet* in) {
     d.dinp_buf = (__nv_bfloat16*)device_alloc((d.n_inp + 2 * GUARD) * 2);
     d.dweight_buf = (__nv_bfloat16*)device_alloc((d.n_w + 2 * GUARD) * 2);
     d.dbias_buf = (__nv_bfloat16*)device_alloc((d.n_bias + 2 * GUARD) * 2);
-    d.scratch_bytes = matmul_dbias_scratch_bytes(in->N, in->OC);
+    d.dbias_pre_buf = (__nv_bfloat16*)device_alloc(((size_t)in->IC + 2 * GUARD) * 2);
+    d.scratch_bytes = matmul_dbias_scratch_bytes(in->N, in->OC > in->IC ? in->OC : in->IC);
     d.scratch = device_alloc(d.scratch_bytes);
     return d;
 }
 
 static void free_device_set(DeviceSet* d) {
     void* ptrs[] = {d->inp_base, d->weight_base, d->bias_base, d->dout_base, d->pre_base, d->out_buf,
-                    d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf, d->scratch};
+                    d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf, d->dbias_pre_buf, d->scratch};
     for (size_t i = 0; i < COUNT(ptrs); i++) CUDA_CHECK(cudaFree(ptrs[i]));
 }
 
@@ -334,7 +366,7 @@ static void check_error(char* problems, size_t size, const char* what, double er
 static void run_forward(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const FwdVariant* v) {
     CUDA_CHECK(cudaMemset(d->out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->pre_out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
-    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : MATMUL_FUSE_EPILOGUES;
+    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : v->autofuse ? MATMUL_FUSE_AUTO : MATMUL_FUSE_EPILOGUES;
     matmul_forward(ctx, d->out_buf + GUARD, d->inp, d->weight, v->bias ? d->bias : NULL, in->N, in->IC, in->OC,
                    v->gelu ? d->pre_out_buf + GUARD : NULL);
 }
@@ -394,15 +426,17 @@ static void run_backward(MatmulContext* ctx, const DeviceSet* d, const InputSet*
     CUDA_CHECK(cudaMemset(d->dinp_buf, 0xFF, (d->n_inp + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->dweight_buf, 0xFF, (d->n_w + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->dbias_buf, 0xFF, (d->n_bias + 2 * GUARD) * 2));
+    CUDA_CHECK(cudaMemset(d->dbias_pre_buf, 0xFF, ((size_t)in->IC + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->scratch, 0xFF, d->scratch_bytes));
     if (v->acc) {
         CUDA_CHECK(cudaMemcpy(d->dweight_buf + GUARD, in->dweight0_bits, d->n_w * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(d->dbias_buf + GUARD, in->dbias0_bits, d->n_bias * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d->dbias_pre_buf + GUARD, in->dbias_pre0_bits, (size_t)in->IC * 2, cudaMemcpyHostToDevice));
     }
-    ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : MATMUL_FUSE_EPILOGUES;
-    matmul_backward(ctx, d->dinp_buf + GUARD, d->dweight_buf + GUARD, v->bias ? d->dbias_buf + GUARD : NULL, d->dout,
-                    d->inp, d->weight, in->N, in->IC, in->OC, v->gelu ? d->pre : NULL, v->acc,
-                    v->bias ? d->scratch : NULL);
+    ctx->fusion = bwd_fusion(v);
+    matmul_backward_dgelu_dbias(ctx, d->dinp_buf + GUARD, d->dweight_buf + GUARD, v->bias ? d->dbias_buf + GUARD : NULL,
+                                d->dout, d->inp, d->weight, in->N, in->IC, in->OC, v->gelu ? d->pre : NULL, v->acc,
+                                (v->bias || v->pre) ? d->scratch : NULL, v->pre ? d->dbias_pre_buf + GUARD : NULL);
 }
 
 static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const BwdVariant* v,
@@ -413,10 +447,13 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     sync_or_die(NULL, name, "backward");
     const char* dinp_path = ctx->last_dinp;
     const char* dbias_path = ctx->last_dbias;
+    const char* dbias_pre_path = ctx->last_dbias_pre;
 
     uint16_t* dinp = fetch_output(d->dinp_buf, d->n_inp, "dinp", problems, sizeof(problems));
     uint16_t* dweight = fetch_output(d->dweight_buf, d->n_w, "dweight", problems, sizeof(problems));
     uint16_t* dbias = v->bias ? fetch_output(d->dbias_buf, d->n_bias, "dbias", problems, sizeof(problems)) : NULL;
+    uint16_t* dbias_pre =
+        v->pre ? fetch_output(d->dbias_pre_buf, (size_t)IC, "dbias_pre", problems, sizeof(problems)) : NULL;
     {
         const uint16_t* bits[] = {in->inp_bits, in->weight_bits, in->dout_bits, in->pre_bits};
         const __nv_bfloat16* dev[] = {d->inp, d->weight, d->dout, d->pre};
@@ -455,6 +492,24 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     double err_dw = test_rel_error(gpu_dw, ref_dw, n_dw);
     check_error(problems, sizeof(problems), "dweight", err_dw);
 
+    // dbias_pre: the column sums of the dinp written (itself checked above on its rows), in fp64, on top
+    // of the starting values when accumulating.
+    if (v->pre) {
+        double* ref_dbp = test_alloc(IC);
+        double* gpu_dbp = test_alloc(IC);
+        for (int n = 0; n < in->N; n++)
+            for (int i = 0; i < IC; i++) ref_dbp[i] += test_bf16_to_float(dinp[GUARD + (size_t)n * IC + i]);
+        for (int i = 0; i < IC; i++) {
+            if (v->acc) ref_dbp[i] += test_bf16_to_float(in->dbias_pre0_bits[i]);
+            gpu_dbp[i] = test_bf16_to_float(dbias_pre[GUARD + i]);
+        }
+        double err_dbp = test_rel_error(gpu_dbp, ref_dbp, IC);
+        check_error(problems, sizeof(problems), "dbias_pre", err_dbp);
+        printf("%s: dbias_pre %.2e [dinp: %s; dbias_pre: %s]\n", name, err_dbp, dinp_path, dbias_pre_path);
+        free(ref_dbp);
+        free(gpu_dbp);
+    }
+
     double err_db = 0.0;
     if (v->bias) {
         double* ref_db = test_alloc(OC);
@@ -482,23 +537,25 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     free(dinp);
     free(dweight);
     free(dbias);
+    free(dbias_pre);
 }
 
 // ---- determinism ---------------------------------------------------------------------------------------
 
 static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const char* name) {
-    const FwdVariant fv = {1, 1, 0};
-    const BwdVariant bv = {1, 1, 1, 0};
-    const size_t sizes[5] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias};
-    const __nv_bfloat16* bufs[5] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf};
-    const char* names[5] = {"out", "gelu_pre", "dinp", "dweight", "dbias"};
-    uint16_t* first[5];
+    const FwdVariant fv = {1, 1, 0, 0};
+    const BwdVariant bv = {1, 1, 1, 0, 0, 1};  // with dbias_pre (the DGELU_BGRAD epilogue)
+    const size_t sizes[6] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias, (size_t)in->IC};
+    const __nv_bfloat16* bufs[6] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf,
+                                    d->dbias_pre_buf};
+    const char* names[6] = {"out", "gelu_pre", "dinp", "dweight", "dbias", "dbias_pre"};
+    uint16_t* first[6];
     char problems[512] = "";
     for (int run = 0; run < 2; run++) {
         run_forward(ctx, d, in, &fv);
         run_backward(ctx, d, in, &bv);
         sync_or_die(NULL, name, run == 0 ? "first run" : "second run");
-        for (int t = 0; t < 5; t++) {
+        for (int t = 0; t < 6; t++) {
             uint16_t* h = fetch(bufs[t] + GUARD, sizes[t]);
             if (run == 0) {
                 first[t] = h;
@@ -616,7 +673,10 @@ int main(void) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after the poisoning cudaMemsets on the default stream
     MatmulContext ctx;
-    matmul_context_create(&ctx, stream);
+    matmul_context_create(&ctx, stream);  // ctx.tune = 0: the heuristic's first algorithm
+    MatmulContext tuned;                   // timed algorithms and paths: the MATMUL_FUSE_AUTO cases
+    matmul_context_create(&tuned, stream);
+    tuned.tune = 1;
     atexit(report_exit_during_case);
 
     uint64_t set_index = 0;
@@ -630,13 +690,13 @@ int main(void) {
             for (size_t v = 0; v < COUNT(FWD_VARIANTS); v++) {
                 fwd_name(g_running_case, sizeof(g_running_case), N, dims, &FWD_VARIANTS[v]);
                 snprintf(name, sizeof(name), "%s", g_running_case);
-                forward_case(&ctx, &d, &in, &FWD_VARIANTS[v], name);
+                forward_case(FWD_VARIANTS[v].autofuse ? &tuned : &ctx, &d, &in, &FWD_VARIANTS[v], name);
                 g_running_case[0] = 0;
             }
             for (int v = 0; v < NUM_BWD_VARIANTS; v++) {
                 bwd_name(g_running_case, sizeof(g_running_case), N, dims, &BWD_VARIANTS[v]);
                 snprintf(name, sizeof(name), "%s", g_running_case);
-                backward_case(&ctx, &d, &in, &BWD_VARIANTS[v], name);
+                backward_case(BWD_VARIANTS[v].autofuse ? &tuned : &ctx, &d, &in, &BWD_VARIANTS[v], name);
                 g_running_case[0] = 0;
             }
             if (N == 1000) {
@@ -650,6 +710,7 @@ int main(void) {
         }
 
     matmul_context_destroy(&ctx);
+    matmul_context_destroy(&tuned);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();
 }
