@@ -894,9 +894,8 @@ static double learning_rate(const Options* opt, long long step, long long steps)
     return min_lr + 0.5 * (opt->lr - min_lr) * (1.0 + cos(3.141592653589793 * progress));
 }
 
-// Copies the loader's current batch (inputs, targets (B, T) int32) to the GPU. cudaMemcpy runs on
-// the legacy default stream, which the model's blocking stream (cudaStreamCreate) waits for and is
-// waited for by: the previous micro-step's backward, which reads the tokens again, is done first.
+// Sends the loader's current batch (inputs, targets (B, T) int32) to the GPU in the model stream's
+// order (after the previous micro step's backward, which reads the tokens again); no host wait.
 static void upload_batch(Trainer* t, const DataLoader* loader) {
     batch_upload_send(&t->upload, loader->inputs, loader->targets, t->inputs, t->targets, t->stream);
 }
