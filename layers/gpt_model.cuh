@@ -631,10 +631,13 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
 
     // LM head: losses again, dln (N, C) = d(lnf), dwte +=
     gpt_lm_head_backward(m, grad_scale);
-    // final LN: dresidual (N, C) = 0 + LNf backward (the gradient of residual3[L−1])
+    // final LN: dresidual (N, C) = 0 + LNf backward (the gradient of residual3[L−1]). Each LayerNorm
+    // backward also sums the columns of the dresidual it writes: the bias gradient of the projection
+    // whose output was added there (so those two GEMMs run without a bias-gradient epilogue)
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, NC * sizeof(__nv_bfloat16), s));
-    layernorm_backward(m->dresidual, g[GPT_LNFW], g[GPT_LNFB], ln_scratch, m->scratch_bytes, m->dln,
-                       m->residual3 + (L - 1) * NC, p[GPT_LNFW], m->lnf_mean, m->lnf_rstd, N, C, s);
+    layernorm_backward(m->dresidual, g[GPT_LNFW], g[GPT_LNFB], g[GPT_FCPROJB] + (size_t)(L - 1) * C, ln_scratch,
+                       m->scratch_bytes, m->dln, m->residual3 + (L - 1) * NC, p[GPT_LNFW], m->lnf_mean,
+                       m->lnf_rstd, N, C, s);
 
     for (int l = L - 1; l >= 0; l--) {
         const size_t lC = (size_t)l * C;
@@ -642,18 +645,19 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         if (m->recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
         const GPTBlockActs a = gpt_block_acts(m, l);
         // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU,
-        // and the fc bias gradient dfcb += column sums of d(fch), made with it
-        matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, g[GPT_FCPROJB] + lC, m->dresidual,
+        // and the fc bias gradient dfcb += column sums of d(fch), made with it (the projection's own
+        // bias gradient came with dresidual)
+        matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, NULL, m->dresidual,
                                     a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a.fch, 1, m->scratch,
                                     g[GPT_FCB] + lC * 4);
         // dln (N, C) = d(ln2) (the fc bias gradient is done)
         matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, a.ln2,
                         p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
-        // dresidual += LN2 backward: now d(residual2)
-        layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, ln_scratch, m->scratch_bytes, m->dln,
-                           a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
+        // dresidual += LN2 backward: now d(residual2); dattprojb += its column sums
+        layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, g[GPT_ATTPROJB] + lC, ln_scratch,
+                           m->scratch_bytes, m->dln, a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
         // attention projection: dln (N, C) = d(atty)
-        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, g[GPT_ATTPROJB] + lC, m->dresidual, a.atty,
+        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, NULL, m->dresidual, a.atty,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
         // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten)
         AttentionArgs att = gpt_attention_args(m, l);
@@ -662,9 +666,11 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         const size_t lQKV = (size_t)l * QKV;
         matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, g[GPT_QKVB] + lQKV, m->dwide, a.ln1,
                         p[GPT_QKVW] + lQKV * C, N, C, QKV, NULL, 1, m->scratch);
-        // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding)
-        layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC, ln_scratch, m->scratch_bytes, m->dln,
-                           a.residual, p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);
+        // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding);
+        // the previous block's MLP projection bias gradient += its column sums
+        layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC,
+                           l > 0 ? g[GPT_FCPROJB] + lC - C : NULL, ln_scratch, m->scratch_bytes, m->dln, a.residual,
+                           p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);
         if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);  // layer l's gradients are final
     }
     // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)

@@ -11,7 +11,11 @@
 //                               xhat = (inp − mean)·rstd        (dinp: the residual stream's gradient)
 //             dweight (C)    += Σ_rows dout·xhat
 //             dbias (C)      += Σ_rows dout
-//             all three ADDED into bf16 with one rounding each; math in fp32.
+//             all three ADDED into bf16 with one rounding each; math in fp32. Optionally also
+//             dinp_sum (C)   += Σ_rows dinp (the new dinp, as rounded to bf16): the residual stream's
+//                               gradient is the dout of the linear layer whose output was added into
+//                               it, so this is that layer's bias gradient, made where dinp is
+//                               written instead of in a second pass over it (cuBLASLt's BGRADB).
 // C must be a multiple of 8 and at most LAYERNORM_MAX_C, pointers 16-byte aligned (checked).
 //
 // Kernels: one warp per row; each lane holds its 8-channel vectors (channels 8·(32·i + lane) ..
@@ -20,10 +24,10 @@
 // each lane also adds its channels' dout·xhat and dout into per-warp fp32 accumulators in shared
 // memory (a lane only ever touches its own channels there, so no atomics); the rows of a block are
 // a fixed set, so at the end the block sums its warps' accumulators in warp order into one fp32
-// partial row (2·C values) in scratch; a second kernel sums the partials in block order and adds
-// them to dweight and dbias. The grid is fixed by (N, C, the GPU), so the backward is bit-identical
-// run to run. Scratch: layernorm_backward_scratch_bytes(N, C) bytes (fp32, the block count times
-// 2·C); it may hold anything on entry.
+// partial row (2·C values, 3·C with dinp_sum) in scratch; a second kernel sums the partials in block
+// order and adds them to dweight, dbias (and dinp_sum). The grid is fixed by (N, C, the GPU), so the
+// backward is bit-identical run to run. Scratch: layernorm_backward_scratch_bytes(N, C) bytes (fp32,
+// the block count times 3·C at most); it may hold anything on entry.
 #ifndef LAYERNORM_CUH
 #define LAYERNORM_CUH
 
@@ -161,9 +165,10 @@ static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, cons
 
 // ---- backward ------------------------------------------------------------------------------------
 
-// Block of `warps` warps (blockDim.x = 32·warps); dynamic shared memory warps·2·C floats. partials
-// (gridDim.x, 2·C) fp32: row b holds block b's Σ dout·xhat (channels 0..C−1) then Σ dout (C..2C−1).
-template <int MAX_VPL>
+// Block of `warps` warps (blockDim.x = 32·warps); dynamic shared memory warps·SUMS·C floats. partials
+// (gridDim.x, SUMS·C) fp32: row b holds block b's Σ dout·xhat (channels 0..C−1), Σ dout (C..2C−1)
+// and, with SUMS = 3, Σ dinp (2C..3C−1).
+template <int MAX_VPL, int SUMS>
 static __global__ void __launch_bounds__(256)
     layernorm_backward_kernel(__nv_bfloat16* __restrict__ dinp, float* __restrict__ partials,
                               const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ inp,
@@ -172,18 +177,18 @@ static __global__ void __launch_bounds__(256)
     extern __shared__ float4 ln_bwd_smem4[];
     float* smem = (float*)ln_bwd_smem4;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float* acc_dw = smem + (size_t)warp * 2 * C;
+    float* acc_dw = smem + (size_t)warp * SUMS * C;
     float* acc_db = acc_dw + C;
+    float* acc_dx = acc_db + C;  // SUMS == 3 only
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int i = 0; i < MAX_VPL; i++) {
         const int c = (i * 32 + lane) * 8;
-        if (c < C) {
-            *(float4*)(acc_dw + c) = zero;
-            *(float4*)(acc_dw + c + 4) = zero;
-            *(float4*)(acc_db + c) = zero;
-            *(float4*)(acc_db + c + 4) = zero;
-        }
+        if (c < C)
+            for (int k = 0; k < SUMS; k++) {
+                *(float4*)(acc_dw + k * C + c) = zero;
+                *(float4*)(acc_dw + k * C + c + 4) = zero;
+            }
     }
     const float inv_C = 1.0f / (float)C;
     for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
@@ -242,38 +247,47 @@ static __global__ void __launch_bounds__(256)
                     const float xhat = (f[k] - m) * s;
                     o[k] += s * (d[k] * w[k] - mean_g - xhat * mean_gx);
                 }
-                store16(dinp + base + c, bf16x8_pack(o));
+                const uint4 packed = bf16x8_pack(o);
+                store16(dinp + base + c, packed);
+                if (SUMS == 3) {  // the stored (rounded) values
+                    bf16x8_unpack(o, packed);
+                    float4 a0 = *(float4*)(acc_dx + c), a1 = *(float4*)(acc_dx + c + 4);
+                    *(float4*)(acc_dx + c) = make_float4(a0.x + o[0], a0.y + o[1], a0.z + o[2], a0.w + o[3]);
+                    *(float4*)(acc_dx + c + 4) = make_float4(a1.x + o[4], a1.y + o[5], a1.z + o[6], a1.w + o[7]);
+                }
             }
         }
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < 2 * C; j += blockDim.x) {
+    for (int j = threadIdx.x; j < SUMS * C; j += blockDim.x) {
         float total = 0.0f;
-        for (int w = 0; w < warps; w++) total += smem[(size_t)w * 2 * C + j];
-        partials[(size_t)blockIdx.x * 2 * C + j] = total;
+        for (int w = 0; w < warps; w++) total += smem[(size_t)w * SUMS * C + j];
+        partials[(size_t)blockIdx.x * SUMS * C + j] = total;
     }
 }
 
 #define LN_REDUCE_COLS 32
 #define LN_REDUCE_ROWS 8
 
-// dweight[j] += Σ_b partials[b, j] (j < C), dbias[j − C] += Σ_b partials[b, j] (j >= C), b summed as
-// LN_REDUCE_ROWS interleaved strands added in strand order. blockDim (32, 8), one block per 32 columns.
+// dweight[j] += Σ_b partials[b, j] (j < C), dbias[j − C] += Σ_b partials[b, j] (C <= j < 2C) and,
+// with sums = 3, dinp_sum[j − 2C] += Σ_b partials[b, j]; b summed as LN_REDUCE_ROWS interleaved strands
+// added in strand order. blockDim (32, 8), one block per 32 columns.
 static __global__ void __launch_bounds__(LN_REDUCE_COLS* LN_REDUCE_ROWS)
     layernorm_backward_reduce_kernel(__nv_bfloat16* __restrict__ dweight, __nv_bfloat16* __restrict__ dbias,
-                                     const float* __restrict__ partials, int num_partials, int C) {
+                                     __nv_bfloat16* __restrict__ dinp_sum, const float* __restrict__ partials,
+                                     int num_partials, int C, int sums) {
     __shared__ float strands[LN_REDUCE_ROWS][LN_REDUCE_COLS + 1];
-    const int j = blockIdx.x * LN_REDUCE_COLS + threadIdx.x;
+    const int j = blockIdx.x * LN_REDUCE_COLS + threadIdx.x, width = sums * C;
     float acc = 0.0f;
-    if (j < 2 * C)
-        for (int b = threadIdx.y; b < num_partials; b += LN_REDUCE_ROWS) acc += partials[(size_t)b * 2 * C + j];
+    if (j < width)
+        for (int b = threadIdx.y; b < num_partials; b += LN_REDUCE_ROWS) acc += partials[(size_t)b * width + j];
     strands[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
-    if (threadIdx.y == 0 && j < 2 * C) {
+    if (threadIdx.y == 0 && j < width) {
         float total = 0.0f;
 #pragma unroll
         for (int r = 0; r < LN_REDUCE_ROWS; r++) total += strands[r][threadIdx.x];
-        __nv_bfloat16* g = j < C ? dweight + j : dbias + (j - C);
+        __nv_bfloat16* g = j < C ? dweight + j : j < 2 * C ? dbias + (j - C) : dinp_sum + (j - 2 * C);
         *g = __float2bfloat16(__bfloat162float(*g) + total);
     }
 }
@@ -288,26 +302,32 @@ typedef struct {
     size_t smem;    // dynamic shared memory per block, bytes
 } LayernormBackwardPlan;
 
-// The backward's launch shape for (N, C) on the current GPU: as many warps per block as fit the
-// shared-memory budget (at most 8), and as many blocks as are resident at once (capped by the rows).
-// The last shape is kept: the trainer asks for the same (N, C) 2L + 1 times per micro-step, and the
-// attribute and occupancy queries should not sit on that path.
-static LayernormBackwardPlan layernorm_backward_plan(int N, int C) {
-    static int cached_N = -1, cached_C = -1;
-    static LayernormBackwardPlan cached;
-    if (N == cached_N && C == cached_C) return cached;
-    LayernormBackwardPlan p;
+template <int SUMS>
+static LayernormBackwardKernel layernorm_backward_kernel_for(int C) {
     switch (layernorm_max_vpl(C)) {
-        case 2: p.kernel = layernorm_backward_kernel<2>; break;
-        case 4: p.kernel = layernorm_backward_kernel<4>; break;
-        case 6: p.kernel = layernorm_backward_kernel<6>; break;
-        case 8: p.kernel = layernorm_backward_kernel<8>; break;
-        case 10: p.kernel = layernorm_backward_kernel<10>; break;
-        case 12: p.kernel = layernorm_backward_kernel<12>; break;
-        case 16: p.kernel = layernorm_backward_kernel<16>; break;
-        default: p.kernel = layernorm_backward_kernel<32>; break;
+        case 2: return layernorm_backward_kernel<2, SUMS>;
+        case 4: return layernorm_backward_kernel<4, SUMS>;
+        case 6: return layernorm_backward_kernel<6, SUMS>;
+        case 8: return layernorm_backward_kernel<8, SUMS>;
+        case 10: return layernorm_backward_kernel<10, SUMS>;
+        case 12: return layernorm_backward_kernel<12, SUMS>;
+        case 16: return layernorm_backward_kernel<16, SUMS>;
+        default: return layernorm_backward_kernel<32, SUMS>;
     }
-    const size_t per_warp = 2 * (size_t)C * sizeof(float);
+}
+
+// The backward's launch shape for (N, C) and 2 or 3 column sums on the current GPU: as many warps
+// per block as fit the shared-memory budget (at most 8), and as many blocks as are resident at once
+// (capped by the rows). The last shape of each kind is kept: the trainer asks for the same (N, C)
+// 2L + 1 times per micro-step, and the attribute and occupancy queries should not sit on that path.
+static LayernormBackwardPlan layernorm_backward_plan(int N, int C, int sums) {
+    static int cached_N[2] = {-1, -1}, cached_C[2] = {-1, -1};
+    static LayernormBackwardPlan cached[2];
+    const int k = sums == 3;
+    if (N == cached_N[k] && C == cached_C[k]) return cached[k];
+    LayernormBackwardPlan p;
+    p.kernel = sums == 3 ? layernorm_backward_kernel_for<3>(C) : layernorm_backward_kernel_for<2>(C);
+    const size_t per_warp = (size_t)sums * C * sizeof(float);
     p.warps = (int)(LN_BWD_SMEM_BUDGET / per_warp);
     if (p.warps > 8) p.warps = 8;
     if (p.warps < 1) p.warps = 1;
@@ -319,7 +339,7 @@ static LayernormBackwardPlan layernorm_backward_plan(int N, int C) {
     size_t blocks = (size_t)per_sm * layer_num_sms();
     size_t needed = layer_ceil_div((size_t)N, (size_t)p.warps);
     p.blocks = (int)(needed < blocks ? needed : blocks);
-    cached_N = N, cached_C = C, cached = p;
+    cached_N[k] = N, cached_C[k] = C, cached[k] = p;
     return p;
 }
 
@@ -327,31 +347,34 @@ static LayernormBackwardPlan layernorm_backward_plan(int N, int C) {
 // any N' <= N with the same C.
 static size_t layernorm_backward_scratch_bytes(int N, int C) {
     layernorm_check("layernorm_backward_scratch_bytes", N, C);
-    LayernormBackwardPlan p = layernorm_backward_plan(N, C);
-    return (size_t)p.blocks * 2 * C * sizeof(float);
+    const size_t two = (size_t)layernorm_backward_plan(N, C, 2).blocks * 2 * C * sizeof(float);
+    const size_t three = (size_t)layernorm_backward_plan(N, C, 3).blocks * 3 * C * sizeof(float);
+    return two > three ? two : three;
 }
 
-// dinp (N, C) +=, dweight (C) +=, dbias (C) += the LayerNorm gradients; see the top of the file.
-// inp is the LayerNorm's input (the residual), mean and rstd (N) from the forward. dinp must not
-// alias dout or inp. scratch: scratch_bytes >= layernorm_backward_scratch_bytes(N, C).
-static void layernorm_backward(__nv_bfloat16* dinp, __nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch,
-                               size_t scratch_bytes, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
-                               const __nv_bfloat16* weight, const float* mean, const float* rstd, int N, int C,
-                               cudaStream_t stream) {
+// dinp (N, C) +=, dweight (C) +=, dbias (C) += the LayerNorm gradients, and dinp_sum (C) += the column
+// sums of the new dinp unless dinp_sum is NULL; see the top of the file. inp is the LayerNorm's
+// input (the residual), mean and rstd (N) from the forward. dinp must not alias dout or inp.
+// scratch: scratch_bytes >= layernorm_backward_scratch_bytes(N, C).
+static void layernorm_backward(__nv_bfloat16* dinp, __nv_bfloat16* dweight, __nv_bfloat16* dbias,
+                               __nv_bfloat16* dinp_sum, float* scratch, size_t scratch_bytes,
+                               const __nv_bfloat16* dout, const __nv_bfloat16* inp, const __nv_bfloat16* weight,
+                               const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
     layernorm_check("layernorm_backward", N, C);
     LAYER_REQUIRE(layer_is_aligned16(dinp) && layer_is_aligned16(dout) && layer_is_aligned16(inp) &&
                       layer_is_aligned16(weight) && layer_is_aligned16(scratch),
                   "layernorm_backward: dinp, dout, inp, weight and scratch must be 16-byte aligned");
-    LayernormBackwardPlan p = layernorm_backward_plan(N, C);
-    const size_t need = (size_t)p.blocks * 2 * C * sizeof(float);
+    const int sums = dinp_sum ? 3 : 2;
+    LayernormBackwardPlan p = layernorm_backward_plan(N, C, sums);
+    const size_t need = (size_t)p.blocks * sums * C * sizeof(float);
     LAYER_REQUIRE(scratch_bytes >= need,
                   "layernorm_backward: scratch of %zu bytes, need %zu (layernorm_backward_scratch_bytes(%d, %d))",
                   scratch_bytes, need, N, C);
     p.kernel<<<p.blocks, 32 * p.warps, p.smem, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     CUDA_CHECK(cudaGetLastError());
     dim3 block(LN_REDUCE_COLS, LN_REDUCE_ROWS);
-    layernorm_backward_reduce_kernel<<<(unsigned)layer_ceil_div(2 * (size_t)C, LN_REDUCE_COLS), block, 0, stream>>>(
-        dweight, dbias, scratch, p.blocks, C);
+    layernorm_backward_reduce_kernel<<<(unsigned)layer_ceil_div((size_t)sums * C, LN_REDUCE_COLS), block, 0,
+                                       stream>>>(dweight, dbias, dinp_sum, scratch, p.blocks, C, sums);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -407,10 +407,11 @@ static void layernorm_forward_case(int N, int C, int fused) {
 }
 
 // The backward is checked on its own inputs: mean and rstd are the fp64 statistics rounded to fp32,
-// given to the kernel and (as those fp32 values) to the reference.
-static void layernorm_backward_case(const char* prefix, int N, int C, int runs) {
+// given to the kernel and (as those fp32 values) to the reference. with_sum: also dinp_sum, the
+// column sums of the new dinp added into a random bf16 vector.
+static void layernorm_backward_case(const char* prefix, int N, int C, int runs, int with_sum) {
     char name[160];
-    snprintf(name, sizeof(name), "%s_N%d_C%d", prefix, N, C);
+    snprintf(name, sizeof(name), "%s%s_N%d_C%d", prefix, with_sum ? "_dinp_sum" : "", N, C);
     if (!case_begin(name)) return;
     TestRng rng = case_rng();
     const size_t n = (size_t)N * C;
@@ -418,6 +419,8 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
     uint16_t *dinp0 = host_bf16(n), *dw0 = host_bf16(C), *db0 = host_bf16(C);
     uint16_t *dinp = host_bf16(n), *dw = host_bf16(C), *db = host_bf16(C);
     uint16_t *dinp2 = host_bf16(n), *dw2 = host_bf16(C), *db2 = host_bf16(C);
+    uint16_t *ds0 = host_bf16(C), *ds = host_bf16(C), *ds2 = host_bf16(C);
+    double* ref_ds = test_alloc(C);
     float *mean = (float*)host_alloc(N * 4), *rstd = (float*)host_alloc(N * 4);
     double *x = test_alloc(n), *dy = test_alloc(n), *wv = test_alloc(C), *tmp = test_alloc(n), *zeros = test_alloc(C);
     double *m64 = test_alloc(N), *r64 = test_alloc(N);
@@ -436,11 +439,13 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
         r64[r] = rstd[r];
     }
     ref_layernorm_backward(ref_dinp, ref_dw, ref_db, dy, x, wv, m64, r64, N, C);
+    fill_bf16_normal(&rng, ds0, ref_ds, C, 1.0, 0.0);
+    for (size_t i = 0; i < n; i++) ref_ds[i % C] += ref_dinp[i];  // Σ over rows of the final dinp
 
     const size_t scratch_bytes = layernorm_backward_scratch_bytes(N, C);
     DevBuf d_inp = dev_alloc(n * 2), d_dout = dev_alloc(n * 2), d_w = dev_alloc(C * 2), d_mean = dev_alloc(N * 4),
            d_rstd = dev_alloc(N * 4), d_dinp = dev_alloc(n * 2), d_dw = dev_alloc(C * 2), d_db = dev_alloc(C * 2),
-           d_scratch = dev_alloc(scratch_bytes);
+           d_scratch = dev_alloc(scratch_bytes), d_ds = dev_alloc(C * 2);
     dev_upload(d_inp, inp, n * 2);
     dev_upload(d_dout, dout, n * 2);
     dev_upload(d_w, w, C * 2);
@@ -452,16 +457,19 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
         dev_upload(d_dinp, dinp0, n * 2);
         dev_upload(d_dw, dw0, C * 2);
         dev_upload(d_db, db0, C * 2);
+        dev_upload(d_ds, ds0, C * 2);
         dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
         layernorm_backward((__nv_bfloat16*)dptr(d_dinp), (__nv_bfloat16*)dptr(d_dw), (__nv_bfloat16*)dptr(d_db),
-                           (float*)dptr(d_scratch), scratch_bytes, (const __nv_bfloat16*)dptr(d_dout),
+                           with_sum ? (__nv_bfloat16*)dptr(d_ds) : NULL, (float*)dptr(d_scratch), scratch_bytes, (const __nv_bfloat16*)dptr(d_dout),
                            (const __nv_bfloat16*)dptr(d_inp), (const __nv_bfloat16*)dptr(d_w),
                            (const float*)dptr(d_mean), (const float*)dptr(d_rstd), N, C, g_stream);
         sync_or_die(g_stream, name, "kernel");
         dev_download(run == 0 ? dinp : dinp2, d_dinp, n * 2);
         dev_download(run == 0 ? dw : dw2, d_dw, C * 2);
         dev_download(run == 0 ? db : db2, d_db, C * 2);
-        if (run > 0 && (memcmp(dinp, dinp2, n * 2) || memcmp(dw, dw2, C * 2) || memcmp(db, db2, C * 2))) {
+        dev_download(run == 0 ? ds : ds2, d_ds, C * 2);
+        if (run > 0 && (memcmp(dinp, dinp2, n * 2) || memcmp(dw, dw2, C * 2) || memcmp(db, db2, C * 2) ||
+                        memcmp(ds, ds2, C * 2))) {
             identical = 0;
             add_problem(problems, sizeof(problems), "run %d differs from run 1 (not deterministic)", run + 1);
         }
@@ -470,14 +478,22 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
     double err_dinp = rel_error_bf16(dinp, ref_dinp, n, &bad_dinp);
     double err_dw = rel_error_bf16(dw, ref_dw, C, &bad_dw);
     double err_db = rel_error_bf16(db, ref_db, C, &bad_db);
-    printf("%s: dinp %.2e, dweight %.2e, dbias %.2e, %d runs %s (scratch %zu bytes)\n", name, err_dinp, err_dw,
-           err_db, runs, identical ? "bit-identical" : "DIFFER", scratch_bytes);
+    size_t bad_ds = 0;
+    double err_ds = with_sum ? rel_error_bf16(ds, ref_ds, C, &bad_ds) : 0.0;
+    if (!with_sum && memcmp(ds, ds0, C * 2)) add_problem(problems, sizeof(problems), "dinp_sum written although NULL");
+    printf("%s: dinp %.2e, dweight %.2e, dbias %.2e, dinp_sum %.2e, %d runs %s (scratch %zu bytes)\n", name,
+           err_dinp, err_dw, err_db, err_ds, runs, identical ? "bit-identical" : "DIFFER", scratch_bytes);
     check_written(problems, sizeof(problems), "dinp", bad_dinp, n);
     check_written(problems, sizeof(problems), "dweight", bad_dw, C);
     check_written(problems, sizeof(problems), "dbias", bad_db, C);
     check_error(problems, sizeof(problems), "dinp", err_dinp, TOL_BF16);
     check_error(problems, sizeof(problems), "dweight", err_dw, TOL_BF16);
     check_error(problems, sizeof(problems), "dbias", err_db, TOL_BF16);
+    if (with_sum) {
+        check_written(problems, sizeof(problems), "dinp_sum", bad_ds, C);
+        check_error(problems, sizeof(problems), "dinp_sum", err_ds, TOL_BF16);
+    }
+    check_guards(problems, sizeof(problems), d_ds, "dinp_sum");
     check_guards(problems, sizeof(problems), d_dinp, "dinp");
     check_guards(problems, sizeof(problems), d_dw, "dweight");
     check_guards(problems, sizeof(problems), d_db, "dbias");
@@ -485,7 +501,8 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs) 
     case_end(name, problems);
 
     dev_free(&d_inp), dev_free(&d_dout), dev_free(&d_w), dev_free(&d_mean), dev_free(&d_rstd), dev_free(&d_dinp);
-    dev_free(&d_dw), dev_free(&d_db), dev_free(&d_scratch);
+    dev_free(&d_dw), dev_free(&d_db), dev_free(&d_scratch), dev_free(&d_ds);
+    free(ds0), free(ds), free(ds2), free(ref_ds);
     free(inp), free(dout), free(w), free(dinp0), free(dw0), free(db0), free(dinp), free(dw), free(db);
     free(dinp2), free(dw2), free(db2), free(mean), free(rstd), free(x), free(dy), free(wv), free(tmp), free(zeros);
     free(m64), free(r64), free(ref_dinp), free(ref_dw), free(ref_db);
@@ -1011,9 +1028,10 @@ int main(void) {
             for (int fused = 1; fused >= 0; fused--) layernorm_forward_case(ROWS[r], CHANNELS[c], fused);
     for (size_t r = 0; r < COUNT(ROWS); r++)
         for (size_t c = 0; c < COUNT(CHANNELS); c++)
-            layernorm_backward_case("layernorm_backward", ROWS[r], CHANNELS[c], 2);
-    layernorm_backward_case("layernorm_backward_deterministic", 1000, 2560, 3);
-    layernorm_backward_case("layernorm_backward_deterministic", 1000, 768, 3);
+            for (int with_sum = 0; with_sum <= 1; with_sum++)
+                layernorm_backward_case("layernorm_backward", ROWS[r], CHANNELS[c], 2, with_sum);
+    layernorm_backward_case("layernorm_backward_deterministic", 1000, 2560, 3, 1);
+    layernorm_backward_case("layernorm_backward_deterministic", 1000, 768, 3, 0);
 
     const size_t gelu_sizes[] = {1, 37, 1000, (size_t)1000 * 4 * 768 + 5};
     for (size_t i = 0; i < COUNT(gelu_sizes); i++)
