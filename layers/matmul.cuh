@@ -311,6 +311,26 @@ typedef struct {
     int64_t aux_ld;
 } MatmulLtGemm;
 
+// The GEMM above with the DEFAULT epilogue and no bias or aux (callers set those where they fuse).
+static inline MatmulLtGemm matmul_lt_plain(const char* what, cublasOperation_t transa, cublasOperation_t transb,
+                                           int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+                                           const void* B, int64_t ldb, void* D, int64_t ldd, float beta) {
+    MatmulLtGemm g;
+    g.what = what;
+    g.transa = transa;
+    g.transb = transb;
+    g.m = m, g.n = n, g.k = k;
+    g.A = A, g.lda = lda;
+    g.B = B, g.ldb = ldb;
+    g.D = D, g.ldd = ldd;
+    g.beta = beta;
+    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    g.bias = NULL;
+    g.aux = NULL;
+    g.aux_ld = 0;
+    return g;
+}
+
 static inline const char* matmul_epilogue_name(cublasLtEpilogue_t e) {
     switch (e) {
         case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
@@ -799,24 +819,12 @@ static inline void matmul_forward(MatmulContext* ctx, __nv_bfloat16* out, const 
     //   A = weight, stored (IC, OC) ld IC, op T;  B = inp, stored (IC, N) ld IC, op N;
     //   D = out (OC, N) ld OC;  m = OC, n = N, k = IC;  bias (m = OC) is added to every column of D
     //   (every row of out);  GELU aux = gelu_pre, laid out like D: (OC, N) ld OC.
-    MatmulLtGemm g;
-    g.what = "matmul_forward (out = inp·weightᵀ)";
-    g.transa = CUBLAS_OP_T;
-    g.transb = CUBLAS_OP_N;
-    g.m = OC;
-    g.n = N;
-    g.k = IC;
-    g.A = weight;
-    g.lda = IC;
-    g.B = inp;
-    g.ldb = IC;
-    g.D = out;
-    g.ldd = OC;
-    g.beta = 0.0f;
-    g.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    g.bias = bias;
-    g.aux = NULL;
-    g.aux_ld = 0;
+    MatmulLtGemm g = matmul_lt_plain("matmul_forward (out = inp·weightᵀ)", CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC,
+                                     weight, IC, inp, IC, out, OC, 0.0f);
+    if (bias) {
+        g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        g.bias = bias;
+    }
     if (!gelu_pre) {
         matmul_lt_gemm(ctx, &g, 0);
         ctx->last_forward = bias ? "BIAS epilogue" : "DEFAULT epilogue";
@@ -954,24 +962,8 @@ static inline void matmul_backward_dinp(MatmulContext* ctx, __nv_bfloat16* dinp,
     //   D = dinp (IC, N) ld IC;  m = IC, n = N, k = OC;  DGELU aux = gelu_pre (N, IC) row-major =
     //   (IC, N) ld IC, laid out like D: D = GELU'(aux) ∘ (A·B), elementwise;  DGELU_BGRAD also writes
     //   the row sums of Dᶜ (m = IC values: the column sums of dinp) to the bias pointer.
-    MatmulLtGemm g;
-    g.what = "matmul_backward (dinp = dout·weight)";
-    g.transa = CUBLAS_OP_N;
-    g.transb = CUBLAS_OP_N;
-    g.m = IC;
-    g.n = N;
-    g.k = OC;
-    g.A = weight;
-    g.lda = IC;
-    g.B = dout;
-    g.ldb = OC;
-    g.D = dinp;
-    g.ldd = IC;
-    g.beta = 0.0f;
-    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    g.bias = NULL;
-    g.aux = NULL;
-    g.aux_ld = 0;
+    MatmulLtGemm g = matmul_lt_plain("matmul_backward (dinp = dout·weight)", CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC,
+                                     weight, IC, dout, OC, dinp, IC, 0.0f);
     if (!gelu_pre) {
         matmul_lt_gemm(ctx, &g, 0);
         ctx->last_dinp = "DEFAULT epilogue";
@@ -1001,24 +993,8 @@ static inline void matmul_backward_dweight(MatmulContext* ctx, __nv_bfloat16* dw
     //   D = dweight (IC, OC) ld IC;  m = IC, n = OC, k = N;  beta = 1 accumulates in place.
     //   BGRADB: Σ over k of op(B) (N, OC) = the column sums of dout, n = OC values, written (not
     //   accumulated) to the bias pointer: dbias itself, or the scratch when accumulating.
-    MatmulLtGemm g;
-    g.what = "matmul_backward (dweight = doutᵀ·inp)";
-    g.transa = CUBLAS_OP_N;
-    g.transb = CUBLAS_OP_T;
-    g.m = IC;
-    g.n = OC;
-    g.k = N;
-    g.A = inp;
-    g.lda = IC;
-    g.B = dout;
-    g.ldb = OC;
-    g.D = dweight;
-    g.ldd = IC;
-    g.beta = accumulate ? 1.0f : 0.0f;
-    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    g.bias = NULL;
-    g.aux = NULL;
-    g.aux_ld = 0;
+    MatmulLtGemm g = matmul_lt_plain("matmul_backward (dweight = doutᵀ·inp)", CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N,
+                                     inp, IC, dout, OC, dweight, IC, accumulate ? 1.0f : 0.0f);
     ctx->last_dbias = "skipped";
     if (dbias) {
         MatmulLtGemm fused = g;
