@@ -519,15 +519,7 @@ __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float*
     }
     float dot[PASSES];
 #pragma unroll
-    for (int pass = 0; pass < PASSES; pass++) {
-        const __nv_bfloat162 *o2 = (const __nv_bfloat162*)&o4[pass], *d2 = (const __nv_bfloat162*)&d4[pass];
-        dot[pass] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
-            dot[pass] += of.x * df.x + of.y * df.y;
-        }
-    }
+    for (int pass = 0; pass < PASSES; pass++) dot[pass] = dot_bf16x8(o4[pass], d4[pass]);
 #pragma unroll
     for (int pass = 0; pass < PASSES; pass++) {
         const int t = row0 + pass * ROWS;

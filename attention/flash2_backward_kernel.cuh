@@ -33,12 +33,12 @@ typedef struct {
     const __nv_bfloat16 *q, *k, *v, *out, *dout;
     const float* lse;
     __nv_bfloat16 *dq, *dk, *dv;
-    float* dq_accum;  // (B, NH, T, HD); NULL: the preprocess leaves it alone (the Hopper kernel's)
+    float* dq_accum;  // (B, NH, T, HD); the Hopper kernels lay out their own workspace from here
     float* d_rows;    // (B, NH, lse_rows): D = rowsum(dO ∘ O)
     float* lse_log2;  // (B, NH, lse_rows): lse · log2(e), so that P = exp2(S·scale_log2 − lse_log2)
     long qkv_stride, kv_stride, out_stride, dqkv_stride, dkv_stride;
     int T, NH, NKV;
-    int lse_rows;  // rows per head of d_rows and lse_log2: T, or T rounded up to whole query blocks
+    int lse_rows;  // rows per head of d_rows and lse_log2 (T: every caller since the Hopper prepare pass)
     float scale, scale_log2;
 } Flash2BackwardParams;
 
@@ -46,6 +46,18 @@ typedef struct {
 // Lanes per row: a power of two ≥ the row's HD / 8 chunks.
 template <int HD>
 __host__ __device__ constexpr int preprocess_lanes_per_row() { return HD / 8 <= 8 ? 8 : 16; }
+
+// Σ a[i]·b[i] over 8 bf16 values each, in fp32 (a lane's share of a row of dO ∘ O).
+__device__ __forceinline__ float dot_bf16x8(uint4 a, uint4 b) {
+    const __nv_bfloat162 *a2 = (const __nv_bfloat162*)&a, *b2 = (const __nv_bfloat162*)&b;
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 af = __bfloat1622float2(a2[i]), bf = __bfloat1622float2(b2[i]);
+        dot += af.x * bf.x + af.y * bf.y;
+    }
+    return dot;
+}
 
 template <int HD>
 __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int rows) {
@@ -58,15 +70,7 @@ __global__ void flash2_backward_preprocess_kernel(Flash2BackwardParams p, int ro
     const long head_row = ((long)b * p.NH + h) * p.T + t, stat_row = ((long)b * p.NH + h) * p.lse_rows + t;
     float dot = 0.f;
     if (valid && chunk < CHUNKS) {
-        uint4 o4 = *(const uint4*)(p.out + offset);
-        uint4 d4 = *(const uint4*)(p.dout + offset);
-        const __nv_bfloat162* o2 = (const __nv_bfloat162*)&o4;
-        const __nv_bfloat162* d2 = (const __nv_bfloat162*)&d4;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 of = __bfloat1622float2(o2[i]), df = __bfloat1622float2(d2[i]);
-            dot += of.x * df.x + of.y * df.y;
-        }
+        dot = dot_bf16x8(*(const uint4*)(p.out + offset), *(const uint4*)(p.dout + offset));
         if (p.dq_accum) {
             float4* acc = (float4*)(p.dq_accum + head_row * HD + chunk * 8);
             acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);

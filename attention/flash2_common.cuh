@@ -34,26 +34,25 @@ static inline void launch_with_smem(dim3 grid, int threads, size_t smem_bytes, c
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Multiprocessors of the current device (one device per process, as in the trainer): the
-// persistent kernels start one block per multiprocessor.
+// An attribute of the current device (one device per process, as in the trainer; callers cache it).
+static inline int flash2_device_attribute(cudaDeviceAttr attr) {
+    int device = 0, value = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+    return value;
+}
+
+// Multiprocessors of the current device: the persistent kernels start one block per multiprocessor.
 static inline int flash2_sm_count(void) {
     static int count = 0;
-    if (!count) {
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    }
+    if (!count) count = flash2_device_attribute(cudaDevAttrMultiProcessorCount);
     return count;
 }
 
 // Bytes of L2 cache of the current device.
 static inline long flash2_l2_bytes(void) {
     static int bytes = 0;
-    if (!bytes) {
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-    }
+    if (!bytes) bytes = flash2_device_attribute(cudaDevAttrL2CacheSize);
     return bytes;
 }
 

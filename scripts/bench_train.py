@@ -101,7 +101,7 @@ def parse_args():
                                 epilog="Usage" + __doc__.split("Usage", 1)[1])
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated: {', '.join(CONFIGS)} or MODEL:SEQ:MICRO (default {DEFAULT_CONFIGS})")
-    p.add_argument("--impls", default="train_gpt,torch", help="train_gpt, torch or both (default both)")
+    p.add_argument("--impls", default="train_gpt,torch", help="comma-separated: train_gpt, torch (default train_gpt,torch)")
     p.add_argument("--total-batch-tokens", type=int, default=131072, help="tokens per optimizer step (default 131072)")
     add_run_options(p, "bench_train", warmup=2, timed=4, timeout=900, results="train")
     p.add_argument("--kv-heads", type=int, default=0,

@@ -11,9 +11,11 @@ What it runs:
      TRAIN_GPT_PROFILE_STEP=--step, under `ncu --profile-from-start off`: only that step's kernels are
      profiled (the first steps choose the GEMM algorithms), one metric pass: gpu__time_duration and the
      DRAM bytes of each kernel, clocks and caches left as they are (--clock-control none --cache-control
-     none), so the times are those of a normal run except for the gaps between kernels;
-  3. the same command without ncu (--step + 2 steps), for the step time from train_gpt's log: the sum of
-     the kernel times over it is how busy the GPU is (the rest: launch gaps and host waits).
+     none), so each kernel runs as in a normal run but alone on an idle GPU: at higher clocks than
+     in a real step, where back-to-back GEMMs hold the GPU at its power limit;
+  3. the same command without ncu (--step + 2 steps), for the step time from train_gpt's log; the
+     kernel sum is printed as a share of it (the rest: the lower clocks of a real step, launch gaps and
+     host waits; on an H100 nearly all of it is the clocks, see layers/PERF_NOTES.md).
 Prints (and writes to --out: profile.txt, kernels.csv, profile.json):
   - kernels by name: launches, time, share of the step's kernel time;
   - layer kinds (GEMM, attention forward / backward, LayerNorm, cross-entropy, AdamW, ...): share, and
@@ -215,7 +217,7 @@ def main():
     out(f"profile_step{label}: {device}; {args.model} micro batch {B} x {T} ({N} tokens), attention {args.attn}, "
         f"step {args.step} of one micro step")
     out(f"ceilings (same run): GEMM 8192^3 bf16 {gemm_peak:.0f} TFLOP/s, device-to-device copy {copy_gbs:.0f} GB/s")
-    busy = f", GPU busy {100 * total / step_ms:.1f}% of the step's {step_ms:.1f} ms without ncu" if step_ms else ""
+    busy = f", {100 * total / step_ms:.1f}% of the step's {step_ms:.1f} ms without ncu" if step_ms else ""
     out(f"kernel time {total:.2f} ms in {len(kernels)} launches{busy}")
     out("")
     out(f"{'kernel':90s} {'n':>5s} {'ms':>9s} {'share':>7s}  kind")
