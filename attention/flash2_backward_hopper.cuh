@@ -10,7 +10,10 @@
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
 //                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
 //                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
-//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
+//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics, and
+//                counts the additions per query block (a counter in the workspace); the key block
+//                that adds last to a query block hands it to warps 2 and 3, which write its bf16 dq
+//                from dq_accum (read back from L2) while the compute goes on.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
 //                Sᵀ = K Qᵀ, dPᵀ = V dOᵀ            wgmma, both operands from shared memory
 //                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
@@ -22,16 +25,17 @@
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
 //                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order; the
-// launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
-// never waits on one that has not started.
+// blocks 0..n−1 have (the same counter), so dq_accum is summed in a fixed order; the launch order
+// (backward_block_at) starts key block n−1 of a pair before key block n, so a block never waits on
+// one that has not started.
 //
-// Around it, one pass before (the prepare kernel: the workspace zeroed, D and LSE·log2 e) and one
-// after (the convert kernel: dq from dq_accum), each a thread block per (b·NH + h, query block).
+// Before it, one pass (the prepare kernel, a thread block per (b·NH + h, query block)): D and
+// LSE·log2 e, and the accumulator and counters zeroed unless the workspace is kept zero between
+// calls (AttentionArgs.workspace_zeroed: then the converting warps zero what they have read, D and
+// LSE·log2 e included, so the call leaves every byte of it zero).
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
-//            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction);
-//            the convert kernel turns it into bf16 dq (B, T, NH, HD).
+//            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction).
 //   D, LSE·log2 e (B·NH, T_pad) fp32 each, zero past T; counters (B·NH, m_blocks) int.
 #ifndef FLASH2_BACKWARD_HOPPER_CUH
 #define FLASH2_BACKWARD_HOPPER_CUH
@@ -50,13 +54,15 @@ typedef struct {
 
 typedef struct {
     __nv_bfloat16 *dk, *dv;  // rows (b, t, kv head) at dkv_stride
-    float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS)
-    const float* d_rows;     // (B·NH, T_pad)
-    const float* lse_log2;   // (B·NH, T_pad)
-    int* dq_counters;        // (B·NH, m_blocks), zero at launch
-    long dkv_stride;
+    __nv_bfloat16* dq;       // rows (b, t, h) at dq_stride
+    float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS), zero at launch
+    float* d_rows;           // (B·NH, T_pad)
+    float* lse_log2;         // (B·NH, T_pad)
+    int* dq_counters;        // (B·NH, m_blocks), zero at launch: the key blocks that have added to each
+    long dkv_stride, dq_stride;
     int T, T_pad, NH, NKV, m_blocks;
     int key_blocks, pairs, order_chunk;  // launch order: backward_order_chunk
+    int leave_zero;  // 1: the workspace was all zero at the call and is left so (AttentionArgs.workspace_zeroed)
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -79,11 +85,13 @@ struct Flash2BackwardWsConfig {
     static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
     static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
-    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4;
+    // Query blocks whose dQ is complete, queued from the reducing thread to the converting warps.
+    static constexpr int CONVERT_SLOTS = 4;
+    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4 + 2 * CONVERT_SLOTS;
     // One dQ staging tile: a second one (where shared memory allows) measured no faster.
     static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
                                          STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
-                                         8 * BARRIERS;
+                                         8 * BARRIERS + 8 * CONVERT_SLOTS;
     static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "BLOCK_M 128 at head dim 64, else 64");
     static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "head dims 64, 80, 96, 128");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -98,6 +106,8 @@ struct Flash2BackwardSmem {
     __nv_bfloat16 *k, *v, *q, *dout, *ds;  // K, V; STAGES × Q, dO; 2 × dSᵀ
     float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_SLOTS
     uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty, *ds_ready, *ds_free;
+    uint64_t *convert_full, *convert_empty;  // CONVERT_SLOTS each
+    int2* convert_jobs;                      // CONVERT_SLOTS × (b·NH + h, query block); b·NH + h < 0: no more
 };
 
 template <typename C>
@@ -121,23 +131,28 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.dq_empty = sm.dq_full + 1;
     sm.ds_ready = sm.dq_empty + 1;
     sm.ds_free = sm.ds_ready + 2;
+    sm.convert_full = sm.ds_free + 2;
+    sm.convert_empty = sm.convert_full + C::CONVERT_SLOTS;
+    sm.convert_jobs = (int2*)(sm.convert_empty + C::CONVERT_SLOTS);
     return sm;
 }
 
-// Index in a query block's DQ_SLOTS of dQ element (row, col) of that block (convert kernel).
+// Where the float4 at index i of a query block's DQ_SLOTS belongs (the fragment order hand_over_dq
+// writes): rows row and row + 8, columns col and col + 1 of the block. dup: at head dim 80 columns
+// 32-47 of warpgroup 1, which warpgroup 0 also holds.
 template <typename C>
-__host__ __device__ __forceinline__ int dq_slot(int row, int col) {
-    int wg;
-    if (C::DQ_M_SPLIT) {
-        wg = row / 64;
-        row %= 64;
-    } else {
-        wg = col >= C::DQ_N;
-        if (wg) col -= C::DQ_COL0;
-    }
-    const int tid = (row / 16) * 32 + (row % 8) * 4 + (col % 8) / 2;
-    const int e = (col & 1) + ((row % 16) >= 8 ? 2 : 0);
-    return ((wg * (C::DQ_N / 8) + col / 8) * 128 + tid) * 4 + e;
+__device__ __forceinline__ void dq_slot_position(int i, int& row, int& col, bool& dup) {
+    const int tid = i % 128, group = i / 128, wg = group / (C::DQ_N / 8);
+    row = (C::DQ_M_SPLIT ? 64 * wg : 0) + (tid / 32) * 16 + (tid % 32) / 4;
+    col = (C::DQ_M_SPLIT ? 0 : wg * C::DQ_COL0) + (group % (C::DQ_N / 8)) * 8 + (tid % 4) * 2;
+    dup = !C::DQ_M_SPLIT && wg == 1 && col < C::DQ_N;
+}
+
+// How many key blocks add to query block m: all, or causal those that start at or before its last row.
+template <typename C, bool CAUSAL>
+__device__ __forceinline__ int dq_contributors(const Flash2BackwardWsParams& p, int m) {
+    const int causal = m * C::BLOCK_M / C::BLOCK_N + 1;
+    return CAUSAL && causal < p.key_blocks ? causal : p.key_blocks;
 }
 
 #if WGMMA_AVAILABLE
@@ -168,18 +183,38 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
     }
 }
 
+// Queues query block (bh, m) for the converting warps (bh < 0: the end); `job` counts the calls.
+template <typename C>
+__device__ __forceinline__ void post_convert_job(const Flash2BackwardSmem<C>& sm, int job, int bh, int m) {
+    const int slot = job % C::CONVERT_SLOTS;
+    mbar_wait(&sm.convert_empty[slot], ((job / C::CONVERT_SLOTS) & 1) ^ 1);
+    sm.convert_jobs[slot] = make_int2(bh, m);
+    mbar_arrive(&sm.convert_full[slot]);  // releases the job to the waiting warps
+}
+
 // One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
-template <typename C, bool DETERMINISTIC>
+// Once an addition is complete it is counted; the key block that adds last to a query block queues
+// it for conversion. Without DETERMINISTIC the wait for step j's completion comes after step j + 1
+// is issued, so the staging tile is freed as soon as it has been read.
+template <typename C, bool CAUSAL, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int b, int h0, int m_begin, int steps) {
+    int jobs = 0;
+    auto added = [&](int bh, int m) {  // this block's dQ of (bh, m) is in dq_accum, visible to all
+        int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
+        const int last = dq_contributors<C, CAUSAL>(p, m) - 1;
+        const bool is_last = DETERMINISTIC ? n_block == last : fetch_add_acq_rel(counter, 1) == last;
+        if (DETERMINISTIC && !is_last) add_release(counter, 1);
+        if (is_last) post_convert_job(sm, jobs++, bh, m);
+    };
+    int prev_bh = 0, prev_m = 0;
 #pragma unroll 1
     for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
-        const long bh = (long)b * p.NH + h;
+        const int bh = b * p.NH + h;
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
-        int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
         if (DETERMINISTIC) {
-            while (load_acquire(counter) != n_block) {
+            while (load_acquire(p.dq_counters + (long)bh * p.m_blocks + m) != n_block) {
             }
             fence_proxy_async_global();
         }
@@ -188,11 +223,76 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
         if (DETERMINISTIC) {
             bulk_wait_all();
             fence_proxy_async_global();
-            add_release(counter, 1);
+            mbar_arrive(sm.dq_empty);
+            added(bh, m);
         } else {
             bulk_wait_read();
+            mbar_arrive(sm.dq_empty);
+            if (j > 0) {
+                bulk_wait_all_but_last();
+                fence_proxy_async_global();
+                added(prev_bh, prev_m);
+            }
+            prev_bh = bh;
+            prev_m = m;
         }
-        mbar_arrive(sm.dq_empty);
+    }
+    if (!DETERMINISTIC) {
+        bulk_wait_all();
+        fence_proxy_async_global();
+        added(prev_bh, prev_m);
+    }
+    post_convert_job(sm, jobs, -1, 0);
+}
+
+// dq rows of query block m of head bh = b·NH + h: bf16(dq_accum · scale), read through L2 (other
+// blocks' bulk reductions wrote it). With p.leave_zero its slots, D and LSE·log2 e rows go back to
+// zero (every key block has read them); its counter always does. t: 0..63, the converting threads.
+template <typename C, int HD>
+__device__ __forceinline__ void convert_dq_block(const Flash2BackwardWsParams& p, int bh, int m, int t) {
+    constexpr int LOADS = 2;  // float4s in flight per thread (24 registers here)
+    static_assert(C::DQ_SLOTS / 4 % (64 * LOADS) == 0, "whole rounds of loads");
+    float4* slots = (float4*)(p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS);
+    const int b = bh / p.NH, h = bh % p.NH, rows = p.T - m * C::BLOCK_M;
+    __nv_bfloat16* dq = p.dq + ((long)b * p.T + m * C::BLOCK_M) * p.dq_stride + (long)h * HD;
+#pragma unroll 1
+    for (int i0 = t; i0 < C::DQ_SLOTS / 4; i0 += 64 * LOADS) {
+        float4 v[LOADS];
+#pragma unroll
+        for (int k = 0; k < LOADS; k++) v[k] = __ldcg(slots + i0 + 64 * k);
+#pragma unroll
+        for (int k = 0; k < LOADS; k++) {
+            if (p.leave_zero) __stcg(slots + i0 + 64 * k, make_float4(0.f, 0.f, 0.f, 0.f));
+            int row, col;
+            bool dup;
+            dq_slot_position<C>(i0 + 64 * k, row, col, dup);
+            if (dup) continue;
+            if (row < rows)
+                *(uint32_t*)(dq + (long)row * p.dq_stride + col) = pack_bf16(v[k].x * p.scale, v[k].y * p.scale);
+            if (row + 8 < rows)
+                *(uint32_t*)(dq + (long)(row + 8) * p.dq_stride + col) = pack_bf16(v[k].z * p.scale, v[k].w * p.scale);
+        }
+    }
+    if (p.leave_zero) {
+        const long stat = (long)bh * p.T_pad + m * C::BLOCK_M;
+        for (int r = t; r < C::BLOCK_M; r += 64) p.d_rows[stat + r] = p.lse_log2[stat + r] = 0.f;
+    }
+    if (t == 0) p.dq_counters[(long)bh * p.m_blocks + m] = 0;
+}
+
+// Two warps (threads 64-127): the query blocks the reducing thread queues, until it says the end.
+template <typename C, int HD>
+__device__ __forceinline__ void backward_convert_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm) {
+    const int t = threadIdx.x % 64;
+#pragma unroll 1
+    for (int job = 0;; job++) {
+        const int slot = job % C::CONVERT_SLOTS;
+        mbar_wait(&sm.convert_full[slot], (job / C::CONVERT_SLOTS) & 1);
+        const int2 bm = sm.convert_jobs[slot];
+        __syncwarp();
+        if (t % 32 == 0) mbar_arrive(&sm.convert_empty[slot]);
+        if (bm.x < 0) return;
+        convert_dq_block<C, HD>(p, bm.x, bm.y, t);
     }
 }
 
@@ -464,6 +564,10 @@ __global__ void __launch_bounds__(384, 1)
         }
         mbar_init(sm.dq_full, 8);
         mbar_init(sm.dq_empty, 1);
+        for (int s = 0; s < C::CONVERT_SLOTS; s++) {
+            mbar_init(&sm.convert_full[s], 1);
+            mbar_init(&sm.convert_empty[s], 2);  // one arrival per converting warp
+        }
         for (int s = 0; s < 2; s++) {
             mbar_init(&sm.ds_ready[s], 8);  // every consumer warp has written its rows of dSᵀ
             mbar_init(&sm.ds_free[s], 8);   // every consumer warp's dQ product has read the buffer
@@ -475,7 +579,9 @@ __global__ void __launch_bounds__(384, 1)
         registers_decrease<C::PRODUCER_REGS>();
         if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, kv_head, kv_head * group, m_begin, steps);
         else if (threadIdx.x == 32)
-            backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
+            backward_reduce_dq<C, CAUSAL, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
+        else if (threadIdx.x >= 64)
+            backward_convert_dq<C, HD>(p, sm);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
@@ -489,20 +595,24 @@ __global__ void __launch_bounds__(384, 1)
 // ---- the passes before and after the main kernel: one thread block of 256 per (b·NH + h, query
 // block), so that every global read and write is a whole coalesced row or a contiguous run.
 
-// Before: this query block's workspace: dq_accum and its counter zeroed; D = rowsum(dO ∘ O) and
-// LSE·log2 e for its rows (zero past T). Writes every byte of the workspace, so no memset is needed.
+// Before: D = rowsum(dO ∘ O) and LSE·log2 e for this query block's rows (zero past T); with
+// zero_accumulator its dq_accum and counter zeroed too, so that it writes every byte of the workspace
+// (without, the workspace is zero already: AttentionArgs.workspace_zeroed).
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* dq_accum, float* d_rows,
-                                                  float* lse_log2, int* counters, int m_blocks, int T_pad) {
+                                                  float* lse_log2, int* counters, int m_blocks, int T_pad,
+                                                  int zero_accumulator) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     constexpr int GROUP = preprocess_lanes_per_row<HD>(), ROWS = 256 / GROUP;  // lanes per row, rows per pass
     const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
     const long bh = block / m_blocks;
     const int m = (int)(block % m_blocks), h = (int)(bh % p.NH), b = (int)(bh / p.NH);
-    float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
+    if (zero_accumulator) {
+        float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
 #pragma unroll
-    for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (threadIdx.x == 0) counters[block] = 0;
+        for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (threadIdx.x == 0) counters[block] = 0;
+    }
 
     const int chunk = threadIdx.x % GROUP, row0 = m * BLOCK_M + (int)threadIdx.x / GROUP;
     constexpr int PASSES = BLOCK_M / ROWS;
@@ -532,41 +642,6 @@ __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float*
     }
 }
 
-// After: dq (B, T, NH, HD) bf16 = dq_accum · scale for one query block: its fragment-ordered slots
-// read in order (a float4 is rows r and r + 8 of two adjacent columns, see dq_slot), scattered into a
-// shared tile, then written out as whole rows.
-template <int HD, int BLOCK_M>
-__global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,
-                                                     int NH, int m_blocks, float scale) {
-    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
-    constexpr int PITCH = HD + 8;  // bf16 per tile row: 16 bytes of padding, so a warp's 8 rows hit 32 banks
-    __shared__ __align__(16) __nv_bfloat16 tile[BLOCK_M * PITCH];
-    const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
-    const float4* slots = (const float4*)(dq_accum + block * C::DQ_SLOTS);
-    constexpr int PER_THREAD = C::DQ_SLOTS / 4 / 256;
-    static_assert(C::DQ_SLOTS % (4 * 256) == 0, "whole float4s per thread");
-    float4 v[PER_THREAD];  // all loads issued before any is used: bytes in flight
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; k++) v[k] = slots[threadIdx.x + 256 * k];
-#pragma unroll
-    for (int k = 0; k < PER_THREAD; k++) {
-        const int i = threadIdx.x + 256 * k, tid = i % 128, group = i / 128, wg = group / (C::DQ_N / 8);
-        const int row = (C::DQ_M_SPLIT ? 64 * wg : 0) + (tid / 32) * 16 + (tid % 32) / 4;
-        const int col = (C::DQ_M_SPLIT ? 0 : wg * C::DQ_COL0) + (group % (C::DQ_N / 8)) * 8 + (tid % 4) * 2;
-        if (!C::DQ_M_SPLIT && wg == 1 && col < C::DQ_N) continue;  // head dim 80: columns 32-47 from warpgroup 0
-        *(uint32_t*)&tile[row * PITCH + col] = pack_bf16(v[k].x * scale, v[k].y * scale);
-        *(uint32_t*)&tile[(row + 8) * PITCH + col] = pack_bf16(v[k].z * scale, v[k].w * scale);
-    }
-    __syncthreads();
-    const long bh = block / m_blocks;
-    const int m = (int)(block % m_blocks), h = (int)(bh % NH), b = (int)(bh / NH);
-    for (int i = threadIdx.x; i < BLOCK_M * (HD / 8); i += 256) {
-        const int row = i / (HD / 8), col = (i % (HD / 8)) * 8, t = m * BLOCK_M + row;
-        if (t < T)
-            *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = *(const uint4*)&tile[row * PITCH + col];
-    }
-}
-
 template <int HD, int BLOCK_M>
 static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
@@ -574,15 +649,20 @@ static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T
     return heads * m_blocks * (C::DQ_SLOTS * 4 + 2 * BLOCK_M * 4 + 4);
 }
 
-// p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
+// p: the backward's arguments, with p->dq_accum the start of a workspace of the size above;
+// workspace_zeroed: it is all zero (and is left so), AttentionArgs.workspace_zeroed.
 template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
-static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
+static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, int workspace_zeroed,
+                                      cudaStream_t stream) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
     const size_t heads = (size_t)B * p->NH;
     Flash2BackwardWsParams w;
     w.dk = p->dk;
     w.dv = p->dv;
+    w.dq = p->dq;
+    w.dq_stride = p->dqkv_stride;
+    w.leave_zero = workspace_zeroed;
     w.dq_accum = p->dq_accum;
     float* d_rows = w.dq_accum + heads * m_blocks * C::DQ_SLOTS;
     float* lse_log2 = d_rows + heads * T_pad;
@@ -602,7 +682,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.scale_log2 = p->scale_log2;
     const unsigned query_blocks = (unsigned)(heads * m_blocks);
     flash2_backward_ws_prepare_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
-        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad);
+        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad, !workspace_zeroed);
     CUDA_CHECK(cudaGetLastError());
 
     constexpr int SUB = C::QoTile::SUB_COLS;
@@ -614,10 +694,6 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM, SCHED>>(
         dim3((unsigned)((long)w.key_blocks * w.pairs)),
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
-
-    flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
-        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 #endif  // FLASH2_BACKWARD_HOPPER_CUH
