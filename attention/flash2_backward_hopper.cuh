@@ -85,13 +85,15 @@ struct Flash2BackwardWsConfig {
     static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
     static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
-    // Query blocks whose dQ is complete, queued from the reducing thread to the converting warps.
-    static constexpr int CONVERT_SLOTS = 4;
-    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4 + 2 * CONVERT_SLOTS;
+    // Query blocks this block converts, queued from the reducing thread to the converting warps,
+    // which read a query block's dq_accum in two halves of CONVERT_BYTES through shared memory.
+    static constexpr int CONVERT_SLOTS = 8;
+    static constexpr uint32_t CONVERT_BYTES = DQ_BYTES / 2;
+    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4 + 2 * CONVERT_SLOTS + 1;
     // One dQ staging tile: a second one (where shared memory allows) measured no faster.
     static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
                                          STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
-                                         8 * BARRIERS + 8 * CONVERT_SLOTS;
+                                         CONVERT_BYTES + 8 * BARRIERS + 8 * CONVERT_SLOTS;
     static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "BLOCK_M 128 at head dim 64, else 64");
     static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "head dims 64, 80, 96, 128");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -99,14 +101,15 @@ struct Flash2BackwardWsConfig {
 };
 
 // The order of a consumer warpgroup's products within a step: BWD_DQ_FIRST, BWD_PINGPONG (flash2_tiles.h).
-constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes)
+constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes; 5: convert)
 
 template <typename C>
 struct Flash2BackwardSmem {
     __nv_bfloat16 *k, *v, *q, *dout, *ds;  // K, V; STAGES × Q, dO; 2 × dSᵀ
-    float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_SLOTS
+    float *lse, *d, *dq, *convert;          // STAGES × BLOCK_M each; DQ_SLOTS; DQ_SLOTS / 2
     uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty, *ds_ready, *ds_free;
     uint64_t *convert_full, *convert_empty;  // CONVERT_SLOTS each
+    uint64_t* convert_loaded;                // a half of dq_accum has landed in `convert`
     int2* convert_jobs;                      // CONVERT_SLOTS × (b·NH + h, query block); b·NH + h < 0: no more
 };
 
@@ -120,7 +123,8 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.dout = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + C::STAGES * C::QO_BYTES);
     sm.ds = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES);
     sm.dq = (float*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES + 2 * C::DS_BYTES);
-    sm.lse = sm.dq + C::DQ_SLOTS;
+    sm.convert = sm.dq + C::DQ_SLOTS;
+    sm.lse = sm.convert + C::DQ_SLOTS / 2;
     sm.d = sm.lse + C::STAGES * C::BLOCK_M;
     sm.kv_full = (uint64_t*)(sm.d + C::STAGES * C::BLOCK_M);
     sm.q_full = sm.kv_full + 1;
@@ -133,7 +137,8 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.ds_free = sm.ds_ready + 2;
     sm.convert_full = sm.ds_free + 2;
     sm.convert_empty = sm.convert_full + C::CONVERT_SLOTS;
-    sm.convert_jobs = (int2*)(sm.convert_empty + C::CONVERT_SLOTS);
+    sm.convert_loaded = sm.convert_empty + C::CONVERT_SLOTS;
+    sm.convert_jobs = (int2*)(sm.convert_loaded + 1);
     return sm;
 }
 
@@ -153,6 +158,19 @@ template <typename C, bool CAUSAL>
 __device__ __forceinline__ int dq_contributors(const Flash2BackwardWsParams& p, int m) {
     const int causal = m * C::BLOCK_M / C::BLOCK_N + 1;
     return CAUSAL && causal < p.key_blocks ? causal : p.key_blocks;
+}
+
+// The key block that converts query block m, spread so that no block gets many: its blocks walk the
+// query blocks side by side, so m is complete at about the time every contributor reaches it.
+// Non-causal: m mod contributors. Causal: key block n walks m' = n·BLOCK_N/BLOCK_M ... m_blocks − 1
+// and key block 0 adds to m last (about its step m), when those with n > (m_blocks − 1 − m)·BLOCK_M /
+// BLOCK_N have finished: the choice is among the contributors still running then.
+template <typename C, bool CAUSAL>
+__device__ __forceinline__ int dq_converter(const Flash2BackwardWsParams& p, int m) {
+    int choices = dq_contributors<C, CAUSAL>(p, m);
+    const int running = (p.m_blocks - 1 - m) * C::BLOCK_M / C::BLOCK_N + 1;
+    if (CAUSAL && running < choices) choices = running;
+    return m % choices;
 }
 
 #if WGMMA_AVAILABLE
@@ -193,19 +211,17 @@ __device__ __forceinline__ void post_convert_job(const Flash2BackwardSmem<C>& sm
 }
 
 // One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
-// Once an addition is complete it is counted; the key block that adds last to a query block queues
-// it for conversion. Without DETERMINISTIC the wait for step j's completion comes after step j + 1
+// Once an addition is complete it is counted (the query block's counter); where this key block is
+// the query block's converter (dq_converter), the block is queued for the converting warps, which
+// wait for the count. Without DETERMINISTIC the wait for step j's completion comes after step j + 1
 // is issued, so the staging tile is freed as soon as it has been read.
 template <typename C, bool CAUSAL, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int b, int h0, int m_begin, int steps) {
     int jobs = 0;
     auto added = [&](int bh, int m) {  // this block's dQ of (bh, m) is in dq_accum, visible to all
-        int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
-        const int last = dq_contributors<C, CAUSAL>(p, m) - 1;
-        const bool is_last = DETERMINISTIC ? n_block == last : fetch_add_acq_rel(counter, 1) == last;
-        if (DETERMINISTIC && !is_last) add_release(counter, 1);
-        if (is_last) post_convert_job(sm, jobs++, bh, m);
+        add_release(p.dq_counters + (long)bh * p.m_blocks + m, 1);
+        if (n_block == dq_converter<C, CAUSAL>(p, m)) post_convert_job(sm, jobs++, bh, m);
     };
     int prev_bh = 0, prev_m = 0;
 #pragma unroll 1
@@ -245,45 +261,58 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
     post_convert_job(sm, jobs, -1, 0);
 }
 
-// dq rows of query block m of head bh = b·NH + h: bf16(dq_accum · scale), read through L2 (other
-// blocks' bulk reductions wrote it). With p.leave_zero its slots, D and LSE·log2 e rows go back to
-// zero (every key block has read them); its counter always does. t: 0..63, the converting threads.
-template <typename C, int HD>
-__device__ __forceinline__ void convert_dq_block(const Flash2BackwardWsParams& p, int bh, int m, int t) {
-    constexpr int LOADS = 2;  // float4s in flight per thread (24 registers here)
-    static_assert(C::DQ_SLOTS / 4 % (64 * LOADS) == 0, "whole rounds of loads");
+// Query block m of head bh = b·NH + h, once every key block has added to it: dq = bf16(dq_accum ·
+// scale), the slots read in two halves by bulk copy into shared memory (`loads` counts the copies
+// for the barrier's phase). With p.leave_zero the slots, D and LSE·log2 e rows go back to zero;
+// the counter always does. t: 0..63, the converting threads (named barrier 5 between the halves).
+template <typename C, int HD, bool CAUSAL>
+__device__ __forceinline__ void convert_dq_block(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
+                                                 int bh, int m, int t, int& loads) {
+    constexpr int HALF4 = C::DQ_SLOTS / 8;  // float4s in a half
+    static_assert(HALF4 % 64 == 0 && C::CONVERT_BYTES % 16 == 0, "whole float4s per thread; bulk copy sizes");
     float4* slots = (float4*)(p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS);
+    int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
     const int b = bh / p.NH, h = bh % p.NH, rows = p.T - m * C::BLOCK_M;
     __nv_bfloat16* dq = p.dq + ((long)b * p.T + m * C::BLOCK_M) * p.dq_stride + (long)h * HD;
+    if (t == 0) {  // every key block's addition is complete and visible, then the counter is free
+        const int contributors = dq_contributors<C, CAUSAL>(p, m);
+        while (load_acquire(counter) < contributors) __nanosleep(256);
+        *counter = 0;
+        fence_proxy_async_global();  // the bulk copies below read what the others' reductions wrote
+    }
 #pragma unroll 1
-    for (int i0 = t; i0 < C::DQ_SLOTS / 4; i0 += 64 * LOADS) {
-        float4 v[LOADS];
-#pragma unroll
-        for (int k = 0; k < LOADS; k++) v[k] = __ldcg(slots + i0 + 64 * k);
-#pragma unroll
-        for (int k = 0; k < LOADS; k++) {
-            if (p.leave_zero) __stcg(slots + i0 + 64 * k, make_float4(0.f, 0.f, 0.f, 0.f));
+    for (int half = 0; half < 2; half++, loads++) {
+        named_barrier_sync(5, 64);  // the previous half's reads of the shared tile are done
+        if (t == 0) {
+            mbar_arrive_expect_tx(sm.convert_loaded, C::CONVERT_BYTES);
+            bulk_load(sm.convert, slots + half * HALF4, C::CONVERT_BYTES, sm.convert_loaded);
+        }
+        mbar_wait(sm.convert_loaded, loads & 1);
+#pragma unroll 1
+        for (int k = t; k < HALF4; k += 64) {
+            const float4 v = ((const float4*)sm.convert)[k];
+            const int i = half * HALF4 + k;
+            if (p.leave_zero) __stcg(slots + i, make_float4(0.f, 0.f, 0.f, 0.f));
             int row, col;
             bool dup;
-            dq_slot_position<C>(i0 + 64 * k, row, col, dup);
+            dq_slot_position<C>(i, row, col, dup);
             if (dup) continue;
-            if (row < rows)
-                *(uint32_t*)(dq + (long)row * p.dq_stride + col) = pack_bf16(v[k].x * p.scale, v[k].y * p.scale);
+            if (row < rows) *(uint32_t*)(dq + (long)row * p.dq_stride + col) = pack_bf16(v.x * p.scale, v.y * p.scale);
             if (row + 8 < rows)
-                *(uint32_t*)(dq + (long)(row + 8) * p.dq_stride + col) = pack_bf16(v[k].z * p.scale, v[k].w * p.scale);
+                *(uint32_t*)(dq + (long)(row + 8) * p.dq_stride + col) = pack_bf16(v.z * p.scale, v.w * p.scale);
         }
     }
     if (p.leave_zero) {
         const long stat = (long)bh * p.T_pad + m * C::BLOCK_M;
         for (int r = t; r < C::BLOCK_M; r += 64) p.d_rows[stat + r] = p.lse_log2[stat + r] = 0.f;
     }
-    if (t == 0) p.dq_counters[(long)bh * p.m_blocks + m] = 0;
 }
 
 // Two warps (threads 64-127): the query blocks the reducing thread queues, until it says the end.
-template <typename C, int HD>
+template <typename C, int HD, bool CAUSAL>
 __device__ __forceinline__ void backward_convert_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm) {
     const int t = threadIdx.x % 64;
+    int loads = 0;
 #pragma unroll 1
     for (int job = 0;; job++) {
         const int slot = job % C::CONVERT_SLOTS;
@@ -292,7 +321,7 @@ __device__ __forceinline__ void backward_convert_dq(const Flash2BackwardWsParams
         __syncwarp();
         if (t % 32 == 0) mbar_arrive(&sm.convert_empty[slot]);
         if (bm.x < 0) return;
-        convert_dq_block<C, HD>(p, bm.x, bm.y, t);
+        convert_dq_block<C, HD, CAUSAL>(p, sm, bm.x, bm.y, t, loads);
     }
 }
 
@@ -568,6 +597,7 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(&sm.convert_full[s], 1);
             mbar_init(&sm.convert_empty[s], 2);  // one arrival per converting warp
         }
+        mbar_init(sm.convert_loaded, 1);
         for (int s = 0; s < 2; s++) {
             mbar_init(&sm.ds_ready[s], 8);  // every consumer warp has written its rows of dSᵀ
             mbar_init(&sm.ds_free[s], 8);   // every consumer warp's dQ product has read the buffer
@@ -581,7 +611,7 @@ __global__ void __launch_bounds__(384, 1)
         else if (threadIdx.x == 32)
             backward_reduce_dq<C, CAUSAL, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
         else if (threadIdx.x >= 64)
-            backward_convert_dq<C, HD>(p, sm);
+            backward_convert_dq<C, HD, CAUSAL>(p, sm);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
