@@ -108,18 +108,8 @@ static void unsupported(AttentionBackend backend, const AttentionShape* shape) {
     exit(EXIT_FAILURE);
 }
 
-// workspace_zeroed is a promise only flash2 keeps (the others leave scratch in the workspace).
-static void require_workspace_mode(AttentionBackend backend, const AttentionArgs* args) {
-    if (args->workspace_zeroed && backend != ATTN_FLASH2) {
-        fprintf(stderr, "error: AttentionArgs.workspace_zeroed is a flash2 option; backend %s uses its workspace as "
-                        "scratch: pass workspace_zeroed = 0\n", attention_backend_name(backend));
-        exit(EXIT_FAILURE);
-    }
-}
-
 void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
                        cudaStream_t stream) {
-    require_workspace_mode(backend, args);
     switch (backend) {
         case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_forward(ctx, args, stream); return;
@@ -131,7 +121,6 @@ void attention_forward(AttentionBackend backend, const AttentionContext* ctx, co
 
 void attention_backward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
                         cudaStream_t stream) {
-    require_workspace_mode(backend, args);
     switch (backend) {
         case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_backward(ctx, args, stream); return;

@@ -58,11 +58,6 @@ typedef struct {
     // launches a block per tile instead).
     void* saved;
     void* workspace;
-    // flash2 only (other backends reject 1): 1 says that `workspace` was zero-filled once (cudaMemset)
-    // and has since been given only to flash2 calls with this flag, each of which leaves it all zero
-    // again. The backward then skips zeroing its fp32 dQ accumulator (on Hopper, a third of its
-    // memory traffic outside the main kernel). Keep one such workspace per stream.
-    int workspace_zeroed;
     // backward: 1 adds the contributions to dq in a fixed order, so that reruns are bit-identical
     // (flash2 on Hopper; naive and flash1 are deterministic anyway, flash2 on mma.sync is not).
     int deterministic;

@@ -12,9 +12,7 @@
 //   lse          fp32 (B, NH, T), contiguous
 //   dq           bf16 like q at dqkv_stride; dk, dv like k, v at dkv_stride (packed dQKV like q, k, v)
 //   saved        attention_flat_saved_bytes bytes, kept from a forward to its backward
-//   workspace    attention_flat_workspace_bytes bytes of scratch for one call, or, with
-//                workspace_zeroed = 1 (flash2 only), zero-filled once and left zero by every call
-//                (AttentionArgs.workspace_zeroed)
+//   workspace    attention_flat_workspace_bytes bytes of scratch for one call
 //   stream       a cudaStream_t (NULL: the legacy default stream)
 // Every function returns 0 (or a byte count) on success and -1 on a bad backend name or a shape
 // the backend rejects; attention_flat_last_error() then says why (per thread). CUDA and cuBLAS
@@ -109,7 +107,7 @@ long attention_flat_workspace_bytes(const char* backend, int B, int T, int NH, i
 // Enqueues the forward pass on `stream`: out (B, T, NH, HD) and lse (B, NH, T). 0 on success.
 int attention_flat_forward(const char* backend, int B, int T, int NH, int NKV, int HD, int causal, const void* q,
                            const void* k, const void* v, long qkv_stride, long kv_stride, void* out, long out_stride,
-                           void* lse, void* saved, void* workspace, int workspace_zeroed, void* stream) {
+                           void* lse, void* saved, void* workspace, void* stream) {
     AttentionBackend b;
     AttentionArgs args;
     AttentionContext ctx;
@@ -120,7 +118,7 @@ int attention_flat_forward(const char* backend, int B, int T, int NH, int NKV, i
     args.qkv_stride = qkv_stride, args.kv_stride = kv_stride;
     args.out = (__nv_bfloat16*)out, args.out_stride = out_stride;
     args.lse = (float*)lse;
-    args.saved = saved, args.workspace = workspace, args.workspace_zeroed = workspace_zeroed;
+    args.saved = saved, args.workspace = workspace;
     attention_forward(b, &ctx, &args, (cudaStream_t)stream);
     return 0;
 }
@@ -130,8 +128,7 @@ int attention_flat_forward(const char* backend, int B, int T, int NH, int NKV, i
 int attention_flat_backward(const char* backend, int B, int T, int NH, int NKV, int HD, int causal, const void* q,
                             const void* k, const void* v, long qkv_stride, long kv_stride, const void* out,
                             long out_stride, const void* lse, const void* dout, void* dq, void* dk, void* dv,
-                            long dqkv_stride, long dkv_stride, void* saved, void* workspace, int workspace_zeroed,
-                            void* stream) {
+                            long dqkv_stride, long dkv_stride, void* saved, void* workspace, void* stream) {
     AttentionBackend b;
     AttentionArgs args;
     AttentionContext ctx;
@@ -145,7 +142,7 @@ int attention_flat_backward(const char* backend, int B, int T, int NH, int NKV, 
     args.dout = (const __nv_bfloat16*)dout;
     args.dq = (__nv_bfloat16*)dq, args.dk = (__nv_bfloat16*)dk, args.dv = (__nv_bfloat16*)dv;
     args.dqkv_stride = dqkv_stride, args.dkv_stride = dkv_stride;
-    args.saved = saved, args.workspace = workspace, args.workspace_zeroed = workspace_zeroed;
+    args.saved = saved, args.workspace = workspace;
     attention_backward(b, &ctx, &args, (cudaStream_t)stream);
     return 0;
 }

@@ -13,27 +13,23 @@
 void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
 
 template <int HD, bool CAUSAL>
-static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic, int zeroed,
+static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
                                          cudaStream_t stream) {
     typedef Flash2BackwardTiles<HD, CAUSAL> Tiles;
-    if (deterministic)
-        launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, zeroed, stream);
-    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, zeroed, stream);
+    if (deterministic) launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, true, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
+    else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
 }
 
 // mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with
 // build/flash2_tune (attention/flash2_tune.cu; results in attention/PERF_NOTES.md).
-// zeroed: AttentionArgs.workspace_zeroed (the Hopper kernel leaves the workspace zero itself; the
-// mma.sync kernels use it as scratch and zero the bytes they used afterwards).
 template <bool CAUSAL>
-static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int deterministic, int zeroed,
-                              cudaStream_t stream) {
+static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int deterministic, cudaStream_t stream) {
     if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
         switch (HD) {
-            case 64: launch_backward_hopper_tiles<64, CAUSAL>(p, B, deterministic, zeroed, stream); break;
-            case 80: launch_backward_hopper_tiles<80, CAUSAL>(p, B, deterministic, zeroed, stream); break;
-            case 96: launch_backward_hopper_tiles<96, CAUSAL>(p, B, deterministic, zeroed, stream); break;
-            case 128: launch_backward_hopper_tiles<128, CAUSAL>(p, B, deterministic, zeroed, stream); break;
+            case 64: launch_backward_hopper_tiles<64, CAUSAL>(p, B, deterministic, stream); break;
+            case 80: launch_backward_hopper_tiles<80, CAUSAL>(p, B, deterministic, stream); break;
+            case 96: launch_backward_hopper_tiles<96, CAUSAL>(p, B, deterministic, stream); break;
+            case 128: launch_backward_hopper_tiles<128, CAUSAL>(p, B, deterministic, stream); break;
         }
         return;
     }
@@ -42,10 +38,6 @@ static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int 
         case 80: launch_backward<80, 64, 8, 1, CAUSAL>(p, B, stream); break;
         case 96: launch_backward<96, 64, 8, 1, CAUSAL>(p, B, stream); break;
         case 128: launch_backward<128, 64, 8, 1, CAUSAL>(p, B, stream); break;
-    }
-    if (zeroed) {  // dq_accum (B, NH, T, HD), D and LSE·log2 e (B, NH, T) fp32
-        const size_t rows = (size_t)B * p->NH * p->T;
-        CUDA_CHECK(cudaMemsetAsync(p->dq_accum, 0, rows * (HD + 2) * sizeof(float), stream));
     }
 }
 
@@ -107,6 +99,6 @@ void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.lse_rows = s->T;
     p.scale = 1.f / sqrtf((float)s->HD);
     p.scale_log2 = p.scale * FLASH2_LOG2E;
-    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, args->workspace_zeroed, stream);
-    else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, args->workspace_zeroed, stream);
+    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, stream);
+    else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, stream);
 }

@@ -10,10 +10,7 @@
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
 //                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
 //                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
-//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics, and
-//                counts the additions per query block (a counter in the workspace); the key block
-//                that adds last to a query block hands it to warps 2 and 3, which write its bf16 dq
-//                from dq_accum (read back from L2) while the compute goes on.
+//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
 //                Sᵀ = K Qᵀ, dPᵀ = V dOᵀ            wgmma, both operands from shared memory
 //                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
@@ -25,17 +22,16 @@
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
 //                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (the same counter), so dq_accum is summed in a fixed order; the launch order
-// (backward_block_at) starts key block n−1 of a pair before key block n, so a block never waits on
-// one that has not started.
+// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order; the
+// launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
+// never waits on one that has not started.
 //
-// Before it, one pass (the prepare kernel, a thread block per (b·NH + h, query block)): D and
-// LSE·log2 e, and the accumulator and counters zeroed unless the workspace is kept zero between
-// calls (AttentionArgs.workspace_zeroed: then the converting warps zero what they have read, D and
-// LSE·log2 e included, so the call leaves every byte of it zero).
+// Around it, one pass before (the prepare kernel: the workspace zeroed, D and LSE·log2 e) and one
+// after (the convert kernel: dq from dq_accum), each a thread block per (b·NH + h, query block).
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
-//            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction).
+//            fragment order (conflict-free shared-memory writes, one contiguous bulk reduction);
+//            the convert kernel turns it into bf16 dq (B, T, NH, HD).
 //   D, LSE·log2 e (B·NH, T_pad) fp32 each, zero past T; counters (B·NH, m_blocks) int.
 #ifndef FLASH2_BACKWARD_HOPPER_CUH
 #define FLASH2_BACKWARD_HOPPER_CUH
@@ -54,15 +50,13 @@ typedef struct {
 
 typedef struct {
     __nv_bfloat16 *dk, *dv;  // rows (b, t, kv head) at dkv_stride
-    __nv_bfloat16* dq;       // rows (b, t, h) at dq_stride
-    float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS), zero at launch
-    float* d_rows;           // (B·NH, T_pad)
-    float* lse_log2;         // (B·NH, T_pad)
-    int* dq_counters;        // (B·NH, m_blocks), zero at launch: the key blocks that have added to each
-    long dkv_stride, dq_stride;
+    float* dq_accum;         // (B·NH, m_blocks, DQ_SLOTS)
+    const float* d_rows;     // (B·NH, T_pad)
+    const float* lse_log2;   // (B·NH, T_pad)
+    int* dq_counters;        // (B·NH, m_blocks), zero at launch
+    long dkv_stride;
     int T, T_pad, NH, NKV, m_blocks;
     int key_blocks, pairs, order_chunk;  // launch order: backward_order_chunk
-    int leave_zero;  // 1: the workspace was all zero at the call and is left so (AttentionArgs.workspace_zeroed)
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -85,15 +79,11 @@ struct Flash2BackwardWsConfig {
     static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
     static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
-    // Query blocks this block converts, queued from the reducing thread to the converting warps,
-    // which read a query block's dq_accum in two halves of CONVERT_BYTES through shared memory.
-    static constexpr int CONVERT_SLOTS = 8;
-    static constexpr uint32_t CONVERT_BYTES = DQ_BYTES / 2;
-    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4 + 2 * CONVERT_SLOTS + 1;
+    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4;
     // One dQ staging tile: a second one (where shared memory allows) measured no faster.
     static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
                                          STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
-                                         CONVERT_BYTES + 8 * BARRIERS + 8 * CONVERT_SLOTS;
+                                         8 * BARRIERS;
     static_assert(BLOCK_M == 64 || (BLOCK_M == 128 && HD == 64), "BLOCK_M 128 at head dim 64, else 64");
     static_assert(HD == 64 || HD == 80 || HD == 96 || HD == 128, "head dims 64, 80, 96, 128");
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -101,16 +91,13 @@ struct Flash2BackwardWsConfig {
 };
 
 // The order of a consumer warpgroup's products within a step: BWD_DQ_FIRST, BWD_PINGPONG (flash2_tiles.h).
-constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes; 5: convert)
+constexpr int BWD_TURN_BARRIER = 3;  // named barriers 3, 4: the turns (1, 2: DK_FROM_SMEM's dSᵀ writes)
 
 template <typename C>
 struct Flash2BackwardSmem {
     __nv_bfloat16 *k, *v, *q, *dout, *ds;  // K, V; STAGES × Q, dO; 2 × dSᵀ
-    float *lse, *d, *dq, *convert;          // STAGES × BLOCK_M each; DQ_SLOTS; DQ_SLOTS / 2
+    float *lse, *d, *dq;                    // STAGES × BLOCK_M each; DQ_SLOTS
     uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty, *ds_ready, *ds_free;
-    uint64_t *convert_full, *convert_empty;  // CONVERT_SLOTS each
-    uint64_t* convert_loaded;                // a half of dq_accum has landed in `convert`
-    int2* convert_jobs;                      // CONVERT_SLOTS × (b·NH + h, query block); b·NH + h < 0: no more
 };
 
 template <typename C>
@@ -123,8 +110,7 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.dout = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + C::STAGES * C::QO_BYTES);
     sm.ds = (__nv_bfloat16*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES);
     sm.dq = (float*)(base + 2 * C::KV_BYTES + 2 * C::STAGES * C::QO_BYTES + 2 * C::DS_BYTES);
-    sm.convert = sm.dq + C::DQ_SLOTS;
-    sm.lse = sm.convert + C::DQ_SLOTS / 2;
+    sm.lse = sm.dq + C::DQ_SLOTS;
     sm.d = sm.lse + C::STAGES * C::BLOCK_M;
     sm.kv_full = (uint64_t*)(sm.d + C::STAGES * C::BLOCK_M);
     sm.q_full = sm.kv_full + 1;
@@ -135,42 +121,23 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     sm.dq_empty = sm.dq_full + 1;
     sm.ds_ready = sm.dq_empty + 1;
     sm.ds_free = sm.ds_ready + 2;
-    sm.convert_full = sm.ds_free + 2;
-    sm.convert_empty = sm.convert_full + C::CONVERT_SLOTS;
-    sm.convert_loaded = sm.convert_empty + C::CONVERT_SLOTS;
-    sm.convert_jobs = (int2*)(sm.convert_loaded + 1);
     return sm;
 }
 
-// Where the float4 at index i of a query block's DQ_SLOTS belongs (the fragment order hand_over_dq
-// writes): rows row and row + 8, columns col and col + 1 of the block. dup: at head dim 80 columns
-// 32-47 of warpgroup 1, which warpgroup 0 also holds.
+// Index in a query block's DQ_SLOTS of dQ element (row, col) of that block (convert kernel).
 template <typename C>
-__device__ __forceinline__ void dq_slot_position(int i, int& row, int& col, bool& dup) {
-    const int tid = i % 128, group = i / 128, wg = group / (C::DQ_N / 8);
-    row = (C::DQ_M_SPLIT ? 64 * wg : 0) + (tid / 32) * 16 + (tid % 32) / 4;
-    col = (C::DQ_M_SPLIT ? 0 : wg * C::DQ_COL0) + (group % (C::DQ_N / 8)) * 8 + (tid % 4) * 2;
-    dup = !C::DQ_M_SPLIT && wg == 1 && col < C::DQ_N;
-}
-
-// How many key blocks add to query block m: all, or causal those that start at or before its last row.
-template <typename C, bool CAUSAL>
-__device__ __forceinline__ int dq_contributors(const Flash2BackwardWsParams& p, int m) {
-    const int causal = m * C::BLOCK_M / C::BLOCK_N + 1;
-    return CAUSAL && causal < p.key_blocks ? causal : p.key_blocks;
-}
-
-// The key block that converts query block m, spread so that no block gets many: its blocks walk the
-// query blocks side by side, so m is complete at about the time every contributor reaches it.
-// Non-causal: m mod contributors. Causal: key block n walks m' = n·BLOCK_N/BLOCK_M ... m_blocks − 1
-// and key block 0 adds to m last (about its step m), when those with n > (m_blocks − 1 − m)·BLOCK_M /
-// BLOCK_N have finished: the choice is among the contributors still running then.
-template <typename C, bool CAUSAL>
-__device__ __forceinline__ int dq_converter(const Flash2BackwardWsParams& p, int m) {
-    int choices = dq_contributors<C, CAUSAL>(p, m);
-    const int running = (p.m_blocks - 1 - m) * C::BLOCK_M / C::BLOCK_N + 1;
-    if (CAUSAL && running < choices) choices = running;
-    return m % choices;
+__host__ __device__ __forceinline__ int dq_slot(int row, int col) {
+    int wg;
+    if (C::DQ_M_SPLIT) {
+        wg = row / 64;
+        row %= 64;
+    } else {
+        wg = col >= C::DQ_N;
+        if (wg) col -= C::DQ_COL0;
+    }
+    const int tid = (row / 16) * 32 + (row % 8) * 4 + (col % 8) / 2;
+    const int e = (col & 1) + ((row % 16) >= 8 ? 2 : 0);
+    return ((wg * (C::DQ_N / 8) + col / 8) * 128 + tid) * 4 + e;
 }
 
 #if WGMMA_AVAILABLE
@@ -201,36 +168,18 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
     }
 }
 
-// Queues query block (bh, m) for the converting warps (bh < 0: the end); `job` counts the calls.
-template <typename C>
-__device__ __forceinline__ void post_convert_job(const Flash2BackwardSmem<C>& sm, int job, int bh, int m) {
-    const int slot = job % C::CONVERT_SLOTS;
-    mbar_wait(&sm.convert_empty[slot], ((job / C::CONVERT_SLOTS) & 1) ^ 1);
-    sm.convert_jobs[slot] = make_int2(bh, m);
-    mbar_arrive(&sm.convert_full[slot]);  // releases the job to the waiting warps
-}
-
 // One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
-// Once an addition is complete it is counted (the query block's counter); where this key block is
-// the query block's converter (dq_converter), the block is queued for the converting warps, which
-// wait for the count. Without DETERMINISTIC the wait for step j's completion comes after step j + 1
-// is issued, so the staging tile is freed as soon as it has been read.
-template <typename C, bool CAUSAL, bool DETERMINISTIC>
+template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int b, int h0, int m_begin, int steps) {
-    int jobs = 0;
-    auto added = [&](int bh, int m) {  // this block's dQ of (bh, m) is in dq_accum, visible to all
-        add_release(p.dq_counters + (long)bh * p.m_blocks + m, 1);
-        if (n_block == dq_converter<C, CAUSAL>(p, m)) post_convert_job(sm, jobs++, bh, m);
-    };
-    int prev_bh = 0, prev_m = 0;
 #pragma unroll 1
     for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
-        const int bh = b * p.NH + h;
+        const long bh = (long)b * p.NH + h;
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
+        int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
         if (DETERMINISTIC) {
-            while (load_acquire(p.dq_counters + (long)bh * p.m_blocks + m) != n_block) {
+            while (load_acquire(counter) != n_block) {
             }
             fence_proxy_async_global();
         }
@@ -239,89 +188,11 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
         if (DETERMINISTIC) {
             bulk_wait_all();
             fence_proxy_async_global();
-            mbar_arrive(sm.dq_empty);
-            added(bh, m);
+            add_release(counter, 1);
         } else {
             bulk_wait_read();
-            mbar_arrive(sm.dq_empty);
-            if (j > 0) {
-                bulk_wait_all_but_last();
-                fence_proxy_async_global();
-                added(prev_bh, prev_m);
-            }
-            prev_bh = bh;
-            prev_m = m;
         }
-    }
-    if (!DETERMINISTIC) {
-        bulk_wait_all();
-        fence_proxy_async_global();
-        added(prev_bh, prev_m);
-    }
-    post_convert_job(sm, jobs, -1, 0);
-}
-
-// Query block m of head bh = b·NH + h, once every key block has added to it: dq = bf16(dq_accum ·
-// scale), the slots read in two halves by bulk copy into shared memory (`loads` counts the copies
-// for the barrier's phase). With p.leave_zero the slots, D and LSE·log2 e rows go back to zero;
-// the counter always does. t: 0..63, the converting threads (named barrier 5 between the halves).
-template <typename C, int HD, bool CAUSAL>
-__device__ __forceinline__ void convert_dq_block(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                 int bh, int m, int t, int& loads) {
-    constexpr int HALF4 = C::DQ_SLOTS / 8;  // float4s in a half
-    static_assert(HALF4 % 64 == 0 && C::CONVERT_BYTES % 16 == 0, "whole float4s per thread; bulk copy sizes");
-    float4* slots = (float4*)(p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS);
-    int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
-    const int b = bh / p.NH, h = bh % p.NH, rows = p.T - m * C::BLOCK_M;
-    __nv_bfloat16* dq = p.dq + ((long)b * p.T + m * C::BLOCK_M) * p.dq_stride + (long)h * HD;
-    if (t == 0) {  // every key block's addition is complete and visible, then the counter is free
-        const int contributors = dq_contributors<C, CAUSAL>(p, m);
-        while (load_acquire(counter) < contributors) __nanosleep(256);
-        *counter = 0;
-        fence_proxy_async_global();  // the bulk copies below read what the others' reductions wrote
-    }
-#pragma unroll 1
-    for (int half = 0; half < 2; half++, loads++) {
-        named_barrier_sync(5, 64);  // the previous half's reads of the shared tile are done
-        if (t == 0) {
-            mbar_arrive_expect_tx(sm.convert_loaded, C::CONVERT_BYTES);
-            bulk_load(sm.convert, slots + half * HALF4, C::CONVERT_BYTES, sm.convert_loaded);
-        }
-        mbar_wait(sm.convert_loaded, loads & 1);
-#pragma unroll 1
-        for (int k = t; k < HALF4; k += 64) {
-            const float4 v = ((const float4*)sm.convert)[k];
-            const int i = half * HALF4 + k;
-            if (p.leave_zero) __stcg(slots + i, make_float4(0.f, 0.f, 0.f, 0.f));
-            int row, col;
-            bool dup;
-            dq_slot_position<C>(i, row, col, dup);
-            if (dup) continue;
-            if (row < rows) *(uint32_t*)(dq + (long)row * p.dq_stride + col) = pack_bf16(v.x * p.scale, v.y * p.scale);
-            if (row + 8 < rows)
-                *(uint32_t*)(dq + (long)(row + 8) * p.dq_stride + col) = pack_bf16(v.z * p.scale, v.w * p.scale);
-        }
-    }
-    if (p.leave_zero) {
-        const long stat = (long)bh * p.T_pad + m * C::BLOCK_M;
-        for (int r = t; r < C::BLOCK_M; r += 64) p.d_rows[stat + r] = p.lse_log2[stat + r] = 0.f;
-    }
-}
-
-// Two warps (threads 64-127): the query blocks the reducing thread queues, until it says the end.
-template <typename C, int HD, bool CAUSAL>
-__device__ __forceinline__ void backward_convert_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm) {
-    const int t = threadIdx.x % 64;
-    int loads = 0;
-#pragma unroll 1
-    for (int job = 0;; job++) {
-        const int slot = job % C::CONVERT_SLOTS;
-        mbar_wait(&sm.convert_full[slot], (job / C::CONVERT_SLOTS) & 1);
-        const int2 bm = sm.convert_jobs[slot];
-        __syncwarp();
-        if (t % 32 == 0) mbar_arrive(&sm.convert_empty[slot]);
-        if (bm.x < 0) return;
-        convert_dq_block<C, HD, CAUSAL>(p, sm, bm.x, bm.y, t, loads);
+        mbar_arrive(sm.dq_empty);
     }
 }
 
@@ -593,11 +464,6 @@ __global__ void __launch_bounds__(384, 1)
         }
         mbar_init(sm.dq_full, 8);
         mbar_init(sm.dq_empty, 1);
-        for (int s = 0; s < C::CONVERT_SLOTS; s++) {
-            mbar_init(&sm.convert_full[s], 1);
-            mbar_init(&sm.convert_empty[s], 2);  // one arrival per converting warp
-        }
-        mbar_init(sm.convert_loaded, 1);
         for (int s = 0; s < 2; s++) {
             mbar_init(&sm.ds_ready[s], 8);  // every consumer warp has written its rows of dSᵀ
             mbar_init(&sm.ds_free[s], 8);   // every consumer warp's dQ product has read the buffer
@@ -609,9 +475,7 @@ __global__ void __launch_bounds__(384, 1)
         registers_decrease<C::PRODUCER_REGS>();
         if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, kv_head, kv_head * group, m_begin, steps);
         else if (threadIdx.x == 32)
-            backward_reduce_dq<C, CAUSAL, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
-        else if (threadIdx.x >= 64)
-            backward_convert_dq<C, HD, CAUSAL>(p, sm);
+            backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
@@ -625,24 +489,20 @@ __global__ void __launch_bounds__(384, 1)
 // ---- the passes before and after the main kernel: one thread block of 256 per (b·NH + h, query
 // block), so that every global read and write is a whole coalesced row or a contiguous run.
 
-// Before: D = rowsum(dO ∘ O) and LSE·log2 e for this query block's rows (zero past T); with
-// zero_accumulator its dq_accum and counter zeroed too, so that it writes every byte of the workspace
-// (without, the workspace is zero already: AttentionArgs.workspace_zeroed).
+// Before: this query block's workspace: dq_accum and its counter zeroed; D = rowsum(dO ∘ O) and
+// LSE·log2 e for its rows (zero past T). Writes every byte of the workspace, so no memset is needed.
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* dq_accum, float* d_rows,
-                                                  float* lse_log2, int* counters, int m_blocks, int T_pad,
-                                                  int zero_accumulator) {
+                                                  float* lse_log2, int* counters, int m_blocks, int T_pad) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     constexpr int GROUP = preprocess_lanes_per_row<HD>(), ROWS = 256 / GROUP;  // lanes per row, rows per pass
     const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
     const long bh = block / m_blocks;
     const int m = (int)(block % m_blocks), h = (int)(bh % p.NH), b = (int)(bh / p.NH);
-    if (zero_accumulator) {
-        float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
+    float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
 #pragma unroll
-        for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (threadIdx.x == 0) counters[block] = 0;
-    }
+    for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (threadIdx.x == 0) counters[block] = 0;
 
     const int chunk = threadIdx.x % GROUP, row0 = m * BLOCK_M + (int)threadIdx.x / GROUP;
     constexpr int PASSES = BLOCK_M / ROWS;
@@ -672,6 +532,41 @@ __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float*
     }
 }
 
+// After: dq (B, T, NH, HD) bf16 = dq_accum · scale for one query block: its fragment-ordered slots
+// read in order (a float4 is rows r and r + 8 of two adjacent columns, see dq_slot), scattered into a
+// shared tile, then written out as whole rows.
+template <int HD, int BLOCK_M>
+__global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,
+                                                     int NH, int m_blocks, float scale) {
+    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
+    constexpr int PITCH = HD + 8;  // bf16 per tile row: 16 bytes of padding, so a warp's 8 rows hit 32 banks
+    __shared__ __align__(16) __nv_bfloat16 tile[BLOCK_M * PITCH];
+    const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
+    const float4* slots = (const float4*)(dq_accum + block * C::DQ_SLOTS);
+    constexpr int PER_THREAD = C::DQ_SLOTS / 4 / 256;
+    static_assert(C::DQ_SLOTS % (4 * 256) == 0, "whole float4s per thread");
+    float4 v[PER_THREAD];  // all loads issued before any is used: bytes in flight
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; k++) v[k] = slots[threadIdx.x + 256 * k];
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; k++) {
+        const int i = threadIdx.x + 256 * k, tid = i % 128, group = i / 128, wg = group / (C::DQ_N / 8);
+        const int row = (C::DQ_M_SPLIT ? 64 * wg : 0) + (tid / 32) * 16 + (tid % 32) / 4;
+        const int col = (C::DQ_M_SPLIT ? 0 : wg * C::DQ_COL0) + (group % (C::DQ_N / 8)) * 8 + (tid % 4) * 2;
+        if (!C::DQ_M_SPLIT && wg == 1 && col < C::DQ_N) continue;  // head dim 80: columns 32-47 from warpgroup 0
+        *(uint32_t*)&tile[row * PITCH + col] = pack_bf16(v[k].x * scale, v[k].y * scale);
+        *(uint32_t*)&tile[(row + 8) * PITCH + col] = pack_bf16(v[k].z * scale, v[k].w * scale);
+    }
+    __syncthreads();
+    const long bh = block / m_blocks;
+    const int m = (int)(block % m_blocks), h = (int)(bh % NH), b = (int)(bh / NH);
+    for (int i = threadIdx.x; i < BLOCK_M * (HD / 8); i += 256) {
+        const int row = i / (HD / 8), col = (i % (HD / 8)) * 8, t = m * BLOCK_M + row;
+        if (t < T)
+            *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = *(const uint4*)&tile[row * PITCH + col];
+    }
+}
+
 template <int HD, int BLOCK_M>
 static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
@@ -679,20 +574,15 @@ static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T
     return heads * m_blocks * (C::DQ_SLOTS * 4 + 2 * BLOCK_M * 4 + 4);
 }
 
-// p: the backward's arguments, with p->dq_accum the start of a workspace of the size above;
-// workspace_zeroed: it is all zero (and is left so), AttentionArgs.workspace_zeroed.
+// p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
 template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
-static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, int workspace_zeroed,
-                                      cudaStream_t stream) {
+static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const int m_blocks = (p->T + BLOCK_M - 1) / BLOCK_M, T_pad = m_blocks * BLOCK_M;
     const size_t heads = (size_t)B * p->NH;
     Flash2BackwardWsParams w;
     w.dk = p->dk;
     w.dv = p->dv;
-    w.dq = p->dq;
-    w.dq_stride = p->dqkv_stride;
-    w.leave_zero = workspace_zeroed;
     w.dq_accum = p->dq_accum;
     float* d_rows = w.dq_accum + heads * m_blocks * C::DQ_SLOTS;
     float* lse_log2 = d_rows + heads * T_pad;
@@ -712,7 +602,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, int 
     w.scale_log2 = p->scale_log2;
     const unsigned query_blocks = (unsigned)(heads * m_blocks);
     flash2_backward_ws_prepare_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
-        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad, !workspace_zeroed);
+        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad);
     CUDA_CHECK(cudaGetLastError());
 
     constexpr int SUB = C::QoTile::SUB_COLS;
@@ -724,6 +614,10 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, int 
     launch_with_smem<flash2_backward_ws_kernel<HD, BLOCK_M, CAUSAL, DETERMINISTIC, DK_FROM_SMEM, SCHED>>(
         dim3((unsigned)((long)w.key_blocks * w.pairs)),
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
+
+    flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
+        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 #endif  // FLASH2_BACKWARD_HOPPER_CUH

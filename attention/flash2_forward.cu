@@ -119,6 +119,4 @@ void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     p.tile_counter = s->causal ? (int*)args->workspace : NULL;  // the causal Hopper forward's tile order
     if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);
     else dispatch_forward<false>(&p, s->B, s->HD, stream);
-    if (p.tile_counter && args->workspace_zeroed)  // the backward counts on a zero workspace
-        CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream));
 }

@@ -36,7 +36,6 @@ typedef struct {
     int hd;
     BackwardLaunch launch[2];
     int block_m, dk_from_smem, schedule;  // ws kernels: query block, dK operand, product order; 0 otherwise
-    int zeroed;                           // ws kernels: the workspace kept zero between calls
 } BackwardCandidate;
 
 #define FWD(HD, BM, BN, NW, MB) \
@@ -44,7 +43,7 @@ typedef struct {
      {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}, 0, 0, 0}
 #define BWD(HD, BM, NW, MB) \
     {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
-     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0, 0, 0}
+     {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0, 0}
 
 // The first candidate of each head dim is the mma.sync kernel, the reference the others are checked
 // against; "ws" are the warp-specialized TMA kernels of Hopper (flash2_forward_hopper.cuh,
@@ -61,36 +60,22 @@ static const ForwardCandidate FORWARD[] = {
     FWD_WS(96, 96, 3, 1),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
-// The ws kernels run on a workspace kept zero between calls (AttentionArgs.workspace_zeroed, as the
-// trainer runs them), except the " scratch" rows: the library's shape zeroing its workspace itself.
-template <int HD, int BM, bool CAUSAL, bool DET, bool DK_SMEM, int SCHED, int ZEROED>
-static void launch_backward_ws_mode(const Flash2BackwardParams* p, int B, cudaStream_t stream) {
-    launch_backward_ws<HD, BM, CAUSAL, DET, DK_SMEM, SCHED>(p, B, ZEROED, stream);
-}
 // SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
-#define BWD_WS_MODE(HD, BM, DET, DK_SMEM, SCHED, ZEROED, SUFFIX) \
-    {"bwd ws BM" #BM " dK " DK_SMEM " sched" #SCHED DET SUFFIX, HD, \
-     {launch_backward_ws_mode<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED, ZEROED>, \
-      launch_backward_ws_mode<HD, BM, true, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED, ZEROED>}, \
-     BM, (sizeof(DK_SMEM) > 5), SCHED, ZEROED}
-#define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) BWD_WS_MODE(HD, BM, DET, DK_SMEM, SCHED, 1, "")
-#define BWD_WS_SCRATCH(HD, BM, DK_SMEM, SCHED) BWD_WS_MODE(HD, BM, "", DK_SMEM, SCHED, 0, " scratch")
+#define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
+    {"bwd ws BM" #BM " dK " DK_SMEM " sched" #SCHED DET, HD, \
+     {launch_backward_ws<HD, BM, false, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED>, \
+      launch_backward_ws<HD, BM, true, (sizeof(DET) > 1), (sizeof(DK_SMEM) > 5), SCHED>}, BM, (sizeof(DK_SMEM) > 5), SCHED}
 #define BWD_WS_ALL(HD, BM) \
     BWD_WS(HD, BM, "", "regs", 0), BWD_WS(HD, BM, "", "regs", 1), BWD_WS(HD, BM, "", "regs", 2), \
     BWD_WS(HD, BM, "", "regs", 3), BWD_WS(HD, BM, "", "shared", 0), BWD_WS(HD, BM, "", "shared", 1), \
     BWD_WS(HD, BM, "", "shared", 3)
 #define BWD_WS_SOME(HD, BM) BWD_WS(HD, BM, "", "regs", 0), BWD_WS(HD, BM, "", "regs", 1), BWD_WS(HD, BM, "", "regs", 3)
-// Then the library's shape on a scratch workspace, and the deterministic mode as the library runs it
-// (flash2_tiles.h's choice per head dim).
+// The deterministic mode as the library runs it (flash2_tiles.h's choice per head dim).
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS_SCRATCH(64, 128, "regs", 2),
-    BWD_WS(64, 128, " determ.", "regs", 2),
-    BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS_SCRATCH(80, 64, "regs", 3),
-    BWD_WS(80, 64, " determ.", "regs", 3),
-    BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS_SCRATCH(96, 64, "regs", 3),
-    BWD_WS(96, 64, " determ.", "regs", 3),
-    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS_SCRATCH(128, 64, "shared", 3),
-    BWD_WS(128, 64, " determ.", "shared", 3),
+    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS(64, 128, " determ.", "regs", 2),
+    BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS(80, 64, " determ.", "regs", 3),
+    BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS(96, 64, " determ.", "regs", 3),
+    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS(128, 64, " determ.", "shared", 3),
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
@@ -121,7 +106,7 @@ static bool backward_chosen(const BackwardCandidate& c, int causal) {
     return c.block_m == Full::BLOCK_M && c.dk_from_smem == (int)Full::DK_FROM_SMEM && c.schedule == Full::SCHEDULE;
 }
 static bool backward_is_chosen(const BackwardCandidate& c, int causal) {
-    if (!c.block_m || !c.zeroed || strstr(c.name, "determ")) return false;
+    if (!c.block_m || strstr(c.name, "determ")) return false;
     switch (c.hd) {
         case 64: return backward_chosen<64>(c, causal);
         case 80: return backward_chosen<80>(c, causal);
@@ -279,8 +264,6 @@ int main(int argc, char** argv) {
                 first = true;
                 for (const BackwardCandidate& cand : BACKWARD) {
                     if (cand.hd != hd) continue;
-                    // zero for the zeroed candidates (the forward's counter and mma.sync's scratch are not)
-                    CUDA_CHECK(cudaMemsetAsync(work, 0, work_bytes, stream));
                     float ms = time_ms([&] { cand.launch[causal](&bp, B, stream); }, runs, stream);
                     CUDA_CHECK(cudaDeviceSynchronize());
                     double err = 0;

@@ -116,10 +116,6 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Waits until this thread's bulk groups are complete (their global writes performed).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Waits until all but this thread's latest bulk group are complete (groups complete in order).
-__device__ __forceinline__ void bulk_wait_all_but_last() {
-    asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
-}
 // Orders the async proxy's global writes before this thread's later generic accesses (and back).
 __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -143,7 +139,7 @@ __device__ __forceinline__ void registers_increase() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-// ---- global semaphores (the backward's dQ additions: their order, and the last one) ------------
+// ---- global semaphores (the deterministic backward's ordering of dQ additions) -----------------
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -151,13 +147,6 @@ __device__ __forceinline__ int load_acquire(const int* p) {
 }
 __device__ __forceinline__ void add_release(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-// *p += v, returning the old value; releases this thread's earlier writes and acquires those
-// released by the earlier adders.
-__device__ __forceinline__ int fetch_add_acq_rel(int* p, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
 }
 #endif  // HOPPER_ASYNC_AVAILABLE
 

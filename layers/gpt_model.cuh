@@ -58,8 +58,7 @@
 //                  the named tensors of GPT_ACTIVATIONS (each 256-byte aligned); see
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
-//                  the model's stream), except flash2's: that one has a buffer of its own, zeroed at
-//                  creation, which every flash2 call leaves zero (so its backward need not zero it).
+//                  the model's stream).
 // Multi-GPU (layers/multi_gpu.cuh): gpt_model_create_with pads both allocations to a multiple of
 // pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
@@ -119,10 +118,8 @@
     X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
     X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
     X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
-    /* max of encoder/LN/dbias backward scratch and the attention workspace (but flash2's) */                       \
-    X(scratch,   void,          "(bytes)",                    m->scratch_bytes)                                     \
-    /* flash2's workspace, zero between calls (AttentionArgs.workspace_zeroed) */                                  \
-    X(att_workspace, void,      "(bytes)",                    m->att_workspace_bytes)
+    /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
+    X(scratch,   void,          "(bytes)",                    m->scratch_bytes)
 
 // GPT_ACT_encoded, GPT_ACT_ln1, ...: a tensor's index in the table.
 enum {
@@ -183,7 +180,6 @@ typedef struct {
 #undef GPT_ACT_MEMBER
     size_t att_saved_bytes;  // per layer
     size_t scratch_bytes;
-    size_t att_workspace_bytes;  // flash2: its own workspace, zeroed once and left zero by every call; else 0
     // recomputation: the layers each kind of per-layer activation keeps (L, or 1 slot reused by every layer)
     RecomputeMode recompute;
     int layers_gemm;   // qkv, atty, att_lse, residual2, fch: 1 with full
@@ -270,7 +266,6 @@ static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, Att
     const int N = B * T, rows = lm_head_rows > 0 ? lm_head_rows : GPT_LM_HEAD_CHUNK_ROWS;
     m->lm_head_rows = rows < N ? rows : N;
     m->att_saved_bytes = attention_saved_bytes(backend, &m->att_shape);
-    m->att_workspace_bytes = backend == ATTN_FLASH2 ? attention_workspace_bytes(backend, &m->att_shape) : 0;
 }
 
 // Bytes of the shared scratch buffer. exact = 1 asks the GPU (LayerNorm's backward grid and CUB's
@@ -279,7 +274,7 @@ static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, Att
 static size_t gpt_model_scratch_bytes(const GPTModel* m, int exact) {
     const int N = m->B * m->T, C = m->C;
     size_t scratch = matmul_dbias_scratch_bytes(N, 4 * C);  // the widest biased output, 4C
-    if (!m->att_workspace_bytes) scratch = gpt_max_size(scratch, attention_workspace_bytes(m->backend, &m->att_shape));
+    scratch = gpt_max_size(scratch, attention_workspace_bytes(m->backend, &m->att_shape));
     if (exact) {
         scratch = gpt_max_size(scratch, encoder_backward_scratch_bytes(N, C, m->Vp));
         scratch = gpt_max_size(scratch, layernorm_backward_scratch_bytes(N, C));
@@ -390,7 +385,6 @@ static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, At
 #define GPT_ACT_POINTER(member, type, shape, bytes) m->member = (type*)(base + m->act_table[GPT_ACT_##member].offset);
     GPT_ACTIVATIONS(GPT_ACT_POINTER)
 #undef GPT_ACT_POINTER
-    if (m->att_workspace_bytes) CUDA_CHECK(cudaMemsetAsync(m->att_workspace, 0, m->att_workspace_bytes, stream));
 
     // compute contexts
     matmul_context_create(&m->matmul, stream);
@@ -480,8 +474,7 @@ static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
     a.saved = m->att_saved_bytes
                   ? (void*)(m->att_saved + gpt_slot(m->layers_att, l) * layer_align256(m->att_saved_bytes))
                   : NULL;
-    a.workspace = m->att_workspace_bytes ? m->att_workspace : m->scratch;
-    a.workspace_zeroed = m->att_workspace_bytes > 0;
+    a.workspace = m->scratch;
     a.deterministic = m->deterministic_attention;
     return a;
 }

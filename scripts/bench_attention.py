@@ -87,12 +87,12 @@ def load_library(path):
         fn.restype = n
         fn.argtypes = shape
     lib.attention_flat_forward.restype = i
-    # q, k, v, qkv_stride, kv_stride, out, out_stride, lse, saved, workspace, workspace_zeroed, stream
-    lib.attention_flat_forward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, i, p]
+    # q, k, v, qkv_stride, kv_stride, out, out_stride, lse, saved, workspace, stream
+    lib.attention_flat_forward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, p]
     lib.attention_flat_backward.restype = i
     # q, k, v, qkv_stride, kv_stride, out, out_stride, lse, dout, dq, dk, dv, dqkv_stride, dkv_stride, saved,
-    # workspace, workspace_zeroed, stream
-    lib.attention_flat_backward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, p, p, n, n, p, p, i, p]
+    # workspace, stream
+    lib.attention_flat_backward.argtypes = shape + [p, p, p, n, n, p, n, p, p, p, p, p, n, n, p, p, p]
     return lib
 
 
@@ -125,9 +125,7 @@ def our_runner(lib, impl, qkv, dout, causal):
     lse = torch.empty((B, NH, T), dtype=torch.float32, device=qkv.device)
     dqkv = torch.empty_like(qkv)
     saved = torch.empty(saved_bytes, dtype=torch.uint8, device=qkv.device) if saved_bytes else None
-    # flash2 runs as the trainer runs it: on a workspace kept zero between calls (attention.h)
-    zeroed = int(impl == "flash2")
-    workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=qkv.device) if workspace_bytes else None
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=qkv.device) if workspace_bytes else None
 
     row, stride = NH * HD, W * HD  # elements of one token's q, and of its packed row
     at = [0, NH * HD * qkv.element_size(), (NH + NKV) * HD * qkv.element_size()]  # bytes to q, k, v
@@ -139,13 +137,13 @@ def our_runner(lib, impl, qkv, dout, causal):
 
     def forward():
         if lib.attention_flat_forward(*dims, q, k, v, stride, stride, out.data_ptr(), row, lse.data_ptr(),
-                                      saved_ptr, workspace_ptr, zeroed, stream) != 0:
+                                      saved_ptr, workspace_ptr, stream) != 0:
             raise Skip(f"forward failed: {last_error(lib)}")
 
     def backward():
         if lib.attention_flat_backward(*dims, q, k, v, stride, stride, out.data_ptr(), row, lse.data_ptr(),
                                        dout.data_ptr(), dq, dk, dv, stride, stride, saved_ptr, workspace_ptr,
-                                       zeroed, stream) != 0:
+                                       stream) != 0:
             raise Skip(f"backward failed: {last_error(lib)}")
 
     def results():

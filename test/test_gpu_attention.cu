@@ -26,9 +26,7 @@
 //   Where the reference is (nearly) zero (T = 1: a softmax over one key has zero gradient for q and
 //   k) the denominator is floored at an rms of 1e-3, i.e. ‖x − ref‖ / max(‖ref‖, 1e-3·√n), and the
 //   error is marked with *;
-// - outputs are poisoned with NaN (0xFF bytes) before every run, as are saved and workspace (flash2's
-//   workspace, which it keeps zero between calls, is zeroed once and must be all zero after each call;
-//   the _scratch_workspace cases poison it too), and
+// - outputs are poisoned with NaN (0xFF bytes) before every run, as are saved and workspace, and
 //   every output element must be written: in the packed layout the q, k and v slots of dqkv tile
 //   the buffer, so every element of it must be written; around every output region a guard of
 //   poison must stay untouched; the backward must leave q, k, v, dout, out and lse as they were.
@@ -98,39 +96,21 @@ static const char* backend_label(AttentionBackend backend) {
 }
 
 // Multi-head names are as before GQA; grouped-query ones add _nhH_nkvK.
-// How a case runs. flash2 runs on a workspace kept zero between calls (AttentionArgs.workspace_zeroed,
-// as the trainer runs it: zeroed once, and checked to be all zero again after every call) except in
-// RUN_SCRATCH, where the workspace is poisoned before each call like every other backend's.
-typedef enum { RUN_PLAIN = 0, RUN_DETERMINISTIC = 1, RUN_SCRATCH = 2 } RunMode;
-static const char* RUN_SUFFIXES[] = {"", "_deterministic", "_scratch_workspace"};
-
 static void case_name(char* buf, size_t size, AttentionBackend backend, const AttentionShape* s, double scale,
-                      Layout layout, RunMode mode) {
+                      Layout layout, int deterministic) {
     char heads[32] = "";
     if (s->NKV != s->NH) snprintf(heads, sizeof(heads), "_nh%d_nkv%d", s->NH, s->NKV);
     snprintf(buf, size, "attention_%s_hd%d_%s_T%d_scale%g%s_%s%s", backend_label(backend), s->HD,
-             s->causal ? "causal" : "full", s->T, scale, heads, LAYOUT_NAMES[layout], RUN_SUFFIXES[mode]);
+             s->causal ? "causal" : "full", s->T, scale, heads, LAYOUT_NAMES[layout],
+             deterministic ? "_deterministic" : "");
 }
 
-// flash2's deterministic backward (AttentionArgs.deterministic; its Hopper kernels) and its run on a
-// scratch workspace are tested, on top of the plain runs, where the key blocks are several (T = 1000)
-// and in the plain layout case (any T >= 127, for the shapes ATTENTION_TEST_SEQ_LENS picks).
+// flash2's deterministic backward (AttentionArgs.deterministic; its Hopper kernels) is tested, on
+// top of the plain runs, where the key blocks are several (T = 1000) and in the plain layout case
+// (any T >= 127, for the shapes ATTENTION_TEST_SEQ_LENS picks).
 static int g_flash2_deterministic = 1;  // 0 where flash2 runs its mma.sync kernels (not deterministic)
-static int mode_runs(AttentionBackend backend, int T, double scale, RunMode mode) {
-    if (mode == RUN_PLAIN) return 1;
-    if (backend != ATTN_FLASH2 || scale != 1.0 || T < 127) return 0;
-    return mode == RUN_SCRATCH || g_flash2_deterministic;
-}
-
-// Bytes of the device buffer that are not zero (the workspace a zeroed-workspace call must leave zero).
-static size_t nonzero_bytes(const void* buf, size_t bytes) {
-    if (!bytes) return 0;
-    unsigned char* host = (unsigned char*)malloc(bytes);
-    CUDA_CHECK(cudaMemcpy(host, buf, bytes, cudaMemcpyDeviceToHost));
-    size_t count = 0;
-    for (size_t i = 0; i < bytes; i++) count += host[i] != 0;
-    free(host);
-    return count;
+static int deterministic_case(AttentionBackend backend, int T, double scale) {
+    return backend == ATTN_FLASH2 && g_flash2_deterministic && scale == 1.0 && T >= 127;
 }
 
 // ---- inputs and the reference ----------------------------------------------------------------------
@@ -337,7 +317,7 @@ static void case_free(CaseBuffers* c) {
     if (c->workspace) CUDA_CHECK(cudaFree(c->workspace));
 }
 
-static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, RunMode mode,
+static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
                      const AttentionContext* ctx, cudaStream_t stream, const char* name) {
     const AttentionShape* s = &in->shape;
     char why[256];
@@ -361,33 +341,18 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
             }
     }
     CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
-    const int deterministic = mode == RUN_DETERMINISTIC;
     c.args.deterministic = deterministic;
-    c.args.workspace_zeroed = backend == ATTN_FLASH2 && mode != RUN_SCRATCH;
     const AttentionArgs* a = &c.args;
     char problems[1024] = "";
-    // scratch: poisoned before every call; zeroed: zero once, and zero again after every call
-    auto prepare_workspace = [&]() {
-        if (c.workspace && !a->workspace_zeroed) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
-    };
-    auto check_workspace = [&](const char* after) {
-        if (!a->workspace_zeroed) return;
-        const size_t left = nonzero_bytes(c.workspace, c.workspace_bytes);
-        if (left)
-            add_problem(problems, sizeof(problems), "%s left %zu of %zu workspace bytes non-zero", after, left,
-                        c.workspace_bytes);
-    };
-    if (c.workspace && a->workspace_zeroed) CUDA_CHECK(cudaMemset(c.workspace, 0, c.workspace_bytes));
 
     // ---- forward (poison on the default stream, then wait: the kernels run on a non-blocking stream)
     CUDA_CHECK(cudaMemset(c.out_buf, 0xFF, c.out_buf_elems * sizeof(uint16_t)));
     CUDA_CHECK(cudaMemset(c.lse_buf, 0xFF, c.lse_buf_elems * sizeof(float)));
     if (c.saved) CUDA_CHECK(cudaMemset(c.saved, 0xFF, c.saved_bytes));
-    prepare_workspace();
+    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
     CUDA_CHECK(cudaDeviceSynchronize());
     attention_forward(backend, ctx, a, stream);
     sync_or_die(stream, name, "forward");
-    check_workspace("the forward");
 
     uint16_t* out_host = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
     uint32_t* lse_host = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
@@ -417,11 +382,10 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
 
     // ---- backward, checked against the reference given this forward's out and lse
     CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
-    prepare_workspace();
+    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
     CUDA_CHECK(cudaDeviceSynchronize());
     attention_backward(backend, ctx, a, stream);
     sync_or_die(stream, name, "backward");
-    check_workspace("the backward");
 
     uint16_t* dqkv_host = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
     CUDA_CHECK(cudaMemcpy(dqkv_host, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -457,16 +421,14 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
             add_problem(problems, sizeof(problems), "backward wrote into the guard after dv");
     }
 
-    // Deterministic mode: a second backward, on freshly poisoned outputs (and the workspace as the
-    // first left it, zero), is bit-identical.
+    // Deterministic mode: a second backward, on freshly poisoned outputs and workspace, is bit-identical.
     if (deterministic) {
         uint16_t* again = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
         CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
-        prepare_workspace();
+        if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
         CUDA_CHECK(cudaDeviceSynchronize());
         attention_backward(backend, ctx, a, stream);
         sync_or_die(stream, name, "second backward");
-        check_workspace("the second backward");
         CUDA_CHECK(cudaMemcpy(again, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
         size_t differ = 0;
         for (size_t i = 0; i < c.dqkv_buf_elems; i++) differ += again[i] != dqkv_host[i];
@@ -767,10 +729,9 @@ int main(int argc, char** argv) {
             for (int layout = 0; layout <= plain_set(&sets[i]); layout++)
                 for (size_t be = 0; be < COUNT(BACKENDS); be++) {
                     if (!g_selected[be]) continue;
-                    for (int mode = RUN_PLAIN; mode <= RUN_SCRATCH; mode++) {
-                        if (!mode_runs(BACKENDS[be], sets[i].shape.T, sets[i].scale, (RunMode)mode)) continue;
-                        case_name(name, sizeof(name), BACKENDS[be], &sets[i].shape, sets[i].scale, (Layout)layout,
-                                  (RunMode)mode);
+                    const int det_max = deterministic_case(BACKENDS[be], sets[i].shape.T, sets[i].scale);
+                    for (int det = 0; det <= det_max; det++) {
+                        case_name(name, sizeof(name), BACKENDS[be], &sets[i].shape, sets[i].scale, (Layout)layout, det);
                         test_skip(name, skip_why);
                     }
                 }
@@ -796,13 +757,12 @@ int main(int argc, char** argv) {
         for (int layout = 0; layout <= plain_set(&sets[i]); layout++)
             for (size_t be = 0; be < COUNT(BACKENDS); be++) {
                 if (!g_selected[be]) continue;
-                for (int mode = RUN_PLAIN; mode <= RUN_SCRATCH; mode++) {
-                    if (!mode_runs(BACKENDS[be], sh->T, sets[i].scale, (RunMode)mode)) continue;
+                for (int det = 0; det <= deterministic_case(BACKENDS[be], sh->T, sets[i].scale); det++) {
                     case_name(g_running_case, sizeof(g_running_case), BACKENDS[be], sh, sets[i].scale, (Layout)layout,
-                              (RunMode)mode);
+                              det);
                     char name[160];
                     snprintf(name, sizeof(name), "%s", g_running_case);
-                    run_case(&in, BACKENDS[be], (Layout)layout, (RunMode)mode, &ctx, stream, name);
+                    run_case(&in, BACKENDS[be], (Layout)layout, det, &ctx, stream, name);
                     g_running_case[0] = 0;
                 }
             }
