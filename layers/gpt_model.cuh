@@ -83,6 +83,7 @@
 #include "layer_common.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
+#include "qkv_bias.cuh"
 
 // Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
 // the given element type), its shape as printed in the memory plan, and its size in bytes, an
@@ -662,10 +663,14 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten)
         AttentionArgs att = gpt_attention_args(m, l);
         attention_backward(m->backend, &m->att_ctx, &att, s);
-        // qkv: dln (N, C) = d(ln1), dqkvw, dqkvb += (dqkv is (N, QKV) contiguous in dwide)
+        // qkv: dqkvb from the q columns of dqkv and the attention projection's bias gradient
+        // (qkv_bias.cuh; dln, free until the next call writes it, holds its (C) temporary); then
+        // dln (N, C) = d(ln1), dqkvw += (dqkv is (N, QKV) contiguous in dwide)
         const size_t lQKV = (size_t)l * QKV;
-        matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, g[GPT_QKVB] + lQKV, m->dwide, a.ln1,
-                        p[GPT_QKVW] + lQKV * C, N, C, QKV, NULL, 1, m->scratch);
+        qkv_bias_backward(mm, g[GPT_QKVB] + lQKV, m->dwide, g[GPT_ATTPROJB] + lC, p[GPT_ATTPROJW] + lC * C, m->dln,
+                          m->scratch, N, m->NH, m->NKV, m->HD, 1);
+        matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, NULL, m->dwide, a.ln1, p[GPT_QKVW] + lQKV * C, N, C, QKV,
+                        NULL, 1, m->scratch);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding);
         // the previous block's MLP projection bias gradient += its column sums
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC,

@@ -160,13 +160,13 @@ static inline void matmul_require_pointer(const char* fn, const char* name, cons
 #define MATMUL_DBIAS_THREADS_Y 8   // rows read at once per block
 
 // Pass 1 of dbias: partial (chunks, OC) fp32, partial[c][o] = Σ of g[n][o] over rows n of chunk c =
-// blockIdx.y (rows_per_chunk rows), in a fixed order, where g = dout (N, OC) bf16, or, with gelu_pre
-// (N, OC) non-NULL, g = bf16(dout · GELU'(gelu_pre)), which is also written to dgelu_out (N, OC)
-// (may be dout: in place). Grid (ceil(OC / 256), chunks), block (32, 8); thread x sums columns
+// blockIdx.y (rows_per_chunk rows), in a fixed order, where g = dout (N, OC) bf16 (rows ld elements
+// apart), or, with gelu_pre (N, OC) non-NULL (then ld = OC), g = bf16(dout · GELU'(gelu_pre)), which
+// is also written to dgelu_out (N, OC) (may be dout: in place). Grid (ceil(OC / 256), chunks), block (32, 8); thread x sums columns
 // 8x..8x+7 of its block over rows y, y + 8, ..., then the 8 row groups are added in order y = 0..7.
 static __global__ void matmul_dbias_partial_kernel(float* partial, const __nv_bfloat16* dout,
                                                    const __nv_bfloat16* gelu_pre, __nv_bfloat16* dgelu_out, int N,
-                                                   int OC, int rows_per_chunk) {
+                                                   int OC, long ld, int rows_per_chunk) {
     __shared__ float sums[MATMUL_DBIAS_THREADS_Y][MATMUL_DBIAS_THREADS_X * 8];
     const int col = (blockIdx.x * MATMUL_DBIAS_THREADS_X + threadIdx.x) * 8;
     const int row_begin = blockIdx.y * rows_per_chunk;
@@ -175,7 +175,7 @@ static __global__ void matmul_dbias_partial_kernel(float* partial, const __nv_bf
     for (int j = 0; j < 8; j++) acc[j] = 0.0f;
     if (col < OC) {
         for (int r = row_begin + threadIdx.y; r < row_end; r += MATMUL_DBIAS_THREADS_Y) {
-            const size_t at = (size_t)r * OC + col;
+            const size_t at = (size_t)r * ld + col;
             float f[8];
             bf16x8_unpack(f, load16_stream(dout + at));
             if (gelu_pre) {
@@ -225,6 +225,7 @@ typedef struct {
     const __nv_bfloat16* gelu_pre;  // NULL: no dGELU
     __nv_bfloat16* dgelu_out;
     int N, OC;
+    long ld;  // elements between rows of dout (OC with gelu_pre)
 } MatmulDbiasPass;
 
 static inline int matmul_dbias_pass(MatmulContext* ctx, const void* arg) {
@@ -234,9 +235,18 @@ static inline int matmul_dbias_pass(MatmulContext* ctx, const void* arg) {
     dim3 grid((a->OC + MATMUL_DBIAS_THREADS_X * 8 - 1) / (MATMUL_DBIAS_THREADS_X * 8), chunks);
     dim3 block(MATMUL_DBIAS_THREADS_X, MATMUL_DBIAS_THREADS_Y);
     matmul_dbias_partial_kernel<<<grid, block, 0, ctx->stream>>>(a->partial, a->dout, a->gelu_pre, a->dgelu_out, a->N,
-                                                                 a->OC, rows_per_chunk);
+                                                                 a->OC, a->ld, rows_per_chunk);
     CUDA_CHECK(cudaGetLastError());
     return 0;
+}
+
+// dbias (+)= the partial sums of pass a, added up (pass 2).
+static inline void matmul_dbias_both_passes(MatmulContext* ctx, __nv_bfloat16* dbias, const MatmulDbiasPass* a,
+                                            int accumulate) {
+    matmul_dbias_pass(ctx, a);
+    matmul_dbias_finish_kernel<<<(a->OC + 255) / 256, 256, 0, ctx->stream>>>(
+        dbias, a->partial, matmul_dbias_chunks(a->N, a->OC), a->OC, accumulate);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // dbias (OC) (+)= column sums of dout (N, OC), or of dout·GELU'(gelu_pre), then written to dgelu_out;
@@ -244,11 +254,8 @@ static inline int matmul_dbias_pass(MatmulContext* ctx, const void* arg) {
 static inline void matmul_dbias_reduce(MatmulContext* ctx, __nv_bfloat16* dbias, void* scratch,
                                        const __nv_bfloat16* dout, const __nv_bfloat16* gelu_pre,
                                        __nv_bfloat16* dgelu_out, int N, int OC, int accumulate) {
-    MatmulDbiasPass a = {(float*)scratch, dout, gelu_pre, dgelu_out, N, OC};
-    matmul_dbias_pass(ctx, &a);
-    matmul_dbias_finish_kernel<<<(OC + 255) / 256, 256, 0, ctx->stream>>>(dbias, (const float*)scratch,
-                                                                          matmul_dbias_chunks(N, OC), OC, accumulate);
-    CUDA_CHECK(cudaGetLastError());
+    const MatmulDbiasPass a = {(float*)scratch, dout, gelu_pre, dgelu_out, N, OC, OC};
+    matmul_dbias_both_passes(ctx, dbias, &a, accumulate);
 }
 
 // dbias (OC) (+)= a bias-gradient epilogue's result: already in dbias when it was written there
@@ -395,8 +402,8 @@ static inline int matmul_dgelu_dbias_path(MatmulContext* ctx, const MatmulLtGemm
     if (path >= 0) return path;
     if (!matmul_timing_on(ctx)) return 1;  // untimed: DGELU_BGRAD ran at ~290 TFLOP/s on an H100, DGELU ~690
     __nv_bfloat16* dinp = (__nv_bfloat16*)plain->D;
-    MatmulDbiasPass reduce = {(float*)scratch, dinp, NULL, NULL, N, IC};
-    MatmulDbiasPass dgelu_reduce = {(float*)scratch, dinp, gelu_pre, dinp, N, IC};
+    MatmulDbiasPass reduce = {(float*)scratch, dinp, NULL, NULL, N, IC, IC};
+    MatmulDbiasPass dgelu_reduce = {(float*)scratch, dinp, gelu_pre, dinp, N, IC, IC};
     float cost[3], dgelu_cost;
     cost[0] = matmul_lt_gemm_ms(ctx, fused_bgrad);
     matmul_dgelu_path(ctx, fused, plain, gelu_pre, N, IC, OC, &dgelu_cost);
@@ -413,7 +420,7 @@ static inline int matmul_dbias_path(MatmulContext* ctx, const MatmulLtGemm* fuse
     int path = matmul_path_find(ctx, MATMUL_CHOICE_DBIAS, N, IC, OC, accumulate, 1);
     if (path >= 0) return path;
     if (!matmul_timing_on(ctx)) return 0;
-    MatmulDbiasPass reduce = {(float*)scratch, dout, NULL, NULL, N, OC};
+    MatmulDbiasPass reduce = {(float*)scratch, dout, NULL, NULL, N, OC, OC};
     float cost[2];
     cost[0] = matmul_lt_gemm_ms(ctx, fused);
     cost[1] = matmul_cost_add(matmul_lt_gemm_ms(ctx, plain), matmul_time_work(ctx, matmul_dbias_pass, &reduce));
@@ -572,6 +579,21 @@ static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16
     ctx->stream = main_stream, ctx->workspace = main_workspace;
     CUDA_CHECK(cudaEventRecord(ctx->join, ctx->side));
     CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+}
+
+// dbias (OC) (+)= the column sums of the first OC columns of dout, N rows ld >= OC elements apart (a
+// bias gradient from part of a wider gradient), "+=" when accumulate. scratch:
+// matmul_dbias_scratch_bytes(N, OC) bytes, 16-byte aligned. Runs on ctx->stream.
+static inline void matmul_column_sums(MatmulContext* ctx, __nv_bfloat16* dbias, void* scratch,
+                                      const __nv_bfloat16* dout, long ld, int N, int OC, int accumulate) {
+    const char* fn = "matmul_column_sums";
+    matmul_require_sizes(fn, N, OC, OC);
+    matmul_require_pointer(fn, "dbias", dbias);
+    matmul_require_pointer(fn, "dout", dout);
+    matmul_require_pointer(fn, "scratch", scratch);
+    if (ld < OC || ld % 8 != 0) matmul_die(fn, "the row stride ld must be a multiple of 8 and at least OC");
+    const MatmulDbiasPass a = {(float*)scratch, dout, NULL, NULL, N, OC, ld};
+    matmul_dbias_both_passes(ctx, dbias, &a, accumulate);
 }
 
 // matmul_backward_dgelu_dbias without dbias_pre (see above).

@@ -48,8 +48,8 @@ VOCAB_PADDED = 50304
 KINDS = [
     ("gemm bias-grad (cuBLASLt)", r"bgrad"),
     ("gemm split-K reduce (cuBLASLt)", r"splitkreduce|reduce_kernel.*cublas"),
-    ("gemm", r"gemm|xmma|nvjet|cutlass|cublas"),
-    ("matmul dbias/dGELU kernels", r"matmul_dbias"),
+    ("gemm", r"gemm|gemv|xmma|nvjet|cutlass|cublas"),
+    ("matmul dbias/dGELU kernels", r"matmul_dbias|qkv_bias"),
     ("attention backward", r"backward.*(flash|attention)|(flash|attention).*backward|preprocess|dq_convert|convert_dq"),
     ("attention forward", r"flash|attention"),
     ("layernorm", r"layernorm"),

@@ -107,6 +107,38 @@ static size_t download_bf16(double* out, const __nv_bfloat16* dev, size_t n) {
     return bad;
 }
 
+// The qkv bias gradient part by part (layers/qkv_bias.cuh makes the v part from the attention
+// projection's bias gradient and sets the k part to zero): q and v each against the reference, and
+// the reference's k part must be ~0 next to the q and v parts (it is 0 in exact arithmetic).
+static void check_qkv_bias_parts(const Problem* pb, const double* g, const double* ref, const char* label,
+                                 char* problems, size_t size) {
+    const GPTConfig* c = &pb->config;
+    const int HD = c->channels / c->num_heads, C = c->channels, KV = c->num_kv_heads * HD, QKV = C + 2 * KV;
+    const size_t at = pb->offsets[GPT_QKVB];
+    double* part_g = test_alloc((size_t)c->num_layers * C);
+    double* part_ref = test_alloc((size_t)c->num_layers * C);
+    const char* names[3] = {"q", "k", "v"};
+    const int starts[3] = {0, C, C + KV}, widths[3] = {C, KV, KV};
+    double norm[3] = {0, 0, 0};
+    for (int w = 0; w < 3; w++) {
+        size_t n = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            for (int j = 0; j < widths[w]; j++, n++) {
+                part_g[n] = g[at + (size_t)l * QKV + starts[w] + j];
+                part_ref[n] = ref[at + (size_t)l * QKV + starts[w] + j];
+                norm[w] += part_ref[n] * part_ref[n];
+            }
+        if (w == 1) continue;  // k: below
+        const double e = test_rel_error(part_g, part_ref, n);
+        printf("  %s dqkvb[%s] rel err %.3e\n", label, names[w], e);
+        if (!(e <= TOL_GRAD)) add_problem(problems, size, "%s dqkvb[%s] rel err %.3e > %.0e", label, names[w], e, TOL_GRAD);
+    }
+    const double k_share = sqrt(norm[1] / (norm[0] + norm[2]));
+    printf("  %s dqkvb[k] reference norm / q and v norm %.1e (ours exactly 0)\n", label, k_share);
+    if (!(k_share <= 1e-6)) add_problem(problems, size, "%s reference dqkvb[k] is not ~0 (%.1e)", label, k_share);
+    free(part_g), free(part_ref);
+}
+
 // Compares the model's gradients with scale·ref_grads, tensor by tensor; prints every error.
 static void check_grads(const Problem* pb, GPTModel* m, double scale, const char* label, char* problems, size_t size) {
     double* g = test_alloc(pb->num_params);
@@ -120,6 +152,7 @@ static void check_grads(const Problem* pb, GPTModel* m, double scale, const char
         if (!(e <= TOL_GRAD)) add_problem(problems, size, "%s d%s rel err %.3e > %.0e", label, GPT_PARAMS[i].name, e,
                                           TOL_GRAD);
     }
+    check_qkv_bias_parts(pb, g, ref, label, problems, size);
     free(g), free(ref);
 }
 
