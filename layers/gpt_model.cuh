@@ -275,6 +275,7 @@ static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, Att
 static size_t gpt_model_scratch_bytes(const GPTModel* m, int exact) {
     const int N = m->B * m->T, C = m->C;
     size_t scratch = matmul_dbias_scratch_bytes(N, 4 * C);  // the widest biased output, 4C
+    scratch = gpt_max_size(scratch, matmul_dbias_scratch_bytes(C, C));  // qkv_bias.cuh's (1, C)·(C, C) sums
     scratch = gpt_max_size(scratch, attention_workspace_bytes(m->backend, &m->att_shape));
     if (exact) {
         scratch = gpt_max_size(scratch, encoder_backward_scratch_bytes(N, C, m->Vp));

@@ -8,7 +8,8 @@
 //   v part (NKV·HD)   = Σ_t d(atty)[t] summed over the query heads of each K/V head's group. Every row
 //                        of P sums to one, so b_v adds b_v to every row of the attention output atty.
 //                        With y = atty·Wᵀ + b the attention projection, Σ_t d(atty)[t] = (Σ_t dy[t])·W
-//                        = dbias_proj·W: a (1, C)·(C, C) product of the projection's bias gradient.
+//                        = dbias_proj·W: a (1, C)·(C, C) product of the projection's bias gradient
+//                        (the same column-sum pass, rows weighted by dbias_proj).
 //                        That gradient holds the sum over every micro batch so far (it is accumulated
 //                        in place), so the v part is written as the sum so far too, not added.
 // The old way, the column sums of all of dqkv, costs a pass over 3× the q part's bytes (GPT3-1.3B at
@@ -34,15 +35,15 @@ static __global__ void qkv_bias_kv_kernel(__nv_bfloat16* dk_bias, __nv_bfloat16*
 // dqkv_bias ((NH + 2·NKV)·HD) from dqkv (N, (NH + 2·NKV)·HD) and the attention projection's bias
 // gradient dproj_bias (C = NH·HD, summed over the micro batches so far) and weight proj_weight (C, C):
 // see the top of the file; the q part is added to when accumulate. datty_sum: C bf16 values of
-// device scratch; scratch: matmul_dbias_scratch_bytes(N, C) bytes. Runs on mm->stream.
+// device scratch; scratch: matmul_dbias_scratch_bytes(max(N, C), C) bytes. Runs on mm->stream.
 static void qkv_bias_backward(MatmulContext* mm, __nv_bfloat16* dqkv_bias, const __nv_bfloat16* dqkv,
                               const __nv_bfloat16* dproj_bias, const __nv_bfloat16* proj_weight,
                               __nv_bfloat16* datty_sum, void* scratch, int N, int NH, int NKV, int HD,
                               int accumulate) {
     const int C = NH * HD, KV = NKV * HD;
-    matmul_column_sums(mm, dqkv_bias, scratch, dqkv, (long)(C + 2 * KV), N, C, accumulate);
-    // datty_sum (1, C) = dproj_bias (1, C) · proj_weight (C, C): the dinp of the projection for one row
-    matmul_backward_dinp(mm, datty_sum, dproj_bias, proj_weight, 1, C, C, NULL, 0, NULL, NULL);
+    matmul_column_sums(mm, dqkv_bias, scratch, dqkv, NULL, (long)(C + 2 * KV), N, C, accumulate);
+    // datty_sum (C) = dproj_bias (C) · proj_weight (C, C): the projection's rows weighted and summed
+    matmul_column_sums(mm, datty_sum, scratch, proj_weight, dproj_bias, C, C, C, 0);
     qkv_bias_kv_kernel<<<(KV + 255) / 256, 256, 0, mm->stream>>>(dqkv_bias + C, dqkv_bias + C + KV, datty_sum, NH,
                                                                   NKV, HD);
     CUDA_CHECK(cudaGetLastError());
