@@ -131,7 +131,8 @@ static void check_qkv_bias_parts(const Problem* pb, const double* g, const doubl
         if (w == 1) continue;  // k: below
         const double e = test_rel_error(part_g, part_ref, n);
         printf("  %s dqkvb[%s] rel err %.3e\n", label, names[w], e);
-        if (!(e <= TOL_GRAD)) add_problem(problems, size, "%s dqkvb[%s] rel err %.3e > %.0e", label, names[w], e, TOL_GRAD);
+        if (!(e <= TOL_GRAD))
+            add_problem(problems, size, "%s dqkvb[%s] rel err %.3e > %.0e", label, names[w], e, TOL_GRAD);
     }
     const double k_share = sqrt(norm[1] / (norm[0] + norm[2]));
     printf("  %s dqkvb[k] reference norm / q and v norm %.1e (ours exactly 0)\n", label, k_share);
