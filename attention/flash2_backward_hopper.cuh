@@ -124,22 +124,6 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     return sm;
 }
 
-// Index in a query block's DQ_SLOTS of dQ element (row, col) of that block (convert kernel).
-template <typename C>
-__host__ __device__ __forceinline__ int dq_slot(int row, int col) {
-    int wg;
-    if (C::DQ_M_SPLIT) {
-        wg = row / 64;
-        row %= 64;
-    } else {
-        wg = col >= C::DQ_N;
-        if (wg) col -= C::DQ_COL0;
-    }
-    const int tid = (row / 16) * 32 + (row % 8) * 4 + (col % 8) / 2;
-    const int e = (col & 1) + ((row % 16) >= 8 ? 2 : 0);
-    return ((wg * (C::DQ_N / 8) + col / 8) * 128 + tid) * 4 + e;
-}
-
 #if WGMMA_AVAILABLE
 // One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring. Step j is
 // query head h0 + j / per_head, query block m_begin + j % per_head.
@@ -533,7 +517,7 @@ __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float*
 }
 
 // After: dq (B, T, NH, HD) bf16 = dq_accum · scale for one query block: its fragment-ordered slots
-// read in order (a float4 is rows r and r + 8 of two adjacent columns, see dq_slot), scattered into a
+// read in order (a float4 is rows r and r + 8 of two adjacent columns, hand_over_dq's order), scattered into a
 // shared tile, then written out as whole rows.
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,

@@ -50,12 +50,8 @@
 // and naive or flash1 attention). MATMUL_TUNE_LOG=1 in the environment prints every timing and
 // choice to stderr.
 //
-// Streams: everything runs on ctx->stream. With ctx->overlap (MATMUL_OVERLAP=1 in the environment;
-// off by default: on an H100 it was no faster, layers/PERF_NOTES.md), from the second call of a backward shape on, the
-// dweight half (dweight, dbias) runs on a side stream of the context, with its own workspace and
-// scratch, beside the dinp half, so that each may fill the SMs the other leaves idle (wave tails,
-// the bias-gradient kernels); it is joined back before matmul_backward returns. The results are the
-// same either way.
+// Streams: everything runs on ctx->stream (the dweight half on a second stream beside the dinp half
+// was measured no faster on an H100 and removed: layers/PERF_NOTES.md).
 // Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
 // reproducibility for a fixed algorithm and workspace size; each GEMM runs on one stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
@@ -562,31 +558,8 @@ static inline void matmul_backward_dgelu_dbias(MatmulContext* ctx, __nv_bfloat16
 
     ctx->last_dinp = "skipped";
     ctx->last_dbias_pre = "skipped";
-    const int flags = (dinp != NULL) | (dbias != NULL) << 1 | (gelu_pre != NULL) << 2 | (dbias_pre != NULL) << 3;
-    const int overlap =
-        ctx->overlap && dinp && matmul_path_find(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags) >= 0;
-    if (!overlap) {
-        // One stream (and the first call of a shape, whose choices are timed alone).
-        if (dinp)
-            matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
-        matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, dbias_scratch);
-        if (ctx->overlap && dinp && matmul_side_reserve(ctx, matmul_dbias_scratch_bytes(N, OC)))
-            matmul_path_remember(ctx, MATMUL_CHOICE_SEEN, N, IC, OC, accumulate, flags, 0);
-        return;
-    }
-    // dinp on ctx->stream (the next layer waits for it), dweight and dbias beside it on the side
-    // stream with its own workspace and scratch, so that each fills the other's idle SMs; joined
-    // before return (the caller's scratch and the gradients are then free to use).
-    CUDA_CHECK(cudaEventRecord(ctx->fork, ctx->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
-    matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
-    cudaStream_t main_stream = ctx->stream;
-    void* main_workspace = ctx->workspace;
-    ctx->stream = ctx->side, ctx->workspace = ctx->side_workspace;
-    matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, ctx->side_scratch);
-    ctx->stream = main_stream, ctx->workspace = main_workspace;
-    CUDA_CHECK(cudaEventRecord(ctx->join, ctx->side));
-    CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+    if (dinp) matmul_backward_dinp(ctx, dinp, dout, weight, N, IC, OC, gelu_pre, accumulate, dbias_scratch, dbias_pre);
+    matmul_backward_dweight(ctx, dweight, dbias, dout, inp, N, IC, OC, accumulate, dbias_scratch);
 }
 
 // dbias (OC) (+)= the column sums of the first OC columns of dout, N rows ld >= OC elements apart (a

@@ -71,13 +71,6 @@ typedef struct {
     MatmulPathEntry paths[MATMUL_PATH_CACHE];
     int num_paths;
     cudaEvent_t events[2];   // for the timings
-    // matmul_backward's dweight half beside its dinp half (ctx->overlap: MATMUL_OVERLAP=1)
-    int overlap;
-    cudaStream_t side;       // the dweight half's stream, workspace and dbias scratch
-    void* side_workspace;
-    void* side_scratch;
-    size_t side_scratch_bytes;
-    cudaEvent_t fork, join;
 } MatmulContext;
 
 // ---- context ------------------------------------------------------------------------------------
@@ -98,12 +91,6 @@ static inline void matmul_context_create(MatmulContext* ctx, cudaStream_t stream
     CUDA_CHECK(cudaMalloc(&ctx->workspace, ctx->workspace_bytes));
     CUDA_CHECK(cudaEventCreate(&ctx->events[0]));
     CUDA_CHECK(cudaEventCreate(&ctx->events[1]));
-    const char* overlap = getenv("MATMUL_OVERLAP");
-    ctx->overlap = overlap && overlap[0] && strcmp(overlap, "0") != 0;
-    CUDA_CHECK(cudaStreamCreate(&ctx->side));
-    CUDA_CHECK(cudaMalloc(&ctx->side_workspace, ctx->workspace_bytes));
-    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
 }
 
 static inline void matmul_context_destroy(MatmulContext* ctx) {
@@ -111,14 +98,6 @@ static inline void matmul_context_destroy(MatmulContext* ctx) {
     if (ctx->lt) CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
     if (ctx->events[0]) CUDA_CHECK(cudaEventDestroy(ctx->events[0]));
     if (ctx->events[1]) CUDA_CHECK(cudaEventDestroy(ctx->events[1]));
-    if (ctx->side_workspace) CUDA_CHECK(cudaFree(ctx->side_workspace));
-    if (ctx->side_scratch) CUDA_CHECK(cudaFree(ctx->side_scratch));
-    if (ctx->side) CUDA_CHECK(cudaStreamDestroy(ctx->side));
-    if (ctx->fork) CUDA_CHECK(cudaEventDestroy(ctx->fork));
-    if (ctx->join) CUDA_CHECK(cudaEventDestroy(ctx->join));
-    ctx->side_workspace = ctx->side_scratch = NULL;
-    ctx->side = NULL;
-    ctx->fork = ctx->join = NULL;
     ctx->workspace = NULL;
     ctx->lt = NULL;
     ctx->events[0] = ctx->events[1] = NULL;
@@ -451,12 +430,10 @@ typedef enum {
     MATMUL_CHOICE_DGELU = 1,    // backward dGELU: 0 epilogue, 1 kernel
     MATMUL_CHOICE_DBIAS = 2,    // backward dbias: 0 BGRADB epilogue, 1 reduction kernels
     MATMUL_CHOICE_DGELU_DBIAS = 3,  // dGELU + dbias_pre: 0 DGELU_BGRAD, 1 dGELU path + reduction, 2 fused kernel
-    MATMUL_CHOICE_SEEN = 4,     // a backward shape whose choices are made (its halves may overlap)
 } MatmulChoiceKind;
 
 static inline const char* matmul_choice_name(int kind) {
-    static const char* names[] = {"forward GELU", "backward dGELU", "backward dbias", "backward dGELU + dbias_pre",
-                                  "backward seen"};
+    static const char* names[] = {"forward GELU", "backward dGELU", "backward dbias", "backward dGELU + dbias_pre"};
     return names[kind];
 }
 
@@ -485,21 +462,6 @@ static inline void matmul_path_remember(MatmulContext* ctx, int kind, int N, int
     MatmulPathEntry* p = &ctx->paths[ctx->num_paths++];
     p->kind = kind, p->N = N, p->IC = IC, p->OC = OC, p->accumulate = accumulate, p->has_bias = has_bias;
     p->path = path;
-}
-
-// Makes the side scratch at least bytes (stream-ordered on ctx->stream, which the side stream
-// follows at every fork); 0 when there is no room for it (the backward then stays on one stream).
-static inline int matmul_side_reserve(MatmulContext* ctx, size_t bytes) {
-    if (ctx->side_scratch_bytes >= bytes) return 1;
-    void* p = NULL;
-    if (cudaMallocAsync(&p, bytes, ctx->stream) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (ctx->side_scratch) CUDA_CHECK(cudaFreeAsync(ctx->side_scratch, ctx->stream));
-    ctx->side_scratch = p;
-    ctx->side_scratch_bytes = bytes;
-    return 1;
 }
 
 // Picks the cheapest of count paths (cost < 0: not available; path 0 when none is) and remembers it.

@@ -23,8 +23,7 @@
 //   before the GELU) on the epilogue, kernel and timed paths, with and without accumulate: dbias_pre is
 //   checked against the fp64 column sums of the dinp the call wrote (dinp itself checked as above).
 // - N = 1000 only: determinism: forward and backward (bias, GELU, dbias_pre, accumulate) run twice give the
-//   same bits (with MATMUL_OVERLAP=1, the second backward of a shape runs its dweight half on the
-//   context's side stream, and so do the repeated shapes of the other cases).
+//   same bits.
 // Two contexts: one with ctx.tune = 0 (cuBLASLt's first algorithm) for the epilogue and kernel
 // cases, one that times its algorithms and paths (ctx.tune = 1) for the MATMUL_FUSE_AUTO cases.
 // Checks: relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for every output, printed for every case with the
