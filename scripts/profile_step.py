@@ -23,7 +23,7 @@ Prints (and writes to --out: profile.txt, kernels.csv, profile.json):
     layer, backward 2.5 times that) or GB/s (DRAM bytes measured) with the fraction of the ceiling;
   - the GEMMs by role (qkv, attproj, fc, fcproj, LM head × forward, dinp, dweight) when the order of the
     GEMM launches is the model's (cuBLASLt's bias-gradient and split-K kernels and the matmul layer's
-    GELU and dbias kernels count for the GEMM before them);
+    GELU and dbias kernels count for the GEMM they directly follow);
   - the shares projected to --accum micro steps per optimizer step (default: 131072 tokens per step, as
     bench_train.py): the micro-step kernels times --accum, the optimizer's once.
 """
@@ -177,6 +177,25 @@ def gemm_roles(L, C, Vp, N):
     return roles
 
 
+def gemm_launches_of(kernels):
+    """[name, ms] per GEMM launch, in order, each with the helper kernels right after it (cuBLASLt's
+    bias-gradient and split-K kernels, the matmul layer's GELU and dbias kernels). Those kernels join
+    only a GEMM they directly follow: the qkv bias gradient's column sums come after the attention
+    backward (layers/qkv_bias.cuh) and belong to no GEMM."""
+    launches, joinable = [], False
+    for name, ms, _ in kernels:
+        kind = kind_of(name)
+        if kind == "gemm":
+            launches.append([name, ms])
+            joinable = True
+        elif kind.startswith("gemm ") or kind in EPILOGUE_KINDS:
+            if joinable:
+                launches[-1][1] += ms
+        else:
+            joinable = False
+    return launches
+
+
 def shorten(name, width=90):
     return name if len(name) <= width else name[:width - 3] + "..."
 
@@ -243,15 +262,9 @@ def main():
     out(f"{'GEMMs and their epilogue kernels':32s} {'':5s} {gemm_ms:9.3f} {100 * gemm_ms / total:6.2f}% {'':11s}  "
         f"{tf:7.0f} TFLOP/s ({100 * tf / gemm_peak:.0f}% of the 8192^3 GEMM)")
 
-    # GEMMs by role: the model's GEMM launches in order; cuBLASLt's helper kernels join the one before.
+    # GEMMs by role: the model's GEMM launches in order, with their helper kernels.
     roles = gemm_roles(L, C, VOCAB_PADDED, N)
-    gemm_launches = []
-    for name, ms, _ in kernels:
-        kind = kind_of(name)
-        if kind == "gemm":
-            gemm_launches.append([name, ms])
-        elif (kind.startswith("gemm ") or kind in EPILOGUE_KINDS) and gemm_launches:
-            gemm_launches[-1][1] += ms
+    gemm_launches = gemm_launches_of(kernels)
     role_rows = {}
     if len(gemm_launches) == len(roles):
         for (role, flops), (name, ms) in zip(roles, gemm_launches):

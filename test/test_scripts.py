@@ -153,6 +153,16 @@ def test_check_vs_torch_curve_bounds():
     assert cvt.curve_bounds(0.1, None, ref) == [0.1] * 4
 
 
+def test_profile_step_joins_helpers_only_to_the_gemm_they_follow():
+    import profile_step
+    kernels = [("nvjet_sm90_tst_gelu", 1.0, 0), ("matmul_dbias_partial_kernel", 0.25, 0),
+               ("globalKernelBgradAB_v2", 0.125, 0), ("flash2_backward_ws_kernel", 5.0, 0),
+               ("matmul_dbias_partial_kernel", 0.5, 0), ("qkv_bias_kv_kernel", 0.0625, 0),
+               ("nvjet_sm90_tst_NNT", 2.0, 0)]
+    launches = profile_step.gemm_launches_of(kernels)
+    assert launches == [["nvjet_sm90_tst_gelu", 1.375], ["nvjet_sm90_tst_NNT", 2.0]], launches
+
+
 if __name__ == "__main__":
     try:
         harness.run_module(globals())
