@@ -226,6 +226,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     const int ds_row = cw * 64 + (tid / 32) * 16 + lane / 4, key = n0 + ds_row;  // rows key, key + 8
     const uint32_t wg_rows = KvTile::row_offset(cw * 64);
     const uint32_t k_addr = smem_address(sm.k), v_addr = smem_address(sm.v);
+    const uint64_t k_desc = KvTile::k_major(k_addr + wg_rows), v_desc = KvTile::k_major(v_addr + wg_rows);
     const uint32_t q_addr0 = smem_address(sm.q), do_addr0 = smem_address(sm.dout), ds_addr0 = smem_address(sm.ds);
     const int dq_row0 = C::DQ_M_SPLIT ? cw * 64 : 0, dq_col0 = cw * C::DQ_COL0;
 
@@ -237,10 +238,11 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     auto issue_dq = [&](float (&acc_dq)[DQ_N / 2], int dbuf) {
         const uint32_t a0 = ds_addr0 + dbuf * C::DS_BYTES + (dq_row0 / 64) * DsTile::SUB_BYTES;
         const uint32_t b0 = k_addr + (dq_col0 / KvTile::SUB_COLS) * KvTile::SUB_BYTES;
+        const uint64_t a_desc = DsTile::mn_major(a0), b_desc = KvTile::mn_major(b0);
 #pragma unroll
         for (int ks = 0; ks < C::BLOCK_N / 16; ks++)
-            wgmma_ss<DQ_N, 1, 1>(acc_dq, DsTile::mn_major(a0 + DsTile::mn_step(ks)),
-                                 KvTile::mn_major(b0 + KvTile::mn_step(ks)), ks > 0);
+            wgmma_ss<DQ_N, 1, 1>(acc_dq, DsTile::advance(a_desc, DsTile::mn_step(ks)),
+                                 KvTile::advance(b_desc, KvTile::mn_step(ks)), ks > 0);
     };
     // dQ of step j into the shared staging tile, in fragment order, then to the reducing thread.
     auto hand_over_dq = [&](const float (&acc_dq)[DQ_N / 2], int j) {
@@ -270,21 +272,23 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         constexpr bool FIRST = decltype(first_tag)::value;
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         const uint32_t q_addr = q_addr0 + stage * C::QO_BYTES, do_addr = do_addr0 + stage * C::QO_BYTES;
+        const uint64_t q_mn_desc = QoTile::mn_major(q_addr), do_mn_desc = QoTile::mn_major(do_addr);
         float s[BLOCK_M / 2], dp[BLOCK_M / 2];
         // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: 64 keys × BLOCK_M queries, k = HD
         mbar_wait(&sm.q_full[stage], phase);
         mbar_wait(&sm.do_full[stage], phase);
         my_turn();
         wgmma_fence();
+        const uint64_t q_desc = QoTile::k_major(q_addr), do_desc = QoTile::k_major(do_addr);
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
-            wgmma_ss<BLOCK_M, 0, 0>(s, KvTile::k_major(k_addr + wg_rows + KvTile::k_step(ks)),
-                                    QoTile::k_major(q_addr + QoTile::k_step(ks)), ks > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(s, KvTile::advance(k_desc, KvTile::k_step(ks)),
+                                    QoTile::advance(q_desc, QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
-            wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::k_major(v_addr + wg_rows + KvTile::k_step(ks)),
-                                    QoTile::k_major(do_addr + QoTile::k_step(ks)), ks > 0);
+            wgmma_ss<BLOCK_M, 0, 0>(dp, KvTile::advance(v_desc, KvTile::k_step(ks)),
+                                    QoTile::advance(do_desc, QoTile::k_step(ks)), ks > 0);
         wgmma_commit();
         their_turn();
         // Pᵀ while dPᵀ is still being computed, then dSᵀ
@@ -326,17 +330,17 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         }
 #pragma unroll
         for (int kq = 0; kq < KSTEPS; kq++)
-            wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::mn_major(do_addr + QoTile::mn_step(kq)), 1);
+            wgmma_rs<HD, 1>(acc_dv, pa[kq], QoTile::advance(do_mn_desc, QoTile::mn_step(kq)), 1);
         if constexpr (DK_FROM_SMEM) {
-            const uint32_t ds_rows = ds_addr0 + (j & 1) * C::DS_BYTES + DsTile::row_offset(cw * 64);
+            const uint64_t ds_desc = DsTile::k_major(ds_addr0 + (j & 1) * C::DS_BYTES + DsTile::row_offset(cw * 64));
 #pragma unroll
             for (int kq = 0; kq < KSTEPS; kq++)
-                wgmma_ss<HD, 0, 1>(acc_dk, DsTile::k_major(ds_rows + DsTile::k_step(kq)),
-                                   QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
+                wgmma_ss<HD, 0, 1>(acc_dk, DsTile::advance(ds_desc, DsTile::k_step(kq)),
+                                   QoTile::advance(q_mn_desc, QoTile::mn_step(kq)), 1);
         } else {
 #pragma unroll
             for (int kq = 0; kq < KSTEPS; kq++)
-                wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::mn_major(q_addr + QoTile::mn_step(kq)), 1);
+                wgmma_rs<HD, 1>(acc_dk, dsa[kq], QoTile::advance(q_mn_desc, QoTile::mn_step(kq)), 1);
         }
         wgmma_commit();
         if constexpr (DQ_FIRST && !FIRST) {  // dQ(j − 1) is done first: stage it while dV, dK run

@@ -213,17 +213,18 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
 
+    const uint64_t q_desc = QTile::k_major(q_addr);
     auto issue_qk = [&](int stage) {  // S = Q K(stage)ᵀ, 64 × BLOCK_N, k = HD
-        const uint32_t k_addr = k_addr0 + stage * C::KV_BYTES;
+        const uint64_t k_desc = KvTile::k_major(k_addr0 + stage * C::KV_BYTES);
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
-            wgmma_ss<BLOCK_N, 0, 0>(s, QTile::k_major(q_addr + QTile::k_step(ks)),
-                                    KvTile::k_major(k_addr + KvTile::k_step(ks)), ks > 0);
+            wgmma_ss<BLOCK_N, 0, 0>(s, QTile::advance(q_desc, QTile::k_step(ks)),
+                                    KvTile::advance(k_desc, KvTile::k_step(ks)), ks > 0);
     };
     auto issue_pv = [&](int stage) {  // O += P V(stage): V is MN-major (keys × HD)
-        const uint32_t v_addr = v_addr0 + stage * C::KV_BYTES;
+        const uint64_t v_desc = KvTile::mn_major(v_addr0 + stage * C::KV_BYTES);
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk++) wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::mn_major(v_addr + KvTile::mn_step(kk)), 1);
+        for (int kk = 0; kk < KSTEPS; kk++) wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::advance(v_desc, KvTile::mn_step(kk)), 1);
     };
     auto softmax_block = [&](int n) {  // S of key block n → P (fp32, in place)
         const int n0 = n * BLOCK_N;

@@ -65,6 +65,11 @@ struct WgTile {
     // byte offset of row `row` within a sub-tile (a multiple of 8)
     static __host__ __device__ constexpr uint32_t row_offset(int row) { return row * ROW_BYTES; }
 
+    // The descriptor of the operand `bytes` (a multiple of 16) further on, e.g. k_step(ks): the start
+    // address is the descriptor's low 14 bits in 16-byte units and shared memory ends below 256 KB,
+    // so it adds without carrying into the other fields. One descriptor per tile and step, advanced
+    // by constants, instead of encoding every wgmma's address (a mask, shifts and moves each).
+    static __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
     static __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
         return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16 |
                (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32 | SWIZZLE_MODE << 62;
