@@ -295,8 +295,14 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         wgmma_wait<1>();
         wgmma_fence_registers(s);
         const bool masked = m0 + BLOCK_M > p.T || n0 + C::BLOCK_N > p.T || (CAUSAL && n0 + C::BLOCK_N - 1 > m0);
-        probs_from_scores<BLOCK_M / 8, CAUSAL>(s, key, m0 + 2 * t4, p.T, masked, sm.lse + stage * BLOCK_M + 2 * t4,
-                                               p.scale_log2);
+        // two copies, so that the blocks without a mask (most of them) skip its compares and selects
+        // instead of issuing them predicated off
+        if (masked)
+            probs_from_scores<BLOCK_M / 8, CAUSAL>(s, key, m0 + 2 * t4, p.T, true, sm.lse + stage * BLOCK_M + 2 * t4,
+                                                   p.scale_log2);
+        else
+            probs_from_scores<BLOCK_M / 8, CAUSAL>(s, key, m0 + 2 * t4, p.T, false, sm.lse + stage * BLOCK_M + 2 * t4,
+                                                   p.scale_log2);
         uint32_t pa[KSTEPS][4], dsa[KSTEPS][4];
 #pragma unroll
         for (int kq = 0; kq < KSTEPS; kq++) accumulators_to_a(pa[kq], &s[8 * kq], &s[8 * kq + 4]);
