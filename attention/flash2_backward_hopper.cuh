@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(384, 1)
             backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, threadIdx.x / 128 - 1, n0, b, kv_head, m_begin,
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0), n0, b, kv_head, m_begin,
                                                              steps);
     }
 #else
