@@ -119,31 +119,37 @@ __device__ __forceinline__ void softmax_finish(const float (&row_max)[2], const 
 
 // Backward, in place: s (Sᵀ) becomes Pᵀ = exp2(S·scale_log2 − LSE·log2 e), for rows key and key + 8
 // and columns col0 + 8·nt + {0, 1} (queries; col0 is the block's first query + 2·(lane % 4)).
-// lse_log2[j] is that of column col0 + j. With `masked`, entries with a key or query past T, or
-// (causal) key > query, become 0.
+// lse_log2[j] is that of column col0 + j (8-byte aligned). With `masked`, entries with a key or
+// query past T, or (causal) key > query, become 0. Up to 8 tiles the LSE values are read as pairs
+// (half the shared-memory loads); with more, the pairs' registers made ptxas spill (d64's 128 rows).
 template <int NT, bool CAUSAL>
 __device__ __forceinline__ void probs_from_scores(float* s, int key, int col0, int T, bool masked,
                                                   const float* lse_log2, float scale_log2) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int nt = 0; nt < NT; nt++) {
+        const float2 lse = NT <= 8 ? *(const float2*)&lse_log2[nt * 8]  // columns col0 + 8·nt + {0, 1}
+                                   : make_float2(lse_log2[nt * 8], lse_log2[nt * 8 + 1]);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int j = nt * 8 + (e & 1);
             const int k = key + (e >= 2 ? 8 : 0), q = col0 + j;
-            float pe = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -lse_log2[j]));
+            float pe = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -((e & 1) ? lse.y : lse.x)));
             if (masked && (k >= T || q >= T || (CAUSAL && k > q))) pe = 0.f;
             s[4 * nt + e] = pe;
         }
+    }
 }
 
 // Backward, in place: dp (dPᵀ) becomes dSᵀ = Pᵀ ∘ (dPᵀ − D), same layout; d[j] = rowsum(dO ∘ O) of
-// column col0 + j.
+// column col0 + j (8-byte aligned; read as pairs up to 8 tiles, as in probs_from_scores).
 template <int NT>
 __device__ __forceinline__ void dscores_from_probs(float* dp, const float* p, const float* d) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int nt = 0; nt < NT; nt++) {
+        const float2 dd = NT <= 8 ? *(const float2*)&d[nt * 8] : make_float2(d[nt * 8], d[nt * 8 + 1]);
 #pragma unroll
-        for (int e = 0; e < 4; e++) dp[4 * nt + e] = p[4 * nt + e] * (dp[4 * nt + e] - d[nt * 8 + (e & 1)]);
+        for (int e = 0; e < 4; e++) dp[4 * nt + e] = p[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dd.y : dd.x));
+    }
 }
 
 // ---- used by the mma.sync and flash1 kernels only ---------------------------------------------
