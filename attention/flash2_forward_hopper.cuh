@@ -272,7 +272,8 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
         wgmma_fence_registers(acc_o);
         wgmma_fence_operands(pa);
         release_slot(&sm.v_empty[prev]);
-        rescale_rows<HD / 8>(acc_o, rescale);
+        // a warp's own 16 rows: skipped when none of their maxima moved (most blocks, once they settle)
+        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
         p_to_bf16();
     }
     mbar_wait(&sm.v_full[stage], phase);
