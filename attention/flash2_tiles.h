@@ -31,14 +31,16 @@ enum { BWD_DQ_FIRST = 1, BWD_PINGPONG = 2 };
 
 // Backward (flash2_backward_hopper.cuh): 128 keys per block, BLOCK_M queries per step (registers allow
 // 128 only at head dim 64); DK_FROM_SMEM: dK's product reads dSᵀ from shared memory; SCHEDULE: the
-// order of the products (above). Measured
-// with build/flash2_tune on an H100 (attention/PERF_NOTES.md): ping-pong alone at head dim 64 (with
-// dQ first it loses 3-9%), both at 80, 96 and 128, where dK from shared memory then wins causal too.
+// order of the products (above). Measured with build/flash2_tune on an H100 (attention/PERF_NOTES.md),
+// since the consumer step's instructions were halved (wgmma descriptors advanced by constants): dQ
+// first without ping-pong at 64, 96 and 128 (up to 10% over both at d96 8k; ping-pong now costs the
+// shorter step more than it hides), neither at 80 (2-7% non-causal); dK from shared memory at 64
+// and 128.
 template <int HD, bool CAUSAL>
 struct Flash2BackwardTiles {
     static constexpr int BLOCK_M = HD == 64 ? 128 : 64;
-    static constexpr bool DK_FROM_SMEM = HD == 128;
-    static constexpr int SCHEDULE = HD == 64 ? BWD_PINGPONG : BWD_DQ_FIRST | BWD_PINGPONG;
+    static constexpr bool DK_FROM_SMEM = HD == 128 || HD == 64;
+    static constexpr int SCHEDULE = HD == 80 ? 0 : BWD_DQ_FIRST;
 };
 
 #endif  // FLASH2_TILES_H

@@ -72,10 +72,10 @@ static const ForwardCandidate FORWARD[] = {
 #define BWD_WS_SOME(HD, BM) BWD_WS(HD, BM, "", "regs", 0), BWD_WS(HD, BM, "", "regs", 1), BWD_WS(HD, BM, "", "regs", 3)
 // The deterministic mode as the library runs it (flash2_tiles.h's choice per head dim).
 static const BackwardCandidate BACKWARD[] = {
-    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS(64, 128, " determ.", "regs", 2),
-    BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS(80, 64, " determ.", "regs", 3),
-    BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS(96, 64, " determ.", "regs", 3),
-    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS(128, 64, " determ.", "shared", 3),
+    BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS(64, 128, " determ.", "shared", 1),
+    BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS(80, 64, " determ.", "regs", 0),
+    BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS(96, 64, " determ.", "regs", 1),
+    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS(128, 64, " determ.", "shared", 1),
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
