@@ -178,20 +178,41 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
     }
 }
 
+// Two words of one row, n-tiles nt and nt + 1 (columns 8nt + 2t4 and 8nt + 8 + 2t4 of each quad
+// lane t4), traded within the quad so that lane t4 = 2a + c ends with columns 8(nt + a) + 4c .. + 3:
+// 8 contiguous bytes a lane, a whole 32-byte sector a quad (the fragment layout stores 16 bytes a
+// quad per row, and ncu counted half of every store sector wasted). Two shuffles per pair of words.
+__device__ __forceinline__ uint2 quad_gather_columns(uint32_t w_nt, uint32_t w_next, int t4) {
+    const int a = t4 >> 1, c = t4 & 1;
+    const uint32_t keep = a ? w_next : w_nt;  // n-tile nt + a: this lane's part of it stays
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, a ? w_nt : w_next, 2);  // lane t4 ^ 2's part of it
+    // now keep and got are n-tile nt + a of lanes (a, c) and (1 - a, c); lane c ^ 1 needs the one of row a = c ^ 1
+    const uint32_t mine = c == a ? keep : got, theirs = __shfl_xor_sync(0xffffffffu, c == a ? got : keep, 1);
+    return c ? make_uint2(theirs, mine) : make_uint2(mine, theirs);
+}
+
 // dK·scale and dV from the accumulators: rows key and key + 8 of this thread, K/V head h.
 template <int HD>
 __device__ __forceinline__ void backward_store_dkdv(const Flash2BackwardWsParams& p, const float (&acc_dk)[HD / 2],
                                                     const float (&acc_dv)[HD / 2], int key, int b, int h) {
+    static_assert(HD % 16 == 0, "n-tiles are stored in pairs");
     const int t4 = threadIdx.x % 4;
+    const int col = 8 * (t4 >> 1) + 4 * (t4 & 1);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        if (key + 8 * half >= p.T) continue;
-        const long offset = ((long)b * p.T + key + 8 * half) * p.dkv_stride + (long)h * HD + 2 * t4;
+        const bool row_in = key + 8 * half < p.T;  // the shuffles run on every lane; the stores only here
+        const long offset = ((long)b * p.T + key + 8 * half) * p.dkv_stride + (long)h * HD + col;
 #pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++) {
-            *(uint32_t*)(p.dk + offset + nt * 8) =
-                pack_bf16(acc_dk[4 * nt + 2 * half] * p.scale, acc_dk[4 * nt + 2 * half + 1] * p.scale);
-            *(uint32_t*)(p.dv + offset + nt * 8) = pack_bf16(acc_dv[4 * nt + 2 * half], acc_dv[4 * nt + 2 * half + 1]);
+        for (int nt = 0; nt < HD / 8; nt += 2) {
+            const int i = 4 * nt + 2 * half, j = i + 4;  // n-tiles nt and nt + 1
+            const uint2 dk = quad_gather_columns(pack_bf16(acc_dk[i] * p.scale, acc_dk[i + 1] * p.scale),
+                                                 pack_bf16(acc_dk[j] * p.scale, acc_dk[j + 1] * p.scale), t4);
+            const uint2 dv = quad_gather_columns(pack_bf16(acc_dv[i], acc_dv[i + 1]),
+                                                 pack_bf16(acc_dv[j], acc_dv[j + 1]), t4);
+            if (row_in) {
+                *(uint2*)(p.dk + offset + nt * 8) = dk;
+                *(uint2*)(p.dv + offset + nt * 8) = dv;
+            }
         }
     }
 }
