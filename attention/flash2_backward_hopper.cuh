@@ -8,7 +8,8 @@
 // registers; G = NH / NKV times the steps):
 //   warpgroup 0  gives its registers away (setmaxnreg); one thread loads K and V once, then, per
 //                query block of BLOCK_M rows, Q with LSE·log2 e and dO with D = rowsum(dO ∘ O) into
-//                a two-slot ring (TMA and bulk copies, "full"/"empty" mbarriers); another thread
+//                a two-slot ring (TMA and bulk copies; "full" mbarriers, and one "empty" per slot that
+//                every consumer thread arrives at); another thread
 //                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
 //                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
@@ -186,8 +187,10 @@ __device__ __forceinline__ uint2 quad_gather_columns(uint32_t w_nt, uint32_t w_n
     const int a = t4 >> 1, c = t4 & 1;
     const uint32_t keep = a ? w_next : w_nt;  // n-tile nt + a: this lane's part of it stays
     const uint32_t got = __shfl_xor_sync(0xffffffffu, a ? w_nt : w_next, 2);  // lane t4 ^ 2's part of it
-    // now keep and got are n-tile nt + a of lanes (a, c) and (1 - a, c); lane c ^ 1 needs the one of row a = c ^ 1
-    const uint32_t mine = c == a ? keep : got, theirs = __shfl_xor_sync(0xffffffffu, c == a ? got : keep, 1);
+    // keep, got: n-tile nt + a of lanes 2a + c and 2(1 − a) + c. This lane needs that n-tile's words
+    // of lanes 2c and 2c + 1: one it has (from lane 2c + c), the other lane t4 ^ 1 has.
+    const uint32_t mine = c == a ? keep : got;
+    const uint32_t theirs = __shfl_xor_sync(0xffffffffu, c == a ? got : keep, 1);
     return c ? make_uint2(theirs, mine) : make_uint2(mine, theirs);
 }
 
@@ -393,7 +396,7 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         // Q, dO, LSE and D of this step are no longer read. Every thread arrives, not one per warp
         // after __syncwarp: compute-sanitizer's racecheck orders only a thread's own reads (of LSE
         // and D) before its arrival, and reported the per-warp release as a race with the next
-        // bulk copy into the slot. Measured with flash2_tune: about 1% of the d128 causal backward.
+        // bulk copy into the slot. Cost (flash2_tune, H100): at most 1% of the d128 causal backward.
         mbar_arrive(&sm.slot_empty[stage]);
         if constexpr (!DQ_FIRST && !FIRST) {
             wgmma_wait<0>();
@@ -472,7 +475,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int s = 0; s < C::STAGES; s++) {
             mbar_init(&sm.q_full[s], 1);
             mbar_init(&sm.do_full[s], 1);
-            mbar_init(&sm.slot_empty[s], 256);  // every consumer thread
+            mbar_init(&sm.slot_empty[s], 2 * 128);  // every thread of both consumer warpgroups
         }
         mbar_init(sm.dq_full, 8);
         mbar_init(sm.dq_empty, 1);
