@@ -493,8 +493,9 @@ __global__ void __launch_bounds__(384, 1)
             backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0), n0, b, kv_head, m_begin,
-                                                             steps);
+        // the consumer warpgroup's index, from lane 0 so that ptxas knows it is warp-uniform
+        const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, cw, n0, b, kv_head, m_begin, steps);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there

@@ -339,7 +339,9 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         if (threadIdx.x == 0) forward_produce<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles);
     } else {
         registers_increase<C::CONSUMER_REGS>();
-        forward_consume<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0), tiles);
+        // the consumer warpgroup's index, from lane 0 so that ptxas knows it is warp-uniform
+        const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0);
+        forward_consume<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, cw, tiles);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
