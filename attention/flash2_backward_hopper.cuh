@@ -80,7 +80,8 @@ struct Flash2BackwardWsConfig {
     static constexpr int DQ_SLOTS = 2 * 128 * (DQ_N / 2);      // floats per query block
     static constexpr uint32_t KV_BYTES = KvTile::ELEMS * 2, QO_BYTES = QoTile::ELEMS * 2, DS_BYTES = DsTile::ELEMS * 2;
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
-    static constexpr int BARRIERS = 1 + 4 * STAGES + 2 + 4;
+    // kv_full; q_full, do_full, slot_empty per stage; dq_full, dq_empty; ds_ready, ds_free × 2
+    static constexpr int BARRIERS = 1 + 3 * STAGES + 2 + 4;
     // One dQ staging tile: a second one (where shared memory allows) measured no faster.
     static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
                                          STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int s = 0; s < C::STAGES; s++) {
             mbar_init(&sm.q_full[s], 1);
             mbar_init(&sm.do_full[s], 1);
-            mbar_init(&sm.slot_empty[s], 2 * 128);  // every thread of both consumer warpgroups
+            mbar_init(&sm.slot_empty[s], C::THREADS - 128);  // every thread of both consumer warpgroups
         }
         mbar_init(sm.dq_full, 8);
         mbar_init(sm.dq_empty, 1);
