@@ -181,13 +181,34 @@ __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, c
     fence_proxy_async();  // the TMA store reads what these ordinary stores wrote
     named_barrier_sync(C::EPILOGUE_BARRIER + cw, 128);
     if (tid == 0) {
+        if (m0 + cw * 64 < p.T) {  // a warpgroup whose rows all lie past T has nothing to store
 #pragma unroll
-        for (int j = 0; j < HD / QTile::SUB_COLS; j++)
-            tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS, j * QTile::SUB_COLS,
-                         h, m0 + cw * 64, b);
+            for (int j = 0; j < HD / QTile::SUB_COLS; j++)
+                tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS,
+                             j * QTile::SUB_COLS, h, m0 + cw * 64, b);
+        }
         bulk_commit();
         bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
         mbar_arrive(q_empty);
+    }
+}
+
+// A warpgroup's walk over key blocks none of its rows see: no products, so the other warpgroups
+// have the tensor cores to themselves, but its place in the turns kept and each slot released once
+// this use of it has landed (an earlier arrival would count for the slot's previous use).
+template <typename C>
+__device__ __forceinline__ void forward_skip_blocks(const Flash2ForwardSmem<C>& sm, int blocks, int& stage, int& phase,
+                                                    int my_turn, int next_turn) {
+    for (int i = 0; i < blocks; i++) {
+        if (i > 0) {
+            named_barrier_sync(my_turn, 256);
+            named_barrier_arrive(next_turn, 256);
+        }
+        mbar_wait(&sm.k_full[stage], phase);
+        release_slot(&sm.k_empty[stage]);
+        mbar_wait(&sm.v_full[stage], phase);
+        release_slot(&sm.v_empty[stage]);
+        if (++stage == C::STAGES) stage = 0, phase ^= 1;
     }
 }
 
@@ -238,54 +259,66 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
     };
     const int my_turn = C::TURN_BARRIER + cw, next_turn = C::TURN_BARRIER + (cw + 1) % CONSUMERS;
 
+    // Key blocks this warpgroup's rows see: all of them, except none when its rows lie past T (the last
+    // tile of a head where T is not a multiple of BLOCK_M) and, causal, not the tile's last blocks where
+    // they lie wholly above its rows' diagonal. Those come first in the walk (last block first).
+    const int row_end = min(wg_row0 + 64, p.T);
+    const int live = row_end <= wg_row0 ? 0 : CAUSAL ? min(n_blocks, (row_end + BLOCK_N - 1) / BLOCK_N) : n_blocks;
     int stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
-    mbar_wait(&sm.k_full[stage], phase);
-    wgmma_fence();
-    issue_qk(stage);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_registers(s);
-    release_slot(&sm.k_empty[stage]);
-    softmax_block(n_blocks - 1);
-    p_to_bf16();
-
-    for (int i = 1; i < n_blocks; i++) {
-        const int prev = stage, prev_phase = phase;
-        if (++stage == C::STAGES) stage = 0, phase ^= 1;
+    forward_skip_blocks<C>(sm, n_blocks - live, stage, phase, my_turn, next_turn);
+    if (live > 0) {
+        // after skipped blocks the first live one takes its turn, as it would have in the walk
+        const bool turn = live < n_blocks;
         mbar_wait(&sm.k_full[stage], phase);
-        named_barrier_sync(my_turn, 256);
-        wgmma_fence_registers(acc_o);  // the rescale and the bf16 P are done before the products start
-        wgmma_fence_operands(pa);
+        if (turn) named_barrier_sync(my_turn, 256);
         wgmma_fence();
         issue_qk(stage);
         wgmma_commit();
-        mbar_wait(&sm.v_full[prev], prev_phase);
-        wgmma_fence();
-        issue_pv(prev);
-        wgmma_commit();
-        named_barrier_arrive(next_turn, 256);
-        wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
+        if (turn) named_barrier_arrive(next_turn, 256);
+        wgmma_wait<0>();
         wgmma_fence_registers(s);
         release_slot(&sm.k_empty[stage]);
-        softmax_block(n_blocks - 1 - i);
+        softmax_block(live - 1);
+        p_to_bf16();
+
+        for (int i = 1; i < live; i++) {
+            const int prev = stage, prev_phase = phase;
+            if (++stage == C::STAGES) stage = 0, phase ^= 1;
+            mbar_wait(&sm.k_full[stage], phase);
+            named_barrier_sync(my_turn, 256);
+            wgmma_fence_registers(acc_o);  // the rescale and the bf16 P are done before the products start
+            wgmma_fence_operands(pa);
+            wgmma_fence();
+            issue_qk(stage);
+            wgmma_commit();
+            mbar_wait(&sm.v_full[prev], prev_phase);
+            wgmma_fence();
+            issue_pv(prev);
+            wgmma_commit();
+            named_barrier_arrive(next_turn, 256);
+            wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
+            wgmma_fence_registers(s);
+            release_slot(&sm.k_empty[stage]);
+            softmax_block(live - 1 - i);
+            wgmma_wait<0>();
+            wgmma_fence_registers(acc_o);
+            wgmma_fence_operands(pa);
+            release_slot(&sm.v_empty[prev]);
+            // a warp's own 16 rows: skipped when none of their maxima moved (most blocks, once they settle)
+            if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
+            p_to_bf16();
+        }
+        mbar_wait(&sm.v_full[stage], phase);
+        wgmma_fence_registers(acc_o);
+        wgmma_fence_operands(pa);
+        wgmma_fence();
+        issue_pv(stage);
+        wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_registers(acc_o);
         wgmma_fence_operands(pa);
-        release_slot(&sm.v_empty[prev]);
-        // a warp's own 16 rows: skipped when none of their maxima moved (most blocks, once they settle)
-        if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
-        p_to_bf16();
+        release_slot(&sm.v_empty[stage]);
     }
-    mbar_wait(&sm.v_full[stage], phase);
-    wgmma_fence_registers(acc_o);
-    wgmma_fence_operands(pa);
-    wgmma_fence();
-    issue_pv(stage);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_registers(acc_o);
-    wgmma_fence_operands(pa);
-    release_slot(&sm.v_empty[stage]);
     ring += n_blocks;
     forward_epilogue<C, HD>(p, maps, q_tile, &sm.q_empty[qb], cw, tile.m0, tile.b, tile.h, acc_o, row_max, row_sum);
 }
