@@ -158,7 +158,8 @@ __device__ __forceinline__ void release_slot(uint64_t* empty) {
 }
 
 // O /= ℓ and LSE for this warpgroup's 64 rows; O goes through its rows of the Q tile (its own
-// products no longer read them) and out by TMA; then the tile's Q buffer is handed back (q_empty).
+// products no longer read them) and out by TMA; then the tile's Q buffer is handed back (q_empty),
+// at once with one Q buffer, with two by hand_back_previous_q during the next tile.
 template <typename C, int HD>
 __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
                                                  __nv_bfloat16* q_tile, uint64_t* q_empty, int cw, int m0, int b,
@@ -188,8 +189,21 @@ __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, c
                              j * QTile::SUB_COLS, h, m0 + cw * 64, b);
         }
         bulk_commit();
-        bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
-        mbar_arrive(q_empty);
+        if (C::Q_BUFFERS == 1) {  // with two buffers this waits until the next tile's first product is issued
+            bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
+            mbar_arrive(q_empty);
+        }
+    }
+}
+
+// With two Q buffers a warpgroup hands the previous tile's buffer back (q_empty) only once this tile's
+// first product has been issued: its storing thread waits for the TMA store to read the O there with
+// the tensor cores busy, not idle (the producer needs that buffer only for the tile after this one).
+template <typename C>
+__device__ __forceinline__ void hand_back_previous_q(const Flash2ForwardSmem<C>& sm, int iter) {
+    if (C::Q_BUFFERS == 2 && iter > 0 && threadIdx.x % 128 == 0) {
+        bulk_wait_read();
+        mbar_arrive(&sm.q_empty[(iter - 1) % 2]);
     }
 }
 
@@ -266,6 +280,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
     const int live = row_end <= wg_row0 ? 0 : CAUSAL ? min(n_blocks, (row_end + BLOCK_N - 1) / BLOCK_N) : n_blocks;
     int stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
     forward_skip_blocks<C>(sm, n_blocks - live, stage, phase, my_turn, next_turn);
+    if (live == 0) hand_back_previous_q<C>(sm, tile.iter);
     if (live > 0) {
         // after skipped blocks the first live one takes its turn, as it would have in the walk
         const bool turn = live < n_blocks;
@@ -275,6 +290,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
         issue_qk(stage);
         wgmma_commit();
         if (turn) named_barrier_arrive(next_turn, 256);
+        hand_back_previous_q<C>(sm, tile.iter);
         wgmma_wait<0>();
         wgmma_fence_registers(s);
         release_slot(&sm.k_empty[stage]);
@@ -342,6 +358,7 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
     }
     // Warpgroup 0's turn was announced once more than it took (the first arrival above).
     if (cw == 0) named_barrier_sync(C::TURN_BARRIER, 256);
+    if (C::Q_BUFFERS == 2 && threadIdx.x % 128 == 0) bulk_wait_read();  // the last O store has left shared memory
 }
 #endif  // WGMMA_AVAILABLE
 
