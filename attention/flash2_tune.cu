@@ -2,7 +2,8 @@
 // attention benchmark grid (hidden 2048, batch·seqlen = 16k tokens, bf16 random inputs), so the
 // choice in flash2_forward.cu / flash2_backward.cu rests on measurements. Not part of the trainer.
 //
-//   make build/flash2_tune && build/flash2_tune [--runs N] [--seqlens 512,2048,8192]
+//   make build/flash2_tune && build/flash2_tune [--runs N] [--seqlens 512,2048,8192] [--head-dims 64,128]
+//                                               [--pass forward|backward|both]
 //
 // Each candidate's outputs are compared with the first candidate's (relative error ≤ 1e-2), so a
 // fast but broken shape is reported as WRONG rather than chosen. Prints TFLOP/s (FA2 paper count:
@@ -167,19 +168,26 @@ static float time_ms(F&& run, int runs, cudaStream_t stream) {
 
 int main(int argc, char** argv) {
     int runs = 20;
+    bool time_forward = true, time_backward = true;
     std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384}, head_dims = {64, 80, 96, 128};
     static struct option options[] = {{"runs", required_argument, 0, 'r'}, {"seqlens", required_argument, 0, 's'},
-                                      {"head-dims", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
-                                      {0, 0, 0, 0}};
+                                      {"head-dims", required_argument, 0, 'd'}, {"pass", required_argument, 0, 'p'},
+                                      {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "r:s:d:h", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "r:s:d:p:h", options, NULL)) != -1) {
         if (c == 'r') runs = atoi(optarg);
+        else if (c == 'p' && (!strcmp(optarg, "forward") || !strcmp(optarg, "backward") || !strcmp(optarg, "both"))) {
+            time_forward = strcmp(optarg, "backward") != 0;
+            time_backward = strcmp(optarg, "forward") != 0;
+        }
         else if (c == 's' || c == 'd') {
             std::vector<int>& list = c == 's' ? seqlens : head_dims;
             list.clear();
             for (char* tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) list.push_back(atoi(tok));
         } else {
-            printf("usage: %s [--runs N] [--seqlens 512,2048,...] [--head-dims 64,80,96,128]\n", argv[0]);
+            printf("usage: %s [--runs N] [--seqlens 512,2048,...] [--head-dims 64,80,96,128] "
+                   "[--pass forward|backward|both]\n",
+                   argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -245,7 +253,7 @@ int main(int argc, char** argv) {
 
                 bool first = true;
                 for (const ForwardCandidate& cand : FORWARD) {
-                    if (cand.hd != hd) continue;
+                    if (cand.hd != hd || !time_forward) continue;
                     float ms = time_ms([&] { cand.launch[causal](&fp, B, stream); }, runs, stream);
                     CUDA_CHECK(cudaDeviceSynchronize());
                     double err = 0;
@@ -263,7 +271,7 @@ int main(int argc, char** argv) {
                     }
                 first = true;
                 for (const BackwardCandidate& cand : BACKWARD) {
-                    if (cand.hd != hd) continue;
+                    if (cand.hd != hd || !time_backward) continue;
                     float ms = time_ms([&] { cand.launch[causal](&bp, B, stream); }, runs, stream);
                     CUDA_CHECK(cudaDeviceSynchronize());
                     double err = 0;
