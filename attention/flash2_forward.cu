@@ -52,14 +52,7 @@ int flash2_use_wgmma(void) {
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
-    if constexpr (HD == 128) {  // two consumer warpgroups only
-        launch_forward_ws<HD, Tiles::BLOCK_N, 2, CAUSAL, true>(p, B, stream);
-    } else if constexpr (HD == 64) {  // two or three by the length
-        if (Tiles::consumers(p->T) == 3) launch_forward_ws<HD, Tiles::BLOCK_N, 3, CAUSAL, true>(p, B, stream);
-        else launch_forward_ws<HD, Tiles::BLOCK_N, 2, CAUSAL, true>(p, B, stream);
-    } else {  // 80, 96: three
-        launch_forward_ws<HD, Tiles::BLOCK_N, 3, CAUSAL, true>(p, B, stream);
-    }
+    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true>(p, B, stream);
 }
 
 template <bool CAUSAL>

@@ -8,17 +8,14 @@
 // persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
 // next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
 // runs one block per tile).
-// CONSUMERS: 3 at head dim 64, except causal up to CAUSAL_SHORT_T tokens, where 2 (more, shorter
-// tiles) balance the SMs better; 3 at 80 and 96, with 96-key blocks (128 leaves too few registers
-// for three: ptxas serializes the products); 2 at 128. Measured with build/flash2_tune on an H100:
-// three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512;
-// attention/PERF_NOTES.md).
+// CONSUMERS: 2 at head dim 128; 3 at 64, and at 80 and 96 with 96-key blocks (128 leaves too few
+// registers for three: ptxas serializes the products). Measured with build/flash2_tune on an H100
+// (attention/PERF_NOTES.md): three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80
+// non-causal 512); at 64 causal, since a warpgroup skips the key blocks wholly above its diagonal,
+// three beat two at every length (at 512 and 1k two had been ahead).
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
-    static constexpr int CAUSAL_SHORT_T = 1024;
-    static constexpr int consumers(int T) {
-        return HD == 80 || HD == 96 ? 3 : HD == 64 && !(CAUSAL && T <= CAUSAL_SHORT_T) ? 3 : 2;
-    }
+    static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
     static constexpr int BLOCK_N = HD == 80 || HD == 96 ? 96 : 128;
 };
 
