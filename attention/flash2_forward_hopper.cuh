@@ -396,11 +396,7 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
                          : row_end <= wg_row0 ? 0
                                               : min(tile.n_blocks, (row_end + BLOCK_N - 1) / BLOCK_N);
         for (int n = tile.n_blocks - 1; n >= live; n--) skip_block();
-        if (live == 0) {  // no product reads this tile's Q here and no O is stored from it: hand it back now
-            hand_back();
-            if (tid == 0) mbar_arrive(&sm.q_empty[iter % 2]);
-            continue;
-        }
+        if (live == 0) continue;
         const bool crossing = pending;
         int n = live - 1;
         if (!crossing) first_block(tile, t, q_desc, n--);
