@@ -5,26 +5,25 @@
 // their K and V blocks are read from L2 after the first.
 //
 // Persistent: one thread block per SM walks the tiles (query block of 64·CONSUMERS rows, b·NH + h),
-// heaviest causal query blocks first: non-causal round-robin; causal (tiles of different lengths)
-// taking the next tile from a counter in the call's workspace (without one, causal runs one block per
-// tile). The producer picks the tile and hands its index to the consumers beside its Q buffer
-// (tile_of_q; `tiles` there means stop). 1 + CONSUMERS warpgroups:
+// heaviest causal query blocks first, so that one tile's loads overlap the previous tile's epilogue:
+// non-causal round-robin; causal (tiles of different lengths) taking the next tile from a counter in
+// the call's workspace (without one, causal runs one block per tile). The producer picks the tile and
+// hands its index to the consumers beside its Q buffer (tile_of_q; `tiles` there means stop).
+// 1 + CONSUMERS warpgroups:
 //   producer   warpgroup 0 gives its registers away (setmaxnreg) and one thread issues every load:
-//              per tile the Q tile into one of two buffers (once that buffer's previous O has been
-//              stored), then K and V blocks (BLOCK_N keys) into a ring of STAGES slots that runs on
-//              across tiles, each slot guarded by a "full" mbarrier (TMA bytes landed) and an "empty"
-//              one (consumers done).
-//   consumers  warpgroup 1 + c owns query rows 64c..64c+63 of each tile. Its key blocks, last block
-//              first (the masked ones come first), form one walk that runs on across tiles:
+//              per tile the Q tile (once its previous O has been stored from there), then K and V
+//              blocks (BLOCK_N keys) into a ring of STAGES slots that runs on across tiles, each slot
+//              guarded by a "full" mbarrier (TMA bytes landed) and an "empty" one (consumers done).
+//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (last block first, so
+//              the masked blocks come first):
 //                issue S(j) = Q K(j)ᵀ         wgmma, Q and K from shared memory
-//                issue O += P(j−1) V(j−1)     wgmma, P from registers; j−1 may be the previous tile's
-//                                             last block
+//                issue O += P(j−1) V(j−1)     wgmma, P from registers
 //                softmax of S(j) while both run: mask, row max, P = exp2, running sum
-//                wait for O; if j−1 ended a tile, its O /= ℓ goes through this warpgroup's rows of
-//                that tile's Q buffer out by TMA (LSE per row), else O is rescaled; P(j) to bf16
+//                wait for O, rescale it, P(j) to bf16
 //              and the warpgroups take turns issuing their products (named barriers, "ping-pong"),
-//              so one's softmax runs while the tensor cores do another's products. A tile's start
-//              and end are thus inside the pipeline: the tensor cores do not idle between tiles.
+//              so one's softmax runs while the tensor cores do another's products.
+//   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row; then the
+//              Q tile is handed back to the producer ("q_empty").
 // The shared arithmetic (masking, online softmax, rescale, LSE) is attention_math.cuh's.
 #ifndef FLASH2_FORWARD_HOPPER_CUH
 #define FLASH2_FORWARD_HOPPER_CUH
@@ -47,12 +46,11 @@ struct Flash2ForwardWsConfig {
     static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32, CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
     static constexpr uint32_t Q_BYTES = QTile::ELEMS * 2, KV_BYTES = KvTile::ELEMS * 2;
     static constexpr int BARRIERS = 4 + 4 * STAGES;
-    // Two Q tiles: a tile's first product is issued while the previous tile's O, stored through the
-    // other buffer, is still being computed.
-    static constexpr int Q_BUFFERS = 2;
+    // Two Q tiles where shared memory allows: a persistent block then loads the next tile's Q while
+    // this tile's O is still being stored from the other.
+    static constexpr int Q_BUFFERS = 1024 + 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 <= 227 * 1024 ? 2 : 1;
     static constexpr size_t SMEM_BYTES =
         1024 /* alignment slack */ + Q_BUFFERS * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 4 * Q_BUFFERS;
-    static_assert(SMEM_BYTES <= 227 * 1024, "two Q tiles and the K/V ring must fit in shared memory");
     // named barriers: 1..CONSUMERS the ping-pong turns, then one per consumer for its epilogue
     static constexpr int TURN_BARRIER = 1, EPILOGUE_BARRIER = 1 + CONSUMERS;
     static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
@@ -159,24 +157,23 @@ __device__ __forceinline__ void release_slot(uint64_t* empty) {
     if (threadIdx.x % 32 == 0) mbar_arrive(empty);
 }
 
-// O /= ℓ and LSE for this warpgroup's 64 rows of `tile`; O goes through its rows of the tile's Q
-// buffer (its products no longer read them) and out by TMA. The buffer goes back to the producer
-// later (hand_back_q), once the store has read it.
+// O /= ℓ and LSE for this warpgroup's 64 rows; O goes through its rows of the Q tile (its own
+// products no longer read them) and out by TMA; then the tile's Q buffer is handed back (q_empty),
+// at once with one Q buffer, with two by hand_back_previous_q during the next tile.
 template <typename C, int HD>
-__device__ __forceinline__ void forward_store_o(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
-                                                const Flash2ForwardSmem<C>& sm, int cw, const Flash2ForwardTile& tile,
-                                                const float (&acc_o)[HD / 2], const float (&row_max)[2],
-                                                const float (&row_sum)[2]) {
+__device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                 __nv_bfloat16* q_tile, uint64_t* q_empty, int cw, int m0, int b,
+                                                 int h, float (&acc_o)[HD / 2], const float (&row_max)[2],
+                                                 const float (&row_sum)[2]) {
     typedef typename C::QTile QTile;
     const int tid = threadIdx.x % 128, g = (tid % 32) / 4, t4 = tid % 4;
     const int tile_row = cw * 64 + (tid / 32) * 16 + g;  // this thread's rows: tile_row, tile_row + 8
-    __nv_bfloat16* q_tile = sm.q + (tile.iter % 2) * QTile::ELEMS;
     float inv[2], lse[2];
     softmax_finish(row_max, row_sum, inv, lse);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int row = tile.m0 + tile_row + 8 * half;
-        if (t4 == 0 && row < p.T) p.lse[((long)tile.b * p.NH + tile.h) * p.T + row] = lse[half];
+        const int row = m0 + tile_row + 8 * half;
+        if (t4 == 0 && row < p.T) p.lse[((long)b * p.NH + h) * p.T + row] = lse[half];
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
             *(uint32_t*)(q_tile + QTile::index(tile_row + 8 * half, nt) + 2 * t4) =
@@ -185,73 +182,87 @@ __device__ __forceinline__ void forward_store_o(const Flash2ForwardParams& p, co
     fence_proxy_async();  // the TMA store reads what these ordinary stores wrote
     named_barrier_sync(C::EPILOGUE_BARRIER + cw, 128);
     if (tid == 0) {
-        if (tile.m0 + cw * 64 < p.T) {  // a warpgroup whose rows all lie past T has nothing to store
+        if (m0 + cw * 64 < p.T) {  // a warpgroup whose rows all lie past T has nothing to store
 #pragma unroll
             for (int j = 0; j < HD / QTile::SUB_COLS; j++)
                 tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS,
-                             j * QTile::SUB_COLS, tile.h, tile.m0 + cw * 64, tile.b);
+                             j * QTile::SUB_COLS, h, m0 + cw * 64, b);
         }
         bulk_commit();
+        if (C::Q_BUFFERS == 1) {  // with two buffers this waits until the next tile's first product is issued
+            bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
+            mbar_arrive(q_empty);
+        }
     }
 }
 
-// The Q buffer qb, whose O this warpgroup stored last, goes back to the producer (q_empty) once the
-// store has read it.
+// With two Q buffers a warpgroup hands the previous tile's buffer back (q_empty) only once this tile's
+// first product has been issued: its storing thread waits for the TMA store to read the O there with
+// the tensor cores busy, not idle (the producer needs that buffer only for the tile after this one).
 template <typename C>
-__device__ __forceinline__ void hand_back_q(const Flash2ForwardSmem<C>& sm, int qb) {
-    if (threadIdx.x % 128 == 0) {
+__device__ __forceinline__ void hand_back_previous_q(const Flash2ForwardSmem<C>& sm, int iter) {
+    if (C::Q_BUFFERS == 2 && iter > 0 && threadIdx.x % 128 == 0) {
         bulk_wait_read();
-        mbar_arrive(&sm.q_empty[qb]);
+        mbar_arrive(&sm.q_empty[(iter - 1) % 2]);
     }
 }
 
-// Consumer warpgroup cw: its rows (64·cw ...) of every tile this block takes, as one walk over key
-// blocks that runs on across tiles (and through the ring of K/V slots). At each block but the walk's
-// first the warpgroup takes its turn (named barriers TURN_BARRIER + c, so that one warpgroup's softmax
-// runs while the others' products do) to issue S = Q K(j)ᵀ together with O += P V of the block before
-// it. That block may be the previous tile's last: its O is then stored once the product is done,
-// after this tile's first softmax, so the tensor cores do not idle between tiles. Causal with three
-// warpgroups, a warpgroup issues no products for the blocks none of its rows see (rows past T, or
-// blocks wholly above its diagonal); it still takes their turns and releases their slots.
+// A warpgroup's walk over key blocks none of its rows see: no products, so the other warpgroups
+// have the tensor cores to themselves, but its place in the turns kept and each slot released once
+// this use of it has landed (an earlier arrival would count for the slot's previous use).
+template <typename C>
+__device__ __forceinline__ void forward_skip_blocks(const Flash2ForwardSmem<C>& sm, int blocks, int& stage, int& phase,
+                                                    int my_turn, int next_turn) {
+    for (int i = 0; i < blocks; i++) {
+        if (i > 0) {
+            named_barrier_sync(my_turn, 256);
+            named_barrier_arrive(next_turn, 256);
+        }
+        mbar_wait(&sm.k_full[stage], phase);
+        release_slot(&sm.k_empty[stage]);
+        mbar_wait(&sm.v_full[stage], phase);
+        release_slot(&sm.v_empty[stage]);
+        if (++stage == C::STAGES) stage = 0, phase ^= 1;
+    }
+}
+
+// Consumer warpgroup cw, one tile: rows m0 + 64·cw ... of its query block against every key block.
+// `ring` counts the K/V blocks consumed so far (the ring runs on across tiles).
 template <typename C, int HD, int BLOCK_N, bool CAUSAL>
-__device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
-                                                const Flash2ForwardSmem<C>& sm, int cw, int tiles) {
+__device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                     const Flash2ForwardSmem<C>& sm, int cw,
+                                                     const Flash2ForwardTile& tile, int& ring) {
     typedef typename C::QTile QTile;
     typedef typename C::KvTile KvTile;
     constexpr int CONSUMERS = C::BLOCK_M / 64, NT = BLOCK_N / 8, KSTEPS = BLOCK_N / 16;
-    // With two warpgroups (64-row halves of 128-row tiles over 128-key blocks) no block lies wholly
-    // above a warpgroup's diagonal; non-causal only a warpgroup past T would skip, which measured
-    // 2-4% slower at 512 (the skip's code cost more than it saved).
-    constexpr bool SKIP = CAUSAL && CONSUMERS == 3;
-    const int tid = threadIdx.x % 128, t4 = tid % 4;
-    const int my_turn = C::TURN_BARRIER + cw, next_turn = C::TURN_BARRIER + (cw + 1) % CONSUMERS;
+    const int tid = threadIdx.x % 128, t4 = tid % 4, n_blocks = tile.n_blocks;
+    const int wg_row0 = tile.m0 + cw * 64, row = wg_row0 + (tid / 32) * 16 + tid % 32 / 4;
+    const int qb = tile.iter % C::Q_BUFFERS;
+    __nv_bfloat16* q_tile = sm.q + qb * QTile::ELEMS;
+    const uint32_t q_addr = smem_address(q_tile) + QTile::row_offset(cw * 64);
     const uint32_t k_addr0 = smem_address(sm.k), v_addr0 = smem_address(sm.v);
 
     float acc_o[HD / 2], s[BLOCK_N / 2];
-    float row_max[2], row_sum[2], rescale[2];
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, rescale[2];
     uint32_t pa[KSTEPS][4];
-    int stage = 0, phase = 0;        // the ring slot of the next K/V block
-    int pv_stage = 0, pv_phase = 0;  // the slot of the V that the pending P multiplies
-    bool pending = false;            // pa holds the last block's P; its O += P V is not issued yet
-    bool first = true;               // the walk's first block takes no turn
-    int stored_qb = -1;              // the Q buffer of an O stored but not yet handed back
-    int out_t = 0, out_iter = 0;     // the tile whose O acc_o accumulates, and its place in the walk
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
 
-    auto issue_qk = [&](uint64_t q_desc) {  // S = Q K(stage)ᵀ, 64 × BLOCK_N, k = HD
+    const uint64_t q_desc = QTile::k_major(q_addr);
+    auto issue_qk = [&](int stage) {  // S = Q K(stage)ᵀ, 64 × BLOCK_N, k = HD
         const uint64_t k_desc = KvTile::k_major(k_addr0 + stage * C::KV_BYTES);
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
             wgmma_ss<BLOCK_N, 0, 0>(s, QTile::advance(q_desc, QTile::k_step(ks)),
                                     KvTile::advance(k_desc, KvTile::k_step(ks)), ks > 0);
     };
-    auto issue_pv = [&]() {  // O += P V(pv_stage): V is MN-major (keys × HD)
-        const uint64_t v_desc = KvTile::mn_major(v_addr0 + pv_stage * C::KV_BYTES);
+    auto issue_pv = [&](int stage) {  // O += P V(stage): V is MN-major (keys × HD)
+        const uint64_t v_desc = KvTile::mn_major(v_addr0 + stage * C::KV_BYTES);
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk++)
-            wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::advance(v_desc, KvTile::mn_step(kk)), 1);
+        for (int kk = 0; kk < KSTEPS; kk++) wgmma_rs<HD, 1>(acc_o, pa[kk], KvTile::advance(v_desc, KvTile::mn_step(kk)), 1);
     };
-    auto softmax_block = [&](const Flash2ForwardTile& tile, int n) {  // S of key block n → P (fp32, in place)
-        const int n0 = n * BLOCK_N, wg_row0 = tile.m0 + cw * 64, row = wg_row0 + (tid / 32) * 16 + tid % 32 / 4;
+    auto softmax_block = [&](int n) {  // S of key block n → P (fp32, in place)
+        const int n0 = n * BLOCK_N;
         if (n0 + BLOCK_N > p.T || (CAUSAL && n0 + BLOCK_N - 1 > wg_row0))
             mask_scores<NT, CAUSAL>(s, row, n0 + 2 * t4, p.T);
         online_softmax<NT>(s, row_max, row_sum, p.scale_log2, rescale);
@@ -260,155 +271,101 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; kk++) accumulators_to_a(pa[kk], &s[8 * kk], &s[8 * kk + 4]);
     };
-    auto hand_back = [&]() {
-        if (stored_qb >= 0) hand_back_q<C>(sm, stored_qb);
-        stored_qb = -1;
-    };
-    auto store_o = [&](const float (&max)[2], const float (&sum)[2]) {  // tile out_t is complete in acc_o
-        hand_back();
-        Flash2ForwardTile out = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, out_t);
-        out.iter = out_iter;
-        forward_store_o<C, HD>(p, maps, sm, cw, out, acc_o, max, sum);
-        stored_qb = out_iter % 2;
-    };
-    auto next_slot = [&]() {
-        if (++stage == C::STAGES) stage = 0, phase ^= 1;
-    };
-    auto turn_begin = [&]() {
-        if (!first) named_barrier_sync(my_turn, 256);
-    };
-    auto turn_end = [&]() {
-        if (!first) named_barrier_arrive(next_turn, 256);
-        first = false;
-    };
-    auto pending_pv_issue = [&]() {
-        mbar_wait(&sm.v_full[pv_stage], pv_phase);
-        wgmma_fence_registers(acc_o);
-        wgmma_fence_operands(pa);
-        wgmma_fence();
-        issue_pv();
-        wgmma_commit();
-    };
-    auto pending_pv_done = [&]() {  // the O += P V issued last is done: store the tile's O
-        wgmma_wait<0>();
-        wgmma_fence_registers(acc_o);
-        wgmma_fence_operands(pa);
-        release_slot(&sm.v_empty[pv_stage]);
-        store_o(row_max, row_sum);
-        pending = false;
-    };
-    // A block none of this warpgroup's rows see: its turn, then its slots released once landed (an
-    // earlier arrival would count for the slot's previous use). A pending P is finished meanwhile.
-    auto skip_block = [&]() {
-        if (pending) {  // issue and wait in one branch: ptxas then knows no product is in flight after it
-            turn_begin();
-            pending_pv_issue();
-            turn_end();
-            pending_pv_done();
-        } else {
-            turn_begin();
-            turn_end();
-        }
-        mbar_wait(&sm.k_full[stage], phase);
-        release_slot(&sm.k_empty[stage]);
-        mbar_wait(&sm.v_full[stage], phase);
-        release_slot(&sm.v_empty[stage]);
-        next_slot();
-    };
-    // A tile's first product with no P pending (the walk's start, or after skipped blocks).
-    auto first_block = [&](const Flash2ForwardTile& tile, int t, uint64_t q_desc, int n) {
-        mbar_wait(&sm.k_full[stage], phase);
-        turn_begin();
-        wgmma_fence();
-        issue_qk(q_desc);
-        wgmma_commit();
-        turn_end();
-        hand_back();
-        wgmma_wait<0>();
-        wgmma_fence_registers(s);
-        release_slot(&sm.k_empty[stage]);
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
-        row_max[0] = row_max[1] = -INFINITY;
-        row_sum[0] = row_sum[1] = 0.f;
-        softmax_block(tile, n);
-        p_to_bf16();
-        out_t = t, out_iter = tile.iter;
-        pending = true;
-        pv_stage = stage, pv_phase = phase;
-        next_slot();
-    };
-    // S of block n with O += P V of the block before; `crossing`: that block was the previous tile's last.
-    auto next_block = [&](const Flash2ForwardTile& tile, int t, uint64_t q_desc, int n, bool crossing) {
-        mbar_wait(&sm.k_full[stage], phase);
-        named_barrier_sync(my_turn, 256);  // never the walk's first block: a P is pending
-        wgmma_fence_registers(acc_o);      // the rescale and the bf16 P are done before the products start
-        wgmma_fence_operands(pa);
-        wgmma_fence();
-        issue_qk(q_desc);
-        wgmma_commit();
-        mbar_wait(&sm.v_full[pv_stage], pv_phase);
-        wgmma_fence();
-        issue_pv();
-        wgmma_commit();
-        named_barrier_arrive(next_turn, 256);
-        hand_back();
-        wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
-        wgmma_fence_registers(s);
-        release_slot(&sm.k_empty[stage]);
-        const float done_max[2] = {row_max[0], row_max[1]}, done_sum[2] = {row_sum[0], row_sum[1]};
-        if (crossing) {  // S belongs to a new tile: its softmax starts afresh
-            row_max[0] = row_max[1] = -INFINITY;
-            row_sum[0] = row_sum[1] = 0.f;
-        }
-        softmax_block(tile, n);
-        wgmma_wait<0>();
-        wgmma_fence_registers(acc_o);
-        wgmma_fence_operands(pa);
-        release_slot(&sm.v_empty[pv_stage]);
-        if (crossing) {
-            store_o(done_max, done_sum);
-#pragma unroll
-            for (int i = 0; i < HD / 2; i++) acc_o[i] = 0.f;
-            out_t = t, out_iter = tile.iter;
-        } else if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
-            // a warp's own 16 rows: skipped when none of their maxima moved (most blocks, once they settle)
-            rescale_rows<HD / 8>(acc_o, rescale);
-        }
-        p_to_bf16();
-        pv_stage = stage, pv_phase = phase;
-        next_slot();
-    };
+    const int my_turn = C::TURN_BARRIER + cw, next_turn = C::TURN_BARRIER + (cw + 1) % CONSUMERS;
 
+    // Key blocks this warpgroup's rows see: all of them, except none when its rows lie past T (the last
+    // tile of a head where T is not a multiple of BLOCK_M) and, causal, not the tile's last blocks where
+    // they lie wholly above its rows' diagonal. Those come first in the walk (last block first).
+    // Only causal with three warpgroups: with two (64-row halves of 128-row tiles over 128-key blocks)
+    // no block lies wholly above a warpgroup's diagonal, and non-causal only a warpgroup past T
+    // would skip, which measured 2-4% slower at 512 (the skip's code costs more than it saves).
+    constexpr bool FORWARD_SKIP = CAUSAL && CONSUMERS == 3;
+    const int row_end = min(wg_row0 + 64, p.T);
+    const int live = !FORWARD_SKIP       ? n_blocks
+                     : row_end <= wg_row0 ? 0
+                     : CAUSAL             ? min(n_blocks, (row_end + BLOCK_N - 1) / BLOCK_N)
+                                          : n_blocks;
+    int stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
+    forward_skip_blocks<C>(sm, n_blocks - live, stage, phase, my_turn, next_turn);
+    if (live == 0) hand_back_previous_q<C>(sm, tile.iter);
+    if (live > 0) {
+        // after skipped blocks the first live one takes its turn, as it would have in the walk
+        const bool turn = live < n_blocks;
+        mbar_wait(&sm.k_full[stage], phase);
+        if (turn) named_barrier_sync(my_turn, 256);
+        wgmma_fence();
+        issue_qk(stage);
+        wgmma_commit();
+        if (turn) named_barrier_arrive(next_turn, 256);
+        hand_back_previous_q<C>(sm, tile.iter);
+        wgmma_wait<0>();
+        wgmma_fence_registers(s);
+        release_slot(&sm.k_empty[stage]);
+        softmax_block(live - 1);
+        p_to_bf16();
+
+        for (int i = 1; i < live; i++) {
+            const int prev = stage, prev_phase = phase;
+            if (++stage == C::STAGES) stage = 0, phase ^= 1;
+            mbar_wait(&sm.k_full[stage], phase);
+            named_barrier_sync(my_turn, 256);
+            wgmma_fence_registers(acc_o);  // the rescale and the bf16 P are done before the products start
+            wgmma_fence_operands(pa);
+            wgmma_fence();
+            issue_qk(stage);
+            wgmma_commit();
+            mbar_wait(&sm.v_full[prev], prev_phase);
+            wgmma_fence();
+            issue_pv(prev);
+            wgmma_commit();
+            named_barrier_arrive(next_turn, 256);
+            wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
+            wgmma_fence_registers(s);
+            release_slot(&sm.k_empty[stage]);
+            softmax_block(live - 1 - i);
+            wgmma_wait<0>();
+            wgmma_fence_registers(acc_o);
+            wgmma_fence_operands(pa);
+            release_slot(&sm.v_empty[prev]);
+            // a warp's own 16 rows: skipped when none of their maxima moved (most blocks, once they settle)
+            if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
+            p_to_bf16();
+        }
+        mbar_wait(&sm.v_full[stage], phase);
+        wgmma_fence_registers(acc_o);
+        wgmma_fence_operands(pa);
+        wgmma_fence();
+        issue_pv(stage);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_registers(acc_o);
+        wgmma_fence_operands(pa);
+        release_slot(&sm.v_empty[stage]);
+    }
+    ring += n_blocks;
+    forward_epilogue<C, HD>(p, maps, q_tile, &sm.q_empty[qb], cw, tile.m0, tile.b, tile.h, acc_o, row_max, row_sum);
+}
+
+// Consumer warpgroup cw: its rows of every tile this block takes. The warpgroups take turns issuing
+// their products through the tiles as one sequence (named barriers TURN_BARRIER + c).
+template <typename C, int HD, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                                const Flash2ForwardSmem<C>& sm, int cw, int tiles) {
+    constexpr int CONSUMERS = C::BLOCK_M / 64;
     if (cw == CONSUMERS - 1) named_barrier_arrive(C::TURN_BARRIER, 256);  // warpgroup 0 issues first
+    int ring = 0;
     for (int iter = 0;; iter++) {
-        hand_back();  // the producer may be waiting for it to load this tile's Q (tiles of one block)
-        mbar_wait(&sm.q_full[iter % 2], (iter / 2) & 1);
-        const int t = sm.tile_of_q[iter % 2];
+        const int qb = iter % C::Q_BUFFERS;
+        mbar_wait(&sm.q_full[qb], (iter / C::Q_BUFFERS) & 1);
+        const int t = sm.tile_of_q[qb];
         if (t >= tiles) break;
         Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t);
         tile.iter = iter;
-        const uint64_t q_desc =
-            QTile::k_major(smem_address(sm.q + (iter % 2) * QTile::ELEMS) + QTile::row_offset(cw * 64));
-        // this warpgroup's live blocks: the tile's first `live` (the walk goes from the last block down)
-        const int wg_row0 = tile.m0 + cw * 64, row_end = min(wg_row0 + 64, p.T);
-        const int live = !SKIP ? tile.n_blocks
-                         : row_end <= wg_row0 ? 0
-                                              : min(tile.n_blocks, (row_end + BLOCK_N - 1) / BLOCK_N);
-        for (int n = tile.n_blocks - 1; n >= live; n--) skip_block();
-        if (live == 0) continue;
-        const bool crossing = pending;
-        int n = live - 1;
-        if (!crossing) first_block(tile, t, q_desc, n--);
-        for (bool cross = crossing; n >= 0; n--, cross = false) next_block(tile, t, q_desc, n, cross);
+        forward_consume_tile<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, cw, tile, ring);
     }
-    if (pending) {  // the walk's last block: no turn, as the others have none left to give
-        pending_pv_issue();
-        pending_pv_done();
-    }
-    if (tid == 0) bulk_wait_read();  // the last O stores have left shared memory
     // Warpgroup 0's turn was announced once more than it took (the first arrival above).
     if (cw == 0) named_barrier_sync(C::TURN_BARRIER, 256);
+    if (C::Q_BUFFERS == 2 && threadIdx.x % 128 == 0) bulk_wait_read();  // the last O store has left shared memory
 }
 #endif  // WGMMA_AVAILABLE
 

@@ -59,7 +59,7 @@ static const ForwardCandidate FORWARD[] = {
     FWD_WS(80, 96, 3, 1),
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
     FWD_WS(96, 96, 3, 1),
-    FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0),
+    FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
 };
 // SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
 #define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
