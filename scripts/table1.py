@@ -188,17 +188,21 @@ def markdown(result, single=None):
               "| model | seqlen | attn | micro batch | tokens/s | TFLOP/s per GPU | MFU | peak GB per GPU |"
               + (" x 1 GPU |" if scaling else "") + " note |",
               "|---|---|---|---|---|---|---|---|---|" + ("---|" if scaling else "")]
+    def note(r):  # cells merged from an earlier run name the commit they were measured at
+        older = r.get("commit") and r.get("commit") != result.get("commit")
+        return "; ".join(x for x in (r["note"], f"measured at {r['commit']}" if older else "") if x)
+
     for r in result["records"]:
         if r.get("tflops_per_gpu") is None:
             lines.append(f"| {r['model']} | {r['seqlen']} | {r['attn']} | – | – | – | – | – |"
-                         + (" – |" if scaling else "") + f" {r['note']} |")
+                         + (" – |" if scaling else "") + f" {note(r)} |")
             continue
         cells = (f"| {r['model']} | {r['seqlen']} | {r['attn']} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | "
                  f"{r['tflops_per_gpu']:.1f} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |")
         if scaling:
             s = ratio(r, one.get((r["model"], r["seqlen"], r["attn"])))
             cells += " – |" if s is None else f" {s:.2f}× |"
-        lines.append(cells + f" {r['note']} |")
+        lines.append(cells + f" {note(r)} |")
     lines += ["", f"Device: {result['device']}; date {result['date']}; commit {result['commit']}; "
               f"{result['batch_tokens']} tokens per GPU per step.", "", f"Command: `{result['command']}`", ""]
     if scaling:
