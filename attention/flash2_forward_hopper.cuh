@@ -273,12 +273,12 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
     };
     const int my_turn = C::TURN_BARRIER + cw, next_turn = C::TURN_BARRIER + (cw + 1) % CONSUMERS;
 
-    // Key blocks this warpgroup's rows see: all of them, except none when its rows lie past T (the last
-    // tile of a head where T is not a multiple of BLOCK_M) and, causal, not the tile's last blocks where
-    // they lie wholly above its rows' diagonal. Those come first in the walk (last block first).
-    // Only causal with three warpgroups: with two (64-row halves of 128-row tiles over 128-key blocks)
-    // no block lies wholly above a warpgroup's diagonal, and non-causal only a warpgroup past T
-    // would skip, which measured 2-4% slower at 512 (the skip's code costs more than it saves).
+    // Causal with three warpgroups, the key blocks this warpgroup's rows see: not the tile's last
+    // blocks where they lie wholly above its rows' diagonal, none where its rows lie past T (the last
+    // tile of a head). The others come first in the walk (last block first) and are skipped. With two
+    // warpgroups (64-row halves of 128-row tiles over 128-key blocks) no block lies wholly above a
+    // warpgroup's diagonal; non-causal only a warpgroup past T would skip, which measured 2-4% slower
+    // at 512 (the skip's code cost more than it saved), so both walk every block.
     constexpr bool FORWARD_SKIP = CAUSAL && CONSUMERS == 3;
     const int row_end = min(wg_row0 + 64, p.T);
     const int live = !FORWARD_SKIP       ? n_blocks
