@@ -12,7 +12,7 @@
 // registers for three: ptxas serializes the products). Measured with build/flash2_tune on an H100
 // (attention/PERF_NOTES.md): three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80
 // non-causal 512); at 64 causal, since a warpgroup skips the key blocks wholly above its diagonal,
-// three beat two at every length (at 512 and 1k two had been ahead).
+// three are as fast as two or faster at every length (before the skip two were ahead at 512-1k).
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
