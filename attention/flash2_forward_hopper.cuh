@@ -21,9 +21,12 @@
 //                softmax of S(j) while both run: mask, row max, P = exp2, running sum
 //                wait for O, rescale it, P(j) to bf16
 //              and the warpgroups take turns issuing their products (named barriers, "ping-pong"),
-//              so one's softmax runs while the tensor cores do another's products.
-//   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row; then the
-//              Q tile is handed back to the producer ("q_empty").
+//              so one's softmax runs while the tensor cores do another's products. Causal with three
+//              warpgroups, a warpgroup issues no products for the blocks wholly above its diagonal
+//              (or its rows past T), but still takes their turns and releases their slots.
+//   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row. The Q
+//              tile goes back to the producer ("q_empty") once the store has read it: with two Q
+//              buffers only after the next tile's first product is issued, so no one waits for it.
 // The shared arithmetic (masking, online softmax, rescale, LSE) is attention_math.cuh's.
 #ifndef FLASH2_FORWARD_HOPPER_CUH
 #define FLASH2_FORWARD_HOPPER_CUH

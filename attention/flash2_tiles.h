@@ -13,8 +13,8 @@
 // (attention/PERF_NOTES.md): three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80
 // non-causal 512); at 64 causal, since a warpgroup skips the key blocks wholly above its diagonal,
 // three are as fast as two or faster at every length (before the skip two were ahead at 512-1k).
-template <int HD, bool CAUSAL>
-struct Flash2ForwardTiles {
+template <int HD>
+struct Flash2ForwardTiles {  // the same causal or not
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
     static constexpr int BLOCK_N = HD == 80 || HD == 96 ? 96 : 128;
 };

@@ -80,22 +80,18 @@ static const BackwardCandidate BACKWARD[] = {
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
-template <int HD, bool CAUSAL>
-static bool forward_chosen_as(const ForwardCandidate& c) {
-    typedef Flash2ForwardTiles<HD, CAUSAL> T;
+template <int HD>
+static bool forward_chosen(const ForwardCandidate& c) {
+    typedef Flash2ForwardTiles<HD> T;
     return c.block_n == T::BLOCK_N && c.consumers == T::CONSUMERS && c.persistent == 1;  // the library launches persistent
 }
-template <int HD>
-static bool forward_chosen(const ForwardCandidate& c, int causal) {
-    return causal ? forward_chosen_as<HD, true>(c) : forward_chosen_as<HD, false>(c);
-}
-static bool forward_is_chosen(const ForwardCandidate& c, int causal) {
+static bool forward_is_chosen(const ForwardCandidate& c) {
     if (!c.consumers) return false;
     switch (c.hd) {
-        case 64: return forward_chosen<64>(c, causal);
-        case 80: return forward_chosen<80>(c, causal);
-        case 96: return forward_chosen<96>(c, causal);
-        default: return forward_chosen<128>(c, causal);
+        case 64: return forward_chosen<64>(c);
+        case 80: return forward_chosen<80>(c);
+        case 96: return forward_chosen<96>(c);
+        default: return forward_chosen<128>(c);
     }
 }
 template <int HD>
@@ -259,7 +255,7 @@ int main(int argc, char** argv) {
                     double err = 0;
                     if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
                     else err = rel_error_bf16(out, out_first, n);
-                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal) ? "*" : " ",
+                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand) ? "*" : " ",
                            hd, causal, T, fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
                     first = false;
                 }
