@@ -18,16 +18,18 @@
 //                               written instead of in a second pass over it (cuBLASLt's BGRADB).
 // C must be a multiple of 8 and at most LAYERNORM_MAX_C, pointers 16-byte aligned (checked).
 //
-// Kernels: one warp per row; each lane holds its 8-channel vectors (channels 8·(32·i + lane) ..
-// +7) in registers, so a row is read from memory once. Forward: the mean, then the variance as the
-// mean of squared deviations (two passes over registers, no E[x²] − mean² cancellation). Backward:
-// each lane also adds its channels' dout·xhat and dout into per-warp fp32 accumulators in shared
-// memory (a lane only ever touches its own channels there, so no atomics); the rows of a block are
-// a fixed set, so at the end the block sums its warps' accumulators in warp order into one fp32
-// partial row (2·C values, 3·C with dinp_sum) in scratch; a second kernel sums the partials in block
-// order and adds them to dweight, dbias (and dinp_sum). The grid is fixed by (N, C, the GPU), so the
-// backward is bit-identical run to run. Scratch: layernorm_backward_scratch_bytes(N, C) bytes (fp32,
-// the block count times 3·C at most); it may hold anything on entry.
+// Forward: one warp per row; each lane holds its 8-channel vectors (channels 8·(32·i + lane) .. +7)
+// in registers, so a row is read from memory once; the mean, then the variance as the mean of squared
+// deviations (two passes over registers, no E[x²] − mean² cancellation).
+// Backward: one block per row at a time, a thread per 8-channel vector (two when C > 4096), so each
+// thread adds its channels' dout·xhat, dout (and dinp) into fp32 registers over all of the block's
+// rows, and the block's shared memory holds only the two per-row sums; at the end each block writes
+// one fp32 partial row (2·C values, 3·C with dinp_sum) to scratch, and a second kernel sums the
+// partials in block order and adds them to dweight, dbias (and dinp_sum). (The earlier design, one
+// warp per row with per-warp accumulators in shared memory, left 8 warps per SM with three sums.)
+// Every sum has an order fixed by the grid, which is fixed by (N, C, the GPU), so the backward is
+// bit-identical run to run. Scratch: layernorm_backward_scratch_bytes(N, C) bytes (fp32, the block
+// count times 3·C at most); it may hold anything on entry.
 #ifndef LAYERNORM_CUH
 #define LAYERNORM_CUH
 
@@ -36,7 +38,6 @@
 #define LAYERNORM_EPS 1e-5f
 #define LAYERNORM_MAX_C 8192
 #define LN_FWD_THREADS 256           // 8 rows per block
-#define LN_BWD_SMEM_BUDGET (64 * 1024)  // shared-memory accumulators per backward block, at most
 
 // Vectors per lane the kernel instance holds: the smallest instantiated MAX_VPL >= ceil(C / 256).
 static int layernorm_max_vpl(int C) {
@@ -165,104 +166,127 @@ static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, cons
 
 // ---- backward ------------------------------------------------------------------------------------
 
-// Block of `warps` warps (blockDim.x = 32·warps); dynamic shared memory warps·SUMS·C floats. partials
-// (gridDim.x, SUMS·C) fp32: row b holds block b's Σ dout·xhat (channels 0..C−1), Σ dout (C..2C−1)
-// and, with SUMS = 3, Σ dinp (2C..3C−1).
-template <int MAX_VPL, int SUMS>
-static __global__ void __launch_bounds__(256)
+// One row at a time per block: thread t of `threads` owns the 8-channel vectors t + threads·i (i <
+// VPT) of every row, so its shares of Σ dout·xhat, Σ dout (and Σ dinp) stay in registers across all
+// the block's rows (rows blockIdx.x, + gridDim.x, ...), and a row's two means take one block sum.
+// The next row's inputs are loaded before the current row's block sum, so a block keeps two rows of
+// loads in flight. partials (gridDim.x, SUMS·C) fp32: row b holds block b's Σ dout·xhat (channels
+// 0..C−1), Σ dout (C..2C−1) and, with SUMS = 3, Σ dinp (2C..3C−1).
+template <int VPT>
+struct LayernormRowSlice {  // one row's vectors owned by one thread
+    uint4 dy[VPT], x[VPT], dx_old[VPT];
+    float mean, rstd;
+};
+
+template <int VPT>
+static __device__ __forceinline__ void layernorm_load_row_slice(LayernormRowSlice<VPT>& s, int row, int vecs,
+                                                                const __nv_bfloat16* __restrict__ dout,
+                                                                const __nv_bfloat16* __restrict__ inp,
+                                                                const __nv_bfloat16* __restrict__ dinp,
+                                                                const float* mean, const float* rstd, int C) {
+    const size_t base = (size_t)row * C;
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int v = threadIdx.x + blockDim.x * i;
+        if (v < vecs) {
+            s.dy[i] = load16_stream(dout + base + 8 * v);
+            s.x[i] = load16_stream(inp + base + 8 * v);
+            s.dx_old[i] = load16(dinp + base + 8 * v);
+        }
+    }
+    s.mean = mean[row];
+    s.rstd = rstd[row];
+}
+
+// Both values summed over the block, in warp order (every thread gets the same bits). exchange: two
+// float2 per warp, alternated by the caller from one row to the next, so one barrier per row suffices.
+static __device__ __forceinline__ float2 layernorm_block_sum2(float a, float b, float2* exchange) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    a = layer_warp_sum(a);
+    b = layer_warp_sum(b);
+    if (lane == 0) exchange[warp] = make_float2(a, b);
+    __syncthreads();
+    float2 total = make_float2(0.0f, 0.0f);
+    for (int w = 0; w < warps; w++) {
+        const float2 e = exchange[w];
+        total.x += e.x;
+        total.y += e.y;
+    }
+    return total;
+}
+
+template <int VPT, int SUMS>
+static __global__ void __launch_bounds__(512, VPT == 1 ? 2 : 1)  // VPT 1: <= 64 registers, 4 blocks of 256 per SM
     layernorm_backward_kernel(__nv_bfloat16* __restrict__ dinp, float* __restrict__ partials,
                               const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ inp,
                               const __nv_bfloat16* __restrict__ weight, const float* __restrict__ mean,
                               const float* __restrict__ rstd, int N, int C) {
-    extern __shared__ float4 ln_bwd_smem4[];
-    float* smem = (float*)ln_bwd_smem4;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float* acc_dw = smem + (size_t)warp * SUMS * C;
-    float* acc_db = acc_dw + C;
-    float* acc_dx = acc_db + C;  // SUMS == 3 only
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __shared__ float2 exchange[2][16];
+    const int vecs = C / 8;
+    float acc[SUMS][VPT][8] = {};  // Σ dout·xhat, Σ dout, Σ dinp per owned channel
+    uint4 w_packed[VPT];
 #pragma unroll
-    for (int i = 0; i < MAX_VPL; i++) {
-        const int c = (i * 32 + lane) * 8;
-        if (c < C)
-            for (int k = 0; k < SUMS; k++) {
-                *(float4*)(acc_dw + k * C + c) = zero;
-                *(float4*)(acc_dw + k * C + c + 4) = zero;
-            }
+    for (int i = 0; i < VPT; i++) {
+        const int v = threadIdx.x + blockDim.x * i;
+        if (v < vecs) w_packed[i] = load16(weight + 8 * v);
     }
     const float inv_C = 1.0f / (float)C;
-    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
-        const size_t base = (size_t)row * C;
-        uint4 dy[MAX_VPL], x[MAX_VPL], dx_old[MAX_VPL];
-#pragma unroll
-        for (int i = 0; i < MAX_VPL; i++) {
-            const int c = (i * 32 + lane) * 8;
-            if (c < C) {
-                dy[i] = load16_stream(dout + base + c);
-                x[i] = load16_stream(inp + base + c);
-                dx_old[i] = load16(dinp + base + c);
-            }
-        }
-        const float m = mean[row], s = rstd[row];
+    LayernormRowSlice<VPT> cur, next;
+    int parity = 0;
+    if (blockIdx.x < N) layernorm_load_row_slice(cur, blockIdx.x, vecs, dout, inp, dinp, mean, rstd, C);
+    for (int row = blockIdx.x; row < N; row += gridDim.x, parity ^= 1) {
+        if (row + gridDim.x < N)
+            layernorm_load_row_slice(next, row + gridDim.x, vecs, dout, inp, dinp, mean, rstd, C);
         float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MAX_VPL; i++) {
-            const int c = (i * 32 + lane) * 8;
-            if (c < C) {
+        for (int i = 0; i < VPT; i++) {
+            if (threadIdx.x + blockDim.x * i < vecs) {
                 float d[8], f[8], w[8];
-                bf16x8_unpack(d, dy[i]);
-                bf16x8_unpack(f, x[i]);
-                bf16x8_unpack(w, load16(weight + c));
-                float4 dw0 = *(float4*)(acc_dw + c), dw1 = *(float4*)(acc_dw + c + 4);
-                float4 db0 = *(float4*)(acc_db + c), db1 = *(float4*)(acc_db + c + 4);
-                float dw[8] = {dw0.x, dw0.y, dw0.z, dw0.w, dw1.x, dw1.y, dw1.z, dw1.w};
-                float db[8] = {db0.x, db0.y, db0.z, db0.w, db1.x, db1.y, db1.z, db1.w};
+                bf16x8_unpack(d, cur.dy[i]);
+                bf16x8_unpack(f, cur.x[i]);
+                bf16x8_unpack(w, w_packed[i]);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    const float xhat = (f[k] - m) * s;
-                    const float g = d[k] * w[k];
+                    const float xhat = (f[k] - cur.mean) * cur.rstd, g = d[k] * w[k];
                     sum_g += g;
                     sum_gx += g * xhat;
-                    dw[k] += d[k] * xhat;
-                    db[k] += d[k];
+                    acc[0][i][k] += d[k] * xhat;
+                    acc[1][i][k] += d[k];
                 }
-                *(float4*)(acc_dw + c) = make_float4(dw[0], dw[1], dw[2], dw[3]);
-                *(float4*)(acc_dw + c + 4) = make_float4(dw[4], dw[5], dw[6], dw[7]);
-                *(float4*)(acc_db + c) = make_float4(db[0], db[1], db[2], db[3]);
-                *(float4*)(acc_db + c + 4) = make_float4(db[4], db[5], db[6], db[7]);
             }
         }
-        const float mean_g = layer_warp_sum(sum_g) * inv_C, mean_gx = layer_warp_sum(sum_gx) * inv_C;
+        const float2 sums = layernorm_block_sum2(sum_g, sum_gx, exchange[parity]);
+        const float mean_g = sums.x * inv_C, mean_gx = sums.y * inv_C;
 #pragma unroll
-        for (int i = 0; i < MAX_VPL; i++) {
-            const int c = (i * 32 + lane) * 8;
-            if (c < C) {
+        for (int i = 0; i < VPT; i++) {
+            const int v = threadIdx.x + blockDim.x * i;
+            if (v < vecs) {
                 float d[8], f[8], w[8], o[8];
-                bf16x8_unpack(d, dy[i]);
-                bf16x8_unpack(f, x[i]);
-                bf16x8_unpack(w, load16(weight + c));
-                bf16x8_unpack(o, dx_old[i]);
+                bf16x8_unpack(d, cur.dy[i]);
+                bf16x8_unpack(f, cur.x[i]);
+                bf16x8_unpack(w, w_packed[i]);
+                bf16x8_unpack(o, cur.dx_old[i]);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    const float xhat = (f[k] - m) * s;
-                    o[k] += s * (d[k] * w[k] - mean_g - xhat * mean_gx);
+                    const float xhat = (f[k] - cur.mean) * cur.rstd;
+                    o[k] += cur.rstd * (d[k] * w[k] - mean_g - xhat * mean_gx);
                 }
                 const uint4 packed = bf16x8_pack(o);
-                store16(dinp + base + c, packed);
+                store16(dinp + (size_t)row * C + 8 * v, packed);
                 if (SUMS == 3) {  // the stored (rounded) values
                     bf16x8_unpack(o, packed);
-                    float4 a0 = *(float4*)(acc_dx + c), a1 = *(float4*)(acc_dx + c + 4);
-                    *(float4*)(acc_dx + c) = make_float4(a0.x + o[0], a0.y + o[1], a0.z + o[2], a0.w + o[3]);
-                    *(float4*)(acc_dx + c + 4) = make_float4(a1.x + o[4], a1.y + o[5], a1.z + o[6], a1.w + o[7]);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) acc[SUMS - 1][i][k] += o[k];
                 }
             }
         }
+        cur = next;
     }
-    __syncthreads();
-    for (int j = threadIdx.x; j < SUMS * C; j += blockDim.x) {
-        float total = 0.0f;
-        for (int w = 0; w < warps; w++) total += smem[(size_t)w * SUMS * C + j];
-        partials[(size_t)blockIdx.x * SUMS * C + j] = total;
+#pragma unroll
+    for (int i = 0; i < VPT; i++) {
+        const int v = threadIdx.x + blockDim.x * i;
+        if (v < vecs)
+            for (int s = 0; s < SUMS; s++) f32x8_store_stream(partials + (size_t)blockIdx.x * SUMS * C + s * C + 8 * v, acc[s][i]);
     }
 }
 
@@ -297,48 +321,28 @@ typedef void (*LayernormBackwardKernel)(__nv_bfloat16*, float*, const __nv_bfloa
 
 typedef struct {
     LayernormBackwardKernel kernel;
-    int warps;      // per block
+    int threads;    // per block: one per 8-channel vector of a row, or per two vectors when C > 4096
     int blocks;     // grid, also the number of partial rows in scratch
-    size_t smem;    // dynamic shared memory per block, bytes
 } LayernormBackwardPlan;
 
-template <int SUMS>
-static LayernormBackwardKernel layernorm_backward_kernel_for(int C) {
-    switch (layernorm_max_vpl(C)) {
-        case 2: return layernorm_backward_kernel<2, SUMS>;
-        case 4: return layernorm_backward_kernel<4, SUMS>;
-        case 6: return layernorm_backward_kernel<6, SUMS>;
-        case 8: return layernorm_backward_kernel<8, SUMS>;
-        case 10: return layernorm_backward_kernel<10, SUMS>;
-        case 12: return layernorm_backward_kernel<12, SUMS>;
-        case 16: return layernorm_backward_kernel<16, SUMS>;
-        default: return layernorm_backward_kernel<32, SUMS>;
-    }
-}
-
-// The backward's launch shape for (N, C) and 2 or 3 column sums on the current GPU: as many warps
-// per block as fit the shared-memory budget (at most 8), and as many blocks as are resident at once
-// (capped by the rows). The last shape of each kind is kept: the trainer asks for the same (N, C)
-// 2L + 1 times per micro-step, and the attribute and occupancy queries should not sit on that path.
+// The backward's launch shape for (N, C) and 2 or 3 column sums on the current GPU: as many blocks
+// as are resident at once, capped by the rows. The last shape of each kind is kept: the trainer asks
+// for the same (N, C) 2L + 1 times per micro-step, and the occupancy query should not sit on that path.
 static LayernormBackwardPlan layernorm_backward_plan(int N, int C, int sums) {
     static int cached_N[2] = {-1, -1}, cached_C[2] = {-1, -1};
     static LayernormBackwardPlan cached[2];
     const int k = sums == 3;
     if (N == cached_N[k] && C == cached_C[k]) return cached[k];
     LayernormBackwardPlan p;
-    p.kernel = sums == 3 ? layernorm_backward_kernel_for<3>(C) : layernorm_backward_kernel_for<2>(C);
-    const size_t per_warp = (size_t)sums * C * sizeof(float);
-    p.warps = (int)(LN_BWD_SMEM_BUDGET / per_warp);
-    if (p.warps > 8) p.warps = 8;
-    if (p.warps < 1) p.warps = 1;
-    p.smem = p.warps * per_warp;
-    CUDA_CHECK(cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem));
+    const int vecs = C / 8, vpt = vecs <= 512 ? 1 : 2;  // C <= LAYERNORM_MAX_C: at most 512 threads
+    p.kernel = vpt == 1 ? (sums == 3 ? layernorm_backward_kernel<1, 3> : layernorm_backward_kernel<1, 2>)
+                        : (sums == 3 ? layernorm_backward_kernel<2, 3> : layernorm_backward_kernel<2, 2>);
+    p.threads = (int)layer_ceil_div(layer_ceil_div((size_t)vecs, (size_t)vpt), 32) * 32;
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, 32 * p.warps, p.smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, p.threads, 0));
     if (per_sm < 1) per_sm = 1;
-    size_t blocks = (size_t)per_sm * layer_num_sms();
-    size_t needed = layer_ceil_div((size_t)N, (size_t)p.warps);
-    p.blocks = (int)(needed < blocks ? needed : blocks);
+    const size_t blocks = (size_t)per_sm * layer_num_sms();
+    p.blocks = (int)((size_t)N < blocks ? (size_t)N : blocks);
     cached_N[k] = N, cached_C[k] = C, cached[k] = p;
     return p;
 }
@@ -370,7 +374,7 @@ static void layernorm_backward(__nv_bfloat16* dinp, __nv_bfloat16* dweight, __nv
     LAYER_REQUIRE(scratch_bytes >= need,
                   "layernorm_backward: scratch of %zu bytes, need %zu (layernorm_backward_scratch_bytes(%d, %d))",
                   scratch_bytes, need, N, C);
-    p.kernel<<<p.blocks, 32 * p.warps, p.smem, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
+    p.kernel<<<p.blocks, p.threads, 0, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     CUDA_CHECK(cudaGetLastError());
     dim3 block(LN_REDUCE_COLS, LN_REDUCE_ROWS);
     layernorm_backward_reduce_kernel<<<(unsigned)layer_ceil_div((size_t)sums * C, LN_REDUCE_COLS), block, 0,

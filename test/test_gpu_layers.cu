@@ -1032,6 +1032,10 @@ int main(void) {
                 layernorm_backward_case("layernorm_backward", ROWS[r], CHANNELS[c], 2, with_sum);
     layernorm_backward_case("layernorm_backward_deterministic", 1000, 2560, 3, 1);
     layernorm_backward_case("layernorm_backward_deterministic", 1000, 768, 3, 0);
+    // C/8 not a multiple of 32 (idle threads in the block sum); C > 4096 (two vectors per thread)
+    layernorm_backward_case("layernorm_backward", 37, 200, 2, 1);
+    layernorm_backward_case("layernorm_backward", 300, 8192, 2, 1);
+    layernorm_backward_case("layernorm_backward", 37, 4104, 2, 0);
 
     const size_t gelu_sizes[] = {1, 37, 1000, (size_t)1000 * 4 * 768 + 5};
     for (size_t i = 0; i < COUNT(gelu_sizes); i++)
