@@ -286,7 +286,11 @@ static __global__ void __launch_bounds__(512, VPT == 1 ? 2 : 1)  // VPT 1: <= 64
     for (int i = 0; i < VPT; i++) {
         const int v = threadIdx.x + blockDim.x * i;
         if (v < vecs)
-            for (int s = 0; s < SUMS; s++) f32x8_store_stream(partials + (size_t)blockIdx.x * SUMS * C + s * C + 8 * v, acc[s][i]);
+            for (int s = 0; s < SUMS; s++) {  // plain stores: the reduce kernel reads them from L2 next
+                float4* out = (float4*)(partials + (size_t)blockIdx.x * SUMS * C + s * C + 8 * v);
+                out[0] = make_float4(acc[s][i][0], acc[s][i][1], acc[s][i][2], acc[s][i][3]);
+                out[1] = make_float4(acc[s][i][4], acc[s][i][5], acc[s][i][6], acc[s][i][7]);
+            }
     }
 }
 
