@@ -11,7 +11,9 @@
 //                a two-slot ring (TMA and bulk copies; "full" mbarriers, and one "empty" per slot that
 //                every consumer thread arrives at); another thread
 //                adds each step's dQ tile from shared memory into the fp32 dq_accum with one bulk
-//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics.
+//                reduction (cp.reduce.async.bulk .add.f32), so no compute warp waits on atomics; the
+//                first contribution to a query block is a plain bulk store instead (a ticket from the
+//                block's counter says who is first), so dq_accum is never zeroed.
 //   warpgroups 1, 2 own 64 keys each, with dK and dV (64 × HD each) in registers for the whole loop:
 //                Sᵀ = K Qᵀ, dPᵀ = V dOᵀ            wgmma, both operands from shared memory
 //                Pᵀ (while dPᵀ runs), dSᵀ = Pᵀ ∘ (dPᵀ − D)      attention_math.cuh
@@ -23,11 +25,11 @@
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
 //                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (a counter per query block), so dq_accum is summed in a fixed order; the
+// blocks 0..n−1 have (a counter per query block; key block 0 stores), so dq_accum is summed in a fixed order; the
 // launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
 // never waits on one that has not started.
 //
-// Around it, one pass before (the prepare kernel: the workspace zeroed, D and LSE·log2 e) and one
+// Around it, one pass before (the prepare kernel: the counters zeroed, D and LSE·log2 e) and one
 // after (the convert kernel: dq from dq_accum), each a thread block per (b·NH + h, query block).
 // Workspace (flash2_backward_ws_workspace_bytes), T_pad = T rounded up to whole query blocks:
 //   dq_accum (B·NH, m_blocks, DQ_SLOTS) fp32, each query block's dQ in the compute threads'
@@ -152,7 +154,12 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
     }
 }
 
-// One thread: each step's dQ tile (shared) into dq_accum (global), in key-block order if DETERMINISTIC.
+// One thread: each step's dQ tile (shared) into dq_accum (global). The first contribution to a query
+// block is stored, the others added, so dq_accum needs no zeroing pass: in key-block order if
+// DETERMINISTIC (key block 0, which every query block sees, stores); otherwise the first to take a
+// ticket from the block's counter stores and then sets DQ_STORED there, and the others wait for that
+// bit before adding (they seldom wait: the storing block is usually long done).
+#define DQ_STORED (1 << 30)
 template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
                                                    int n_block, int b, int h0, int m_begin, int steps) {
@@ -162,21 +169,28 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
         mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
         int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
+        bool first;
         if (DETERMINISTIC) {
             while (load_acquire(counter) != n_block) {
             }
-            fence_proxy_async_global();
+            first = n_block == 0;
+        } else {
+            first = fetch_add_relaxed(counter, 1) == 0;
+            if (!first)
+                while ((load_acquire(counter) & DQ_STORED) == 0) {
+                }
         }
-        bulk_reduce_add_f32(dst, sm.dq, C::DQ_BYTES);
+        fence_proxy_async_global();  // the async writes below come after what the counter announced
+        if (first) bulk_store(dst, sm.dq, C::DQ_BYTES);
+        else bulk_reduce_add_f32(dst, sm.dq, C::DQ_BYTES);
         bulk_commit();
-        if (DETERMINISTIC) {
+        bulk_wait_read();
+        mbar_arrive(sm.dq_empty);  // the consumers may write the next dQ tile
+        if (DETERMINISTIC || first) {
             bulk_wait_all();
             fence_proxy_async_global();
-            add_release(counter, 1);
-        } else {
-            bulk_wait_read();
+            add_release(counter, DETERMINISTIC ? 1 : DQ_STORED);
         }
-        mbar_arrive(sm.dq_empty);
     }
 }
 
@@ -506,20 +520,17 @@ __global__ void __launch_bounds__(384, 1)
 // ---- the passes before and after the main kernel: one thread block of 256 per (b·NH + h, query
 // block), so that every global read and write is a whole coalesced row or a contiguous run.
 
-// Before: this query block's workspace: dq_accum and its counter zeroed; D = rowsum(dO ∘ O) and
-// LSE·log2 e for its rows (zero past T). Writes every byte of the workspace, so no memset is needed.
+// Before: this query block's counter zeroed; D = rowsum(dO ∘ O) and LSE·log2 e for its rows (zero
+// past T). With dq_accum written first by a store (backward_reduce_dq), every byte of the workspace
+// is written before it is read, so no memset is needed.
 template <int HD, int BLOCK_M>
-__global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* dq_accum, float* d_rows,
+__global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* d_rows,
                                                   float* lse_log2, int* counters, int m_blocks, int T_pad) {
-    typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     constexpr int GROUP = preprocess_lanes_per_row<HD>(), ROWS = 256 / GROUP;  // lanes per row, rows per pass
     const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
     const long bh = block / m_blocks;
     const int m = (int)(block % m_blocks), h = (int)(bh % p.NH), b = (int)(bh / p.NH);
-    float4* acc = (float4*)(dq_accum + block * C::DQ_SLOTS);
-#pragma unroll
-    for (int i = threadIdx.x; i < C::DQ_SLOTS / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (threadIdx.x == 0) counters[block] = 0;
+    if (threadIdx.x == 0) counters[block] = 0;  // dq_accum itself is stored by its first contribution
 
     const int chunk = threadIdx.x % GROUP, row0 = m * BLOCK_M + (int)threadIdx.x / GROUP;
     constexpr int PASSES = BLOCK_M / ROWS;
@@ -619,7 +630,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.scale_log2 = p->scale_log2;
     const unsigned query_blocks = (unsigned)(heads * m_blocks);
     flash2_backward_ws_prepare_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
-        *p, w.dq_accum, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad);
+        *p, d_rows, lse_log2, w.dq_counters, m_blocks, T_pad);
     CUDA_CHECK(cudaGetLastError());
 
     constexpr int SUB = C::QoTile::SUB_COLS;

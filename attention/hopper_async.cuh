@@ -111,6 +111,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src
                  "r"(smem_address(src)), "r"(bytes)
                  : "memory");
 }
+// global[dst] = shared[src] (a plain bulk copy out of shared memory).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_address(src)),
+                 "r"(bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until this thread's bulk groups have finished reading shared memory (it may be reused).
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -139,7 +145,7 @@ __device__ __forceinline__ void registers_increase() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-// ---- global semaphores (the deterministic backward's ordering of dQ additions) -----------------
+// ---- global semaphores (the backward's ordering of dQ stores and additions) --------------------
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -147,6 +153,12 @@ __device__ __forceinline__ int load_acquire(const int* p) {
 }
 __device__ __forceinline__ void add_release(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// The value before the addition (relaxed: orders nothing else).
+__device__ __forceinline__ int fetch_add_relaxed(int* p, int v) {
+    int old;
+    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 #endif  // HOPPER_ASYNC_AVAILABLE
 
