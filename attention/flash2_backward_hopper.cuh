@@ -127,20 +127,32 @@ __device__ __forceinline__ Flash2BackwardSmem<C> backward_smem(uint8_t* raw) {
     return sm;
 }
 
+// A key block's walk over the query blocks of each query head of its group: m_first, ..., m_blocks − 1,
+// then m_lo, ..., m_first − 1, then the next head (h + 1). Causal starts at the first query block
+// that sees these keys (m_lo = m_first); non-causal, key block n starts n/key_blocks of the way in, so
+// that the key blocks of one head reach a query block at different times (its first contribution
+// to dq_accum is a store the others wait for: backward_reduce_dq), except in deterministic mode,
+// where key block n adds after n − 1 and all start at 0.
+__device__ __forceinline__ int next_query_block(int m, int m_first, int m_lo, int m_blocks, int& h) {
+    m = m + 1 < m_blocks ? m + 1 : m_lo;
+    if (m == m_first) h++;
+    return m;
+}
+
 #if WGMMA_AVAILABLE
 // One thread: K and V once, then per step Q + LSE and dO + D through the two-slot ring. Step j is
-// query head h0 + j / per_head, query block m_begin + j % per_head.
+// the j-th of the walk (next_query_block).
 template <typename C, int HD>
 __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps, const Flash2BackwardWsParams& p,
                                                  const Flash2BackwardSmem<C>& sm, int n0, int b, int kv_head, int h0,
-                                                 int m_begin, int steps) {
+                                                 int m_first, int m_lo, int steps) {
     constexpr int BLOCK_M = C::BLOCK_M;
     mbar_arrive_expect_tx(sm.kv_full, 2 * C::KV_BYTES);
     tma_load_tile<typename C::KvTile, HD>(sm.k, &maps.k, sm.kv_full, kv_head, n0, b);
     tma_load_tile<typename C::KvTile, HD>(sm.v, &maps.v, sm.kv_full, kv_head, n0, b);
 #pragma unroll 1  // 24 registers here: an unrolled loop spills
     // (h, m) counted along (no division: this thread has few registers)
-    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
+    for (int j = 0, h = h0, m = m_first; j < steps; j++, m = next_query_block(m, m_first, m_lo, p.m_blocks, h)) {
         const long stat_head = ((long)b * p.NH + h) * p.T_pad;
         const int stage = j % C::STAGES, phase = (j / C::STAGES) & 1, m0 = m * BLOCK_M;
         mbar_wait(&sm.slot_empty[stage], phase ^ 1);
@@ -158,15 +170,15 @@ __device__ __forceinline__ void backward_produce(const Flash2BackwardMaps& maps,
 // block is stored, the others added, so dq_accum needs no zeroing pass: in key-block order if
 // DETERMINISTIC (key block 0, which every query block sees, stores); otherwise the first to take a
 // ticket from the block's counter stores and then sets DQ_STORED there, and the others wait for that
-// bit before adding (they seldom wait: the storing block is usually long done).
+// bit before adding. The ticket and the waits come before the step's dQ tile is ready, so that their
+// latency passes while the consumers compute it.
 #define DQ_STORED (1 << 30)
 template <typename C, bool DETERMINISTIC>
 __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                   int n_block, int b, int h0, int m_begin, int steps) {
+                                                   int n_block, int b, int h0, int m_first, int m_lo, int steps) {
 #pragma unroll 1
-    for (int j = 0, h = h0, m = m_begin; j < steps; j++, m = m + 1 < p.m_blocks ? m + 1 : (h++, m_begin)) {
+    for (int j = 0, h = h0, m = m_first; j < steps; j++, m = next_query_block(m, m_first, m_lo, p.m_blocks, h)) {
         const long bh = (long)b * p.NH + h;
-        mbar_wait(sm.dq_full, j & 1);
         float* dst = p.dq_accum + ((long)bh * p.m_blocks + m) * C::DQ_SLOTS;
         int* counter = p.dq_counters + (long)bh * p.m_blocks + m;
         bool first;
@@ -180,6 +192,7 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
                 while ((load_acquire(counter) & DQ_STORED) == 0) {
                 }
         }
+        mbar_wait(sm.dq_full, j & 1);
         fence_proxy_async_global();  // the async writes below come after what the counter announced
         if (first) bulk_store(dst, sm.dq, C::DQ_BYTES);
         else bulk_reduce_add_f32(dst, sm.dq, C::DQ_BYTES);
@@ -249,12 +262,12 @@ __device__ __forceinline__ void store_ds(__nv_bfloat16* ds_tile, const uint32_t 
     }
 }
 
-// Consumer warpgroup cw: keys n0 + 64·cw ..., every query block from m_begin of each query head of
-// the group (`steps` in all; the heads differ only in what the producer loaded).
+// Consumer warpgroup cw: keys n0 + 64·cw ..., the query blocks of each query head of the group in
+// next_query_block's order (`steps` in all; the heads differ only in what the producer loaded).
 // DK_FROM_SMEM: dK += dSᵀ Q reads dSᵀ from shared memory instead of registers (flash2_tiles.h).
 template <typename C, int HD, bool CAUSAL, bool DK_FROM_SMEM, int SCHED>
 __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p, const Flash2BackwardSmem<C>& sm,
-                                                 int cw, int n0, int b, int kv_head, int m_begin, int steps) {
+                                                 int cw, int n0, int b, int kv_head, int m_first, int m_lo, int steps) {
     typedef typename C::KvTile KvTile;
     typedef typename C::QoTile QoTile;
     typedef typename C::DsTile DsTile;
@@ -422,9 +435,9 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     };
     if (cw == 1) their_turn();  // BWD_PINGPONG: warpgroup 0 issues first
     mbar_wait(sm.kv_full, 0);
-    step(m_begin, 0, std::true_type());
-    for (int j = 1, m = m_begin; j < steps; j++) {  // query block m of the next head after the last
-        m = m + 1 < p.m_blocks ? m + 1 : m_begin;
+    step(m_first, 0, std::true_type());
+    for (int j = 1, m = m_first, h = 0; j < steps; j++) {  // (the head does not matter here)
+        m = next_query_block(m, m_first, m_lo, p.m_blocks, h);
         step(m, j, std::false_type());
     }
     mbar_wait(&sm.ds_ready[(steps - 1) & 1], ((steps - 1) >> 1) & 1);  // the last step's dQ
@@ -483,8 +496,9 @@ __global__ void __launch_bounds__(384, 1)
     backward_block_at(blockIdx.x, p.order_chunk, p.key_blocks, p.pairs, n_block, bkv);
     const int n0 = n_block * C::BLOCK_N;
     const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
-    const int m_begin = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
-    const int steps = group * (p.m_blocks - m_begin);
+    const int m_lo = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
+    const int m_first = CAUSAL || DETERMINISTIC ? m_lo : (int)((long)n_block * p.m_blocks / p.key_blocks);
+    const int steps = group * (p.m_blocks - m_lo);
     if (threadIdx.x == 0) {
         mbar_init(sm.kv_full, 1);
         for (int s = 0; s < C::STAGES; s++) {
@@ -503,14 +517,15 @@ __global__ void __launch_bounds__(384, 1)
     __syncthreads();
     if (threadIdx.x < 128) {
         registers_decrease<C::PRODUCER_REGS>();
-        if (threadIdx.x == 0) backward_produce<C, HD>(maps, p, sm, n0, b, kv_head, kv_head * group, m_begin, steps);
+        if (threadIdx.x == 0)
+            backward_produce<C, HD>(maps, p, sm, n0, b, kv_head, kv_head * group, m_first, m_lo, steps);
         else if (threadIdx.x == 32)
-            backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_begin, steps);
+            backward_reduce_dq<C, DETERMINISTIC>(p, sm, n_block, b, kv_head * group, m_first, m_lo, steps);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         // the consumer warpgroup's index, from lane 0 so that ptxas knows it is warp-uniform
         const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128 - 1, 0);
-        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, cw, n0, b, kv_head, m_begin, steps);
+        backward_consume<C, HD, CAUSAL, DK_FROM_SMEM, SCHED>(p, sm, cw, n0, b, kv_head, m_first, m_lo, steps);
     }
 #else
     __trap();  // built for a GPU without wgmma; the host never launches it there
