@@ -25,9 +25,9 @@
 //                dQ(m−1) → shared memory (fragment order), handed to the reducing thread.
 //                BWD_PINGPONG: the two take turns issuing each batch of products (named barriers).
 // Deterministic mode: the reducing thread of key block n adds to query block m only after key
-// blocks 0..n−1 have (a counter per query block; key block 0 stores), so dq_accum is summed in a fixed order; the
-// launch order (backward_block_at) starts key block n−1 of a pair before key block n, so a block
-// never waits on one that has not started.
+// blocks 0..n−1 have (a counter per query block; key block 0 stores), so dq_accum is summed in a
+// fixed order; the launch order (backward_block_at) starts key block n−1 of a pair before key block
+// n, so a block never waits on one that has not started.
 //
 // Around it, one pass before (the prepare kernel: the counters zeroed, D and LSE·log2 e) and one
 // after (the convert kernel: dq from dq_accum), each a thread block per (b·NH + h, query block).

@@ -39,7 +39,7 @@
 #define LAYERNORM_MAX_C 8192
 #define LN_FWD_THREADS 256           // 8 rows per block
 
-// Vectors per lane the kernel instance holds: the smallest instantiated MAX_VPL >= ceil(C / 256).
+// Vectors per lane the forward kernel instance holds: the smallest instantiated MAX_VPL >= ceil(C / 256).
 static int layernorm_max_vpl(int C) {
     int vpl = (C + 255) / 256;
     if (vpl <= 2) return 2;
