@@ -259,21 +259,6 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
             wgmma_ss<BLOCK_N, 0, 0>(s, QTile::advance(q_desc, QTile::k_step(ks)),
                                     KvTile::advance(k_desc, KvTile::k_step(ks)), ks > 0);
     };
-    // Non-causal at 96-key blocks (head dims 80, 96), the first block walked (the last key block)
-    // often lies partly past T (T mod 96 = 32 at 512, 2k, 8k): when half of it or less is inside, S
-    // is made at half width and its other columns set to −∞, as the mask would. Elsewhere ptxas
-    // serializes the products of the kernel with this path in it (C7511), so it is compiled out.
-    constexpr bool HALF_FIRST = !CAUSAL && BLOCK_N == 96;
-    auto issue_qk_half = [&](int stage) {  // into s's first BLOCK_N / 4 registers: columns 0 .. BLOCK_N / 2 − 1
-        if constexpr (HALF_FIRST) {
-            const uint64_t k_desc = KvTile::k_major(k_addr0 + stage * C::KV_BYTES);
-            float(&s_half)[BLOCK_N / 4] = *reinterpret_cast<float(*)[BLOCK_N / 4]>(s);
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++)
-                wgmma_ss<BLOCK_N / 2, 0, 0>(s_half, QTile::advance(q_desc, QTile::k_step(ks)),
-                                            KvTile::advance(k_desc, KvTile::k_step(ks)), ks > 0);
-        }
-    };
     auto issue_pv = [&](int stage) {  // O += P V(stage): V is MN-major (keys × HD)
         const uint64_t v_desc = KvTile::mn_major(v_addr0 + stage * C::KV_BYTES);
 #pragma unroll
@@ -309,30 +294,15 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
     if (live > 0) {
         // after skipped blocks the first live one takes its turn, as it would have in the walk
         const bool turn = live < n_blocks;
-        // each path waits for its product, so that no wgmma is in flight where they join
-        auto first_product = [&](auto half_tag) {
-            constexpr bool HALF = decltype(half_tag)::value;
-            mbar_wait(&sm.k_full[stage], phase);
-            if (turn) named_barrier_sync(my_turn, 256);
-            wgmma_fence();
-            if constexpr (HALF) issue_qk_half(stage);
-            else issue_qk(stage);
-            wgmma_commit();
-            if (turn) named_barrier_arrive(next_turn, 256);
-            hand_back_previous_q<C>(sm, tile.iter);
-            wgmma_wait<0>();
-            wgmma_fence_registers(s);
-            if constexpr (HALF) {  // what the mask would make of them, without keeping their old values live
-#pragma unroll
-                for (int i = BLOCK_N / 4; i < BLOCK_N / 2; i++) s[i] = -INFINITY;
-            }
-        };
-        if constexpr (HALF_FIRST) {
-            if (p.T - (live - 1) * BLOCK_N <= BLOCK_N / 2) first_product(std::true_type());
-            else first_product(std::false_type());
-        } else {
-            first_product(std::false_type());
-        }
+        mbar_wait(&sm.k_full[stage], phase);
+        if (turn) named_barrier_sync(my_turn, 256);
+        wgmma_fence();
+        issue_qk(stage);
+        wgmma_commit();
+        if (turn) named_barrier_arrive(next_turn, 256);
+        hand_back_previous_q<C>(sm, tile.iter);
+        wgmma_wait<0>();
+        wgmma_fence_registers(s);
         release_slot(&sm.k_empty[stage]);
         softmax_block(live - 1);
         p_to_bf16();
