@@ -172,7 +172,11 @@ int main(int argc, char** argv) {
     int c;
     while ((c = getopt_long(argc, argv, "r:s:d:p:h", options, NULL)) != -1) {
         if (c == 'r') runs = atoi(optarg);
-        else if (c == 'p' && (!strcmp(optarg, "forward") || !strcmp(optarg, "backward") || !strcmp(optarg, "both"))) {
+        else if (c == 'p') {
+            if (strcmp(optarg, "forward") && strcmp(optarg, "backward") && strcmp(optarg, "both")) {
+                fprintf(stderr, "error: --pass %s: expected forward, backward or both\n", optarg);
+                return 2;
+            }
             time_forward = strcmp(optarg, "backward") != 0;
             time_backward = strcmp(optarg, "forward") != 0;
         }

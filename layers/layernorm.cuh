@@ -198,8 +198,9 @@ static __device__ __forceinline__ void layernorm_load_row_slice(LayernormRowSlic
     s.rstd = rstd[row];
 }
 
-// Both values summed over the block, in warp order (every thread gets the same bits). exchange: two
-// float2 per warp, alternated by the caller from one row to the next, so one barrier per row suffices.
+// Both values summed over the block, in warp order (every thread gets the same bits). exchange: one
+// float2 per warp; the caller alternates between two such arrays from one row to the next, so one
+// barrier per row suffices (layer_block_sum sums one value with two barriers).
 static __device__ __forceinline__ float2 layernorm_block_sum2(float a, float b, float2* exchange) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     a = layer_warp_sum(a);
