@@ -1,6 +1,8 @@
 // Driver of the dGELU GEMM experiment (2026-11-25_h100_dgelu_gemm_experiment.patch / .log): apply the patch, then
 // nvcc -std=c++17 -O3 -arch=sm_90a -I. -o dgelu_gemm_driver scripts/results/2026-11-25_h100_dgelu_gemm_driver.cu -lcublasLt -lcublas
 // ./dgelu_gemm_driver [small|one]: checks against an fp64 reference, then times against matmul.cuh's own dGELU + dbias path.
+// v3 (matmul_dgelu_hopper.cuh) times group_m 2/4/8 and modes full, no epilogue work, tanh.approx; the log's other rows came
+// from earlier states of this driver (the modes and group lists named in each call's rows).
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdio.h>
@@ -122,10 +124,10 @@ static void bench(int M, int N, int K) {
         float ms; cudaEventElapsedTime(&ms, e0, e1); ms /= runs;
         printf("M %5d N %5d K %5d  cuBLASLt path (%s + %s): %.3f ms %.0f TFLOP/s\n", M, N, K, ctx.last_dinp,
                ctx.last_dbias_pre, ms, flops / ms / 1e9);
-        const int groups[] = {16, 16, 16};
-        const int modes[] = {0, 1, 3};
-        const char* names[] = {"full", "no epilogue work", "tanh.approx"};
-        for (int gi = 0; gi < 3; gi++) {
+        const int groups[] = {2, 4, 8, 4, 4};
+        const int modes[] = {0, 0, 0, 1, 3};
+        const char* names[] = {"full", "full", "full", "no epilogue work", "tanh.approx"};
+        for (int gi = 0; gi < 5; gi++) {
             dgelu_mode = modes[gi];
             cudaEventRecord(e0);
             for (int i = 0; i < runs; i++) {
@@ -171,6 +173,8 @@ int main(int argc, char** argv) {
     }
     ok &= check(1000, 512, 256, 1, 1);
     ok &= check(300, 3072, 768, 1, 2);
+    ok &= check(4096, 1024, 512, 3, 4);   // two or more tiles per block: both MMA warpgroups
+    ok &= check(2000, 2048, 1024, 5, 5);  // ragged M, eight k-blocks
     if (small) return ok ? 0 : 1;
     ok &= check(16384, 8192, 2048, 997, 3);
     bench(16384, 8192, 2048);
