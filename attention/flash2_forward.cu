@@ -51,7 +51,7 @@ int flash2_use_wgmma(void) {
 
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
-    typedef Flash2ForwardTiles<HD> Tiles;
+    typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true>(p, B, stream);
 }
 

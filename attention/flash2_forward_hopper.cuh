@@ -21,7 +21,10 @@
 //                softmax of S(j) while both run: mask, row max, P = exp2, running sum
 //                wait for O, rescale it, P(j) to bf16
 //              and the warpgroups take turns issuing their products (named barriers, "ping-pong"),
-//              so one's softmax runs while the tensor cores do another's products. Causal with three
+//              so one's softmax runs while the tensor cores do another's products. Where registers
+//              do not allow P(j−1) and S(j) at once (three warpgroups over 128-key blocks at head
+//              dims 80 and 96: Flash2ForwardWsConfig::OVERLAP), a turn issues O += P(j−1) V(j−1),
+//              waits for it, then issues S(j); the other warpgroups' products fill the gap. Causal with three
 //              warpgroups, a warpgroup issues no products for the blocks wholly above its diagonal
 //              (or its rows past T), but still takes their turns and releases their slots.
 //   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row. The Q
@@ -49,6 +52,11 @@ struct Flash2ForwardWsConfig {
     static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32, CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
     static constexpr uint32_t Q_BYTES = QTile::ELEMS * 2, KV_BYTES = KvTile::ELEMS * 2;
     static constexpr int BARRIERS = 4 + 4 * STAGES;
+    // Whether a warpgroup issues S(j) beside O += P(j−1) V(j−1) and runs the softmax of S(j) under
+    // the latter (P(j−1) and S(j) live at once). Three warpgroups over 128-key blocks at head dims
+    // 80 and 96 have no registers for that (ptxas serializes the products, C7512): there a warpgroup
+    // finishes O += P(j−1) V(j−1) before S(j) and the other warpgroups' products fill the gap.
+    static constexpr bool OVERLAP = !(CONSUMERS == 3 && BLOCK_N == 128 && HD > 64);
     // Two Q tiles where shared memory allows: a persistent block then loads the next tile's Q while
     // this tile's O is still being stored from the other.
     static constexpr int Q_BUFFERS = 1024 + 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 <= 227 * 1024 ? 2 : 1;
@@ -307,7 +315,33 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
         softmax_block(live - 1);
         p_to_bf16();
 
-        for (int i = 1; i < live; i++) {
+        for (int i = 1; i < live && !C::OVERLAP; i++) {  // O += P(j−1) V(j−1), then S(j), in one turn
+            const int prev = stage, prev_phase = phase;
+            if (++stage == C::STAGES) stage = 0, phase ^= 1;
+            mbar_wait(&sm.v_full[prev], prev_phase);
+            named_barrier_sync(my_turn, 256);
+            wgmma_fence_registers(acc_o);
+            wgmma_fence_operands(pa);
+            wgmma_fence();
+            issue_pv(prev);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_registers(acc_o);
+            wgmma_fence_operands(pa);
+            release_slot(&sm.v_empty[prev]);
+            mbar_wait(&sm.k_full[stage], phase);
+            wgmma_fence();
+            issue_qk(stage);
+            wgmma_commit();
+            named_barrier_arrive(next_turn, 256);
+            wgmma_wait<0>();
+            wgmma_fence_registers(s);
+            release_slot(&sm.k_empty[stage]);
+            softmax_block(live - 1 - i);
+            if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
+            p_to_bf16();
+        }
+        for (int i = 1; i < live && C::OVERLAP; i++) {
             const int prev = stage, prev_phase = phase;
             if (++stage == C::STAGES) stage = 0, phase ^= 1;
             mbar_wait(&sm.k_full[stage], phase);

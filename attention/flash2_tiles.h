@@ -8,15 +8,18 @@
 // persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
 // next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
 // runs one block per tile).
-// CONSUMERS: 2 at head dim 128; 3 at 64, and at 80 and 96 with 96-key blocks (128 leaves too few
-// registers for three: ptxas serializes the products). Measured with build/flash2_tune on an H100
-// (attention/PERF_NOTES.md): three × 96 keys beat two × 128 at 80 and 96 by 3-29% (equal at d80
-// non-causal 512); at 64 causal, since a warpgroup skips the key blocks wholly above its diagonal,
-// three are as fast as two or faster at every length (before the skip two were ahead at 512-1k).
-template <int HD>
-struct Flash2ForwardTiles {  // the same causal or not
+// CONSUMERS: 2 at head dim 128; 3 at 64, 80 and 96. BLOCK_N: 128, but 96 at 80 and 96 causal.
+// Measured with build/flash2_tune on an H100 (attention/PERF_NOTES.md): three × 96 keys beat two ×
+// 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512); three × 128 (a warpgroup then finishes
+// O += P(j−1) V(j−1) before S(j): no registers for both, Flash2ForwardWsConfig::OVERLAP) beat three
+// × 96 non-causal by 5-8% at 512-2k and 2-3% at 4k-8k (no key padding at lengths that are multiples
+// of 128), and tie causal (−3% to +1%); at 64 causal, since a warpgroup skips the key blocks wholly
+// above its diagonal, three are as fast as two or faster at every length (before the skip two were
+// ahead at 512-1k).
+template <int HD, bool CAUSAL>
+struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
-    static constexpr int BLOCK_N = HD == 80 || HD == 96 ? 96 : 128;
+    static constexpr int BLOCK_N = (HD == 80 || HD == 96) && CAUSAL ? 96 : 128;
 };
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):
