@@ -12,8 +12,8 @@
 // Measured with build/flash2_tune on an H100 (attention/PERF_NOTES.md): three × 96 keys beat two ×
 // 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512); three × 128 (a warpgroup then finishes
 // O += P(j−1) V(j−1) before S(j): no registers for both, Flash2ForwardWsConfig::OVERLAP) beat three
-// × 96 non-causal by 5-8% at 512-2k and 2-3% at 4k-8k (no key padding at lengths that are multiples
-// of 128), and tie causal (−3% to +1%); at 64 causal, since a warpgroup skips the key blocks wholly
+// × 96 non-causal by 4-8% at 512-2k and 1-4% at 4k-16k (no key padding at lengths that are
+// multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); at 64 causal, since a warpgroup skips the key blocks wholly
 // above its diagonal, three are as fast as two or faster at every length (before the skip two were
 // ahead at 512-1k).
 template <int HD, bool CAUSAL>
