@@ -49,9 +49,28 @@ int flash2_use_wgmma(void) {
     return use;
 }
 
+// The length from which a head dim's forward takes its LONG_CONSUMERS shape (flash2_tiles.h);
+// FLASH2_FORWARD_LONG_T=N in the environment moves it to N for every head dim that has one (the
+// tests and the sanitizer script use it to reach that shape at short lengths).
+static int flash2_forward_long_t(int tiles_long_t) {
+    static int override_t = -1;
+    if (override_t < 0) {
+        const char* env = getenv("FLASH2_FORWARD_LONG_T");
+        override_t = env && env[0] ? atoi(env) : 0;
+        if (override_t < 0) override_t = 0;
+    }
+    return tiles_long_t > 0 && override_t > 0 ? override_t : tiles_long_t;
+}
+
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
+    if constexpr (Tiles::LONG_T > 0) {
+        if (p->T >= flash2_forward_long_t(Tiles::LONG_T)) {
+            launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true>(p, B, stream);
+            return;
+        }
+    }
     launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true>(p, B, stream);
 }
 

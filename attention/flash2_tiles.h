@@ -16,10 +16,15 @@
 // multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); at 64 causal, since a warpgroup skips the key blocks wholly
 // above its diagonal, three are as fast as two or faster at every length (before the skip two were
 // ahead at 512-1k).
+// LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over
+// 128-key blocks (no intra-warpgroup overlap, as at 80 and 96 non-causal) beat two by 2-6% from 2k
+// on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
+// with FLASH2_FORWARD_LONG_T in the environment as an override for tests.
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
     static constexpr int BLOCK_N = (HD == 80 || HD == 96) && CAUSAL ? 96 : 128;
+    static constexpr int LONG_T = HD == 128 ? 2048 : 0, LONG_CONSUMERS = 3;
 };
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):

@@ -60,6 +60,7 @@ static const ForwardCandidate FORWARD[] = {
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
     FWD_WS(96, 96, 3, 1),    FWD_WS(96, 128, 3, 1),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
+    FWD_WS(128, 128, 3, 1),
 };
 // SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
 #define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
@@ -80,19 +81,23 @@ static const BackwardCandidate BACKWARD[] = {
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
-template <int HD>
-static bool forward_chosen(const ForwardCandidate& c, int causal) {
-    const int block_n = causal ? Flash2ForwardTiles<HD, true>::BLOCK_N : Flash2ForwardTiles<HD, false>::BLOCK_N;
-    const int consumers = causal ? Flash2ForwardTiles<HD, true>::CONSUMERS : Flash2ForwardTiles<HD, false>::CONSUMERS;
-    return c.block_n == block_n && c.consumers == consumers && c.persistent == 1;  // the library launches persistent
+template <int HD, bool CAUSAL>
+static bool forward_chosen(const ForwardCandidate& c, int T) {
+    typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
+    const int consumers = Tiles::LONG_T > 0 && T >= Tiles::LONG_T ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
+    return c.block_n == Tiles::BLOCK_N && c.consumers == consumers && c.persistent == 1;  // the library launches persistent
 }
-static bool forward_is_chosen(const ForwardCandidate& c, int causal) {
+template <int HD>
+static bool forward_chosen(const ForwardCandidate& c, int causal, int T) {
+    return causal ? forward_chosen<HD, true>(c, T) : forward_chosen<HD, false>(c, T);
+}
+static bool forward_is_chosen(const ForwardCandidate& c, int causal, int T) {
     if (!c.consumers) return false;
     switch (c.hd) {
-        case 64: return forward_chosen<64>(c, causal);
-        case 80: return forward_chosen<80>(c, causal);
-        case 96: return forward_chosen<96>(c, causal);
-        default: return forward_chosen<128>(c, causal);
+        case 64: return forward_chosen<64>(c, causal, T);
+        case 80: return forward_chosen<80>(c, causal, T);
+        case 96: return forward_chosen<96>(c, causal, T);
+        default: return forward_chosen<128>(c, causal, T);
     }
 }
 template <int HD>
@@ -260,7 +265,7 @@ int main(int argc, char** argv) {
                     double err = 0;
                     if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
                     else err = rel_error_bf16(out, out_first, n);
-                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal) ? "*" : " ",
+                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal, T) ? "*" : " ",
                            hd, causal, T, fwd_flops / ms / 1e9, err, err > 1e-2 ? "WRONG" : "");
                     first = false;
                 }

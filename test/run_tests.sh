@@ -33,6 +33,7 @@ tests=(
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
     "env FLASH2_MMA_SYNC=1 $BUILD/test_gpu_attention flash2"
+    "env FLASH2_FORWARD_LONG_T=1 $BUILD/test_gpu_attention flash2"
     "$BUILD/test_gpu_matmul"
     "$BUILD/test_gpu_layers"
     "$BUILD/test_gpu_gpt"

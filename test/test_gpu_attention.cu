@@ -5,7 +5,8 @@
 //   build/test_gpu_attention [BACKEND...]   GPU cases of the named backends only (default: all)
 //
 // Cases: head dims 64, 80, 96, 128; causal and full; T in {1, 17, 64, 127, 1000} (B = 2, NH = 3 up
-// to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast); q, k, v uniform in
+// to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast), and T = 2048 at head dim
+// 128 with one head (flash2's forward has a second tile shape from there: flash2_tiles.h); q, k, v uniform in
 // [−s, s) for s = 1 and s = 8 (logits up to ~±100, past where exp overflows in fp32 without the max
 // subtraction), dout uniform in [−1, 1). q, k, v and dq, dk, dv live in packed (B, T, 3, NH, HD)
 // buffers (stride 3·NH·HD) in every case, and additionally in plain separate (B, T, NH, HD) tensors
@@ -88,10 +89,13 @@ static const char* LAYOUT_NAMES[] = {"packed", "plain"};
 // The plain layout is tested for these inputs only.
 static int plain_layout_case(int T, double scale) { return T == 127 && scale == 1.0; }
 
-// FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too (attention/flash2_forward.cu);
-// the case names say so, since run_tests.sh runs flash2 both ways there.
+// FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too, FLASH2_FORWARD_LONG_T=1 its
+// forward's long-sequence shape at every length (attention/flash2_forward.cu); the case names say
+// so, since run_tests.sh runs flash2 those ways too.
 static const char* backend_label(AttentionBackend backend) {
     if (backend == ATTN_FLASH2 && flash2_mma_sync_forced()) return "flash2-mma-sync";
+    const char* long_t = getenv("FLASH2_FORWARD_LONG_T");
+    if (backend == ATTN_FLASH2 && long_t && atoi(long_t) > 0) return "flash2-long";
     return attention_backend_name(backend);
 }
 
@@ -682,6 +686,13 @@ static size_t list_sets(SetSpec* sets, size_t max) {
                 }
                 count++;
             }
+    // T = 2048 at head dim 128, one head: flash2's forward takes its long-sequence shape there
+    // (flash2_tiles.h, LONG_T), both masks and scales.
+    for (int causal = 0; causal <= 1; causal++)
+        for (size_t sc = 0; sc < COUNT(INPUT_SCALES); sc++) {
+            if (count < max) sets[count] = (SetSpec){shape_of(1, 2048, 1, 128, causal), INPUT_SCALES[sc]};
+            count++;
+        }
     return count;
 }
 
