@@ -656,7 +656,11 @@ def test_transformers_loads_the_export():
     with torch.no_grad():
         a, b = model(x).logits, ref.eval()(x)[..., :V]
     err = ((a - b).abs().max() / b.abs().max()).item()
-    assert err < 1e-5, f"transformers' logits differ from our PyTorch model's: max rel error {err:.2e}"
+    # Two fp32 implementations of the same model (transformers' GPT2 and torch_gpt.py) round in
+    # different orders; over ~5M logits of fresh random weights the largest gap reached 1.5e-5 of the
+    # largest logit in one of nine H100-host runs (2026-11-25). A wrong name, layout or transpose in
+    # the export moves the logits by O(1).
+    assert err < 1e-4, f"transformers' logits differ from our PyTorch model's: max rel error {err:.2e}"
 
 
 def test_transformers_loads_the_tokenizer():
