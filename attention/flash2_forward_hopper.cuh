@@ -23,10 +23,11 @@
 //              and the warpgroups take turns issuing their products (named barriers, "ping-pong"),
 //              so one's softmax runs while the tensor cores do another's products. Where registers
 //              do not allow P(j−1) and S(j) at once (three warpgroups over 128-key blocks at head
-//              dims 80 and 96: Flash2ForwardWsConfig::OVERLAP), a turn issues O += P(j−1) V(j−1),
-//              waits for it, then issues S(j); the other warpgroups' products fill the gap. Causal with three
-//              warpgroups, a warpgroup issues no products for the blocks wholly above its diagonal
-//              (or its rows past T), but still takes their turns and releases their slots.
+//              dims 80, 96 and 128: Flash2ForwardWsConfig::OVERLAP), a turn issues
+//              O += P(j−1) V(j−1), waits for it, then issues S(j); the other warpgroups' products
+//              fill the gap. Causal with three warpgroups, a warpgroup issues no products for the
+//              blocks wholly above its diagonal (or its rows past T), but still takes their turns
+//              and releases their slots.
 //   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row. The Q
 //              tile goes back to the producer ("q_empty") once the store has read it: with two Q
 //              buffers only after the next tile's first product is issued, so no one waits for it.
@@ -54,8 +55,9 @@ struct Flash2ForwardWsConfig {
     static constexpr int BARRIERS = 4 + 4 * STAGES;
     // Whether a warpgroup issues S(j) beside O += P(j−1) V(j−1) and runs the softmax of S(j) under
     // the latter (P(j−1) and S(j) live at once). Three warpgroups over 128-key blocks at head dims
-    // 80 and 96 have no registers for that (ptxas serializes the products, C7512): there a warpgroup
-    // finishes O += P(j−1) V(j−1) before S(j) and the other warpgroups' products fill the gap.
+    // 80, 96 and 128 have no registers for that (ptxas serializes the products, C7512): there a
+    // warpgroup finishes O += P(j−1) V(j−1) before S(j) and the other warpgroups' products fill the
+    // gap.
     static constexpr bool OVERLAP = !(CONSUMERS == 3 && BLOCK_N == 128 && HD > 64);
     // Two Q tiles where shared memory allows: a persistent block then loads the next tile's Q while
     // this tile's O is still being stored from the other.

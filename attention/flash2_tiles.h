@@ -13,9 +13,9 @@
 // 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512); three × 128 (a warpgroup then finishes
 // O += P(j−1) V(j−1) before S(j): no registers for both, Flash2ForwardWsConfig::OVERLAP) beat three
 // × 96 non-causal by 4-8% at 512-2k and 1-4% at 4k-16k (no key padding at lengths that are
-// multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); at 64 causal, since a warpgroup skips the key blocks wholly
-// above its diagonal, three are as fast as two or faster at every length (before the skip two were
-// ahead at 512-1k).
+// multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); at 64 causal, since a warpgroup
+// skips the key blocks wholly above its diagonal, three are as fast as two or faster at every
+// length (before the skip two were ahead at 512-1k).
 // LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over
 // 128-key blocks (no intra-warpgroup overlap, as at 80 and 96 non-causal) beat two by 2-6% from 2k
 // on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
