@@ -94,8 +94,7 @@ static int plain_layout_case(int T, double scale) { return T == 127 && scale == 
 // so, since run_tests.sh runs flash2 those ways too.
 static const char* backend_label(AttentionBackend backend) {
     if (backend == ATTN_FLASH2 && flash2_mma_sync_forced()) return "flash2-mma-sync";
-    const char* long_t = getenv("FLASH2_FORWARD_LONG_T");
-    if (backend == ATTN_FLASH2 && long_t && atoi(long_t) > 0) return "flash2-long";
+    if (backend == ATTN_FLASH2 && flash2_forward_long_t_override() > 0) return "flash2-long";
     return attention_backend_name(backend);
 }
 
