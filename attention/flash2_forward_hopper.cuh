@@ -47,8 +47,8 @@ typedef struct {
 template <int HD, int BLOCK_N, int CONSUMERS>
 struct Flash2ForwardWsConfig {
     static constexpr int BLOCK_M = 64 * CONSUMERS, THREADS = 128 * (CONSUMERS + 1), STAGES = 2;
-    typedef WgTile<BLOCK_M, HD> QTile;
-    typedef WgTile<BLOCK_N, HD> KvTile;
+    typedef WgTile<BLOCK_M, HD, true> QTile;  // 32-column sub-tiles at head dim 96 (wgmma.cuh)
+    typedef WgTile<BLOCK_N, HD, true> KvTile;
     // The producer's 128 threads keep few registers so that the consumers get up to 240.
     static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32, CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
     static constexpr uint32_t Q_BYTES = QTile::ELEMS * 2, KV_BYTES = KvTile::ELEMS * 2;

@@ -8,22 +8,24 @@
 // persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
 // next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
 // runs one block per tile).
-// CONSUMERS: 2 at head dim 128; 3 at 64, 80 and 96. BLOCK_N: 128, but 96 at 80 and 96 causal.
+// CONSUMERS: 2 at head dim 128; 3 at 64, 80 and 96. BLOCK_N: 128, but 96 at 80 causal.
 // Measured with build/flash2_tune on an H100 (attention/PERF_NOTES.md): three × 96 keys beat two ×
 // 128 at 80 and 96 by 3-29% (equal at d80 non-causal 512); three × 128 (a warpgroup then finishes
 // O += P(j−1) V(j−1) before S(j): no registers for both, Flash2ForwardWsConfig::OVERLAP) beat three
 // × 96 non-causal by 4-8% at 512-2k and 1-4% at 4k-16k (no key padding at lengths that are
-// multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); at 64 causal, since a warpgroup
+// multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); since head dim 96 loads its tiles
+// in 32-column boxes (wgmma.cuh's WIDE32), 128 keys also win causal there (+2-3% from 1k, +1.6% at
+// 512), so 96 keys remain at head dim 80 causal only; at 64 causal, since a warpgroup
 // skips the key blocks wholly above its diagonal, three are as fast as two or faster at every
 // length (before the skip two were ahead at 512-1k).
 // LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over
-// 128-key blocks (no intra-warpgroup overlap, as at 80 and 96 non-causal) beat two by 2-6% from 2k
+// 128-key blocks (no intra-warpgroup overlap, as at 80 non-causal and 96) beat two by 2-6% from 2k
 // on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
 // with FLASH2_FORWARD_LONG_T in the environment as an override for tests.
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
-    static constexpr int BLOCK_N = (HD == 80 || HD == 96) && CAUSAL ? 96 : 128;
+    static constexpr int BLOCK_N = HD == 80 && CAUSAL ? 96 : 128;
     static constexpr int LONG_T = HD == 128 ? 2048 : 0, LONG_CONSUMERS = 3;
 };
 

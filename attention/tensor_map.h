@@ -38,7 +38,7 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
 }
 
 // A map of rows (b, t, h) of `hd` bf16 (see above); boxes of box_rows × box_cols, box_cols·2 bytes
-// being the swizzle width (128 or 32).
+// being the swizzle width (128, 64 or 32).
 static inline CUtensorMap make_rows_tensor_map(const void* ptr, int B, int T, int NH, int hd, long row_stride,
                                                int box_rows, int box_cols) {
     CUtensorMap map;
@@ -46,7 +46,9 @@ static inline CUtensorMap make_rows_tensor_map(const void* ptr, int B, int T, in
     const cuuint64_t strides[3] = {(cuuint64_t)hd * 2, (cuuint64_t)row_stride * 2, (cuuint64_t)T * row_stride * 2};
     const cuuint32_t box[4] = {(cuuint32_t)box_cols, 1, (cuuint32_t)box_rows, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle swizzle = box_cols * 2 == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_32B;
+    const CUtensorMapSwizzle swizzle = box_cols * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : box_cols * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                            : CU_TENSOR_MAP_SWIZZLE_32B;
     const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)ptr, dims, strides, box,
                                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -13,7 +13,8 @@
 // each stored row after row with rows of 2W bytes, and 16-byte chunk c of row r stored at chunk
 // c ^ (bits 7.. of the row's byte offset), which is how the tensor cores read it. W = 64 (the
 // 128-byte swizzle) when the width is a multiple of 64, else W = 16 (the 32-byte swizzle: head dims
-// 80 and 96). The pattern repeats every 8 rows (8·2W bytes). A descriptor (PTX ISA "matrix
+// 80 and 96), or W = 32 (the 64-byte swizzle) at 96 where the kernel asks for it (WIDE32). The
+// pattern repeats every 8 rows (8·2W bytes). A descriptor (PTX ISA "matrix
 // descriptor") gives the start address, LBO, SBO and the swizzle mode:
 //   K-major operand (k contiguous, e.g. K for S = K Qᵀ): SBO = 8 rows (next 8 rows of M or N); a
 //     step of 16 in k is +32 bytes within the row, past the row's end the next sub-tile; LBO unused.
@@ -38,16 +39,20 @@
 #endif
 
 // ROWS × COLS bf16 in swizzled sub-tiles of SUB_COLS columns (64 with the 128-byte swizzle when
-// COLS allows, else 16 with the 32-byte swizzle).
-template <int ROWS, int COLS>
+// COLS allows, else 16 with the 32-byte swizzle; with WIDE32, 32 with the 64-byte swizzle where COLS
+// allows). Wider sub-tiles mean fewer TMA boxes per tile, and TMA's cost goes by boxes and rows:
+// at head dim 96 six 32-byte boxes per tile kept the forward's storing thread ~800-1600 clocks per
+// tile issuing its O store, against ~200 at 64 and 128. The backward keeps 16 columns at 96: its dQ
+// halves start at column 48, inside a 32-column sub-tile.
+template <int ROWS, int COLS, bool WIDE32 = false>
 struct WgTile {
     static_assert(COLS % 16 == 0 && ROWS % 8 == 0, "WgTile: 16-column multiples and 8-row groups");
     static constexpr int ELEMS = ROWS * COLS;
-    static constexpr int ROW_BYTES = COLS % 64 == 0 ? 128 : 32;  // one row of a sub-tile
+    static constexpr int ROW_BYTES = COLS % 64 == 0 ? 128 : WIDE32 && COLS % 32 == 0 ? 64 : 32;  // a sub-tile's row
     static constexpr int SUB_COLS = ROW_BYTES / 2, SUB_BYTES = ROWS * ROW_BYTES;
     static constexpr int ROW_ELEMS = SUB_COLS;  // from one row to the next within a sub-tile
     static constexpr int CHUNKS_PER_ROW = ROW_BYTES / 16;
-    static constexpr uint64_t SWIZZLE_MODE = ROW_BYTES == 128 ? 1 : 3;  // descriptor bits 62-63
+    static constexpr uint64_t SWIZZLE_MODE = ROW_BYTES == 128 ? 1 : ROW_BYTES == 64 ? 2 : 3;  // descriptor bits 62-63
     // element offset of chunk (8 columns) `chunk` of row `row`
     static __device__ __forceinline__ int index(int row, int chunk) {
         const int sub = chunk / CHUNKS_PER_ROW, c = chunk % CHUNKS_PER_ROW;
