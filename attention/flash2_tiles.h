@@ -14,8 +14,8 @@
 // O += P(j−1) V(j−1) before S(j): no registers for both, Flash2ForwardWsConfig::OVERLAP) beat three
 // × 96 non-causal by 4-8% at 512-2k and 1-4% at 4k-16k (no key padding at lengths that are
 // multiples of 128), and tie causal (−3% at 512-1k to +2% at 16k); since head dim 96 loads its tiles
-// in 32-column boxes (wgmma.cuh's WIDE32), 128 keys also win causal there (+2-3% from 1k, +1.6% at
-// 512), so 96 keys remain at head dim 80 causal only; at 64 causal, since a warpgroup
+// in 32-column boxes (wgmma.cuh's WIDE32), 128 keys also win causal there (+1.8-2.7% from 1k, +1.6%
+// at 512), so 96 keys remain at head dim 80 causal only; at 64 causal, since a warpgroup
 // skips the key blocks wholly above its diagonal, three are as fast as two or faster at every
 // length (before the skip two were ahead at 512-1k).
 // LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over

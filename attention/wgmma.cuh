@@ -20,7 +20,7 @@
 //     step of 16 in k is +32 bytes within the row, past the row's end the next sub-tile; LBO unused.
 //   MN-major operand (m or n contiguous, e.g. dO as B of dV = Pᵀ dO): SBO = 8 rows (next 8 rows of
 //     k), LBO = the sub-tile size (next W of m or n); a step of 16 in k is 16 rows.
-// Tiles must start aligned to 8 rows of their swizzle (1024 bytes covers both). One sub-tile is
+// Tiles must start aligned to 8 rows of their swizzle (1024 bytes covers all three). One sub-tile is
 // exactly one TMA box of the same swizzle (tensor_map.h), so TMA loads and stores them as they are.
 #ifndef WGMMA_CUH
 #define WGMMA_CUH

@@ -60,7 +60,8 @@ static void run(const char* name, Launch launch, int hd, int T, int hidden, int 
                     sum[4] += e[5] - e[4];  // last PV
                     sum[5] += e[6] - e[5];  // epilogue
                     ex[0] += e[8] - e[5]; ex[1] += e[9] - e[8]; ex[2] += e[10] - e[9]; ex[3] += e[6] - e[10]; excnt++;
-                    if (live > 1) {  // first loop block: from S0 done (3) to k/v wait done (11), turn (12), S wait (13), softmax (14), PV (15)
+                    // first loop block: from S0 done (3) to its data (11), turn (12), S (13), softmax (14), PV (15)
+                    if (live > 1) {
                         ex[4] += e[11] - e[3]; ex[5] += e[12] - e[11]; ex[6] += e[13] - e[12]; ex[7] += e[14] - e[13];
                         ex[8] += (double)e[15] - (double)e[12]; lcnt++;
                     }
@@ -76,12 +77,16 @@ static void run(const char* name, Launch launch, int hd, int T, int hidden, int 
                 }
             }
     }
-    printf("%-26s %7.1f us  tiles/blk %5.1f  live %4.2f | qwait %6.0f  kwait %6.0f  S0 %6.0f  loop %6.0f (%5.0f/blk)  lastPV %5.0f  epi %5.0f  dead %5.0f  gap %5.0f | Qissue->cons %6.0f  Qissue->ready %6.0f | span %7.0f clk/blk\n",
-           name, ms * 1e3, (double)cnt / consumers / blocks_used, live_sum / cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt,
-           sum[3] / cnt, per_block / (pbcnt ? pbcnt : 1), sum[4] / cnt, sum[5] / cnt, sum[6] / cnt, gap / (gcnt ? gcnt : 1),
-           qlead / qcnt, qlat / qcnt, span_sum / blocks_used);
-    printf("    epi: to smem %5.0f  barrier %5.0f  tma issue(t0) %5.0f  rest %5.0f | block1: S0done->data %5.0f  turn %5.0f  issue->S %5.0f  softmax %5.0f  turn->PVdone %5.0f\n",
-           ex[0] / excnt, ex[1] / excnt, ex[2] / excnt, ex[3] / excnt, ex[4] / lcnt, ex[5] / lcnt, ex[6] / lcnt, ex[7] / lcnt, ex[8] / lcnt);
+    printf("%-26s %7.1f us  tiles/blk %5.1f  live %4.2f | qwait %6.0f  kwait %6.0f  S0 %6.0f  "
+           "loop %6.0f (%5.0f/blk)  lastPV %5.0f  epi %5.0f  dead %5.0f  gap %5.0f | "
+           "Qissue->cons %6.0f  Qissue->ready %6.0f | span %7.0f clk/blk\n",
+           name, ms * 1e3, (double)cnt / consumers / blocks_used, live_sum / cnt, sum[0] / cnt, sum[1] / cnt,
+           sum[2] / cnt, sum[3] / cnt, per_block / (pbcnt ? pbcnt : 1), sum[4] / cnt, sum[5] / cnt, sum[6] / cnt,
+           gap / (gcnt ? gcnt : 1), qlead / qcnt, qlat / qcnt, span_sum / blocks_used);
+    printf("    epi: to smem %5.0f  barrier %5.0f  tma issue(t0) %5.0f  rest %5.0f | block1: S0done->data %5.0f  "
+           "turn %5.0f  issue->S %5.0f  softmax %5.0f  turn->PVdone %5.0f\n",
+           ex[0] / excnt, ex[1] / excnt, ex[2] / excnt, ex[3] / excnt, ex[4] / lcnt, ex[5] / lcnt, ex[6] / lcnt,
+           ex[7] / lcnt, ex[8] / lcnt);
     cudaFree(qkv); cudaFree(out); cudaFree(lse); cudaFree(work);
 }
 
