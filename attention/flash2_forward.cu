@@ -73,11 +73,11 @@ static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cud
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     if constexpr (Tiles::LONG_T > 0) {
         if (p->T >= flash2_forward_long_t(Tiles::LONG_T)) {
-            launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true>(p, B, stream);
+            launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
             return;
         }
     }
-    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true>(p, B, stream);
+    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
 }
 
 template <bool CAUSAL>

@@ -14,6 +14,11 @@
 //              per tile the Q tile (once its previous O has been stored from there), then K and V
 //              blocks (BLOCK_N keys) into a ring of STAGES slots that runs on across tiles, each slot
 //              guarded by a "full" mbarrier (TMA bytes landed) and an "empty" one (consumers done).
+//   storer     (STORER, flash2_tiles.h) one thread of the producer's second warp issues the O
+//              stores: per tile and consumer warpgroup it waits for that warpgroup's O in shared
+//              memory ("o_full"), stores it by TMA, and once every store of the tile has read its
+//              rows hands the Q buffer back ("q_empty"). The consumers go on to their next tile at
+//              once. Without it a thread of each consumer warpgroup issues its store.
 //   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (last block first, so
 //              the masked blocks come first):
 //                issue S(j) = Q K(j)ᵀ         wgmma, Q and K from shared memory
@@ -29,8 +34,9 @@
 //              blocks wholly above its diagonal (or its rows past T), but still takes their turns
 //              and releases their slots.
 //   epilogue   O /= ℓ into this warpgroup's rows of the Q tile, stored by TMA; LSE per row. The Q
-//              tile goes back to the producer ("q_empty") once the store has read it: with two Q
-//              buffers only after the next tile's first product is issued, so no one waits for it.
+//              tile goes back to the producer ("q_empty") once the store has read it: without the
+//              storer and with two Q buffers, only after the next tile's first product is issued,
+//              so that no one waits for it.
 // The shared arithmetic (masking, online softmax, rescale, LSE) is attention_math.cuh's.
 #ifndef FLASH2_FORWARD_HOPPER_CUH
 #define FLASH2_FORWARD_HOPPER_CUH
@@ -44,15 +50,16 @@ typedef struct {
     CUtensorMap q, k, v, o;  // boxes: BLOCK_M, BLOCK_N, BLOCK_N and 64 rows (tensor_map.h)
 } Flash2ForwardMaps;
 
-template <int HD, int BLOCK_N, int CONSUMERS>
+template <int HD, int BLOCK_N, int CONSUMERS, bool STORER_ = false>
 struct Flash2ForwardWsConfig {
+    static constexpr bool STORER = STORER_;
     static constexpr int BLOCK_M = 64 * CONSUMERS, THREADS = 128 * (CONSUMERS + 1), STAGES = 2;
     typedef WgTile<BLOCK_M, HD, true> QTile;  // 32-column sub-tiles at head dim 96 (wgmma.cuh)
     typedef WgTile<BLOCK_N, HD, true> KvTile;
     // The producer's 128 threads keep few registers so that the consumers get up to 240.
     static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32, CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
     static constexpr uint32_t Q_BYTES = QTile::ELEMS * 2, KV_BYTES = KvTile::ELEMS * 2;
-    static constexpr int BARRIERS = 4 + 4 * STAGES;
+    static constexpr int BARRIERS = 4 + 4 * STAGES + (STORER ? 2 * CONSUMERS : 0);
     // Whether a warpgroup issues S(j) beside O += P(j−1) V(j−1) and runs the softmax of S(j) under
     // the latter (P(j−1) and S(j) live at once). Three warpgroups over 128-key blocks at head dims
     // 80, 96 and 128 have no registers for that (ptxas serializes the products, C7512): there a
@@ -79,6 +86,7 @@ template <typename C>
 struct Flash2ForwardSmem {
     __nv_bfloat16 *q, *k, *v;  // Q_BUFFERS × (BLOCK_M, HD), STAGES × (BLOCK_N, HD), STAGES × (BLOCK_N, HD)
     uint64_t *q_full, *q_empty, *k_full, *k_empty, *v_full, *v_empty;
+    uint64_t* o_full;  // STORER: [Q buffer][consumer], that warpgroup's O is in the buffer's rows
     int* tile_of_q;  // Q_BUFFERS: the tile whose Q the buffer holds (the producer's choice), or `tiles`: stop
 };
 
@@ -116,7 +124,8 @@ __device__ __forceinline__ Flash2ForwardSmem<C> forward_smem(uint8_t* raw) {
     sm.k_empty = sm.k_full + C::STAGES;
     sm.v_full = sm.k_empty + C::STAGES;
     sm.v_empty = sm.v_full + C::STAGES;
-    sm.tile_of_q = (int*)(sm.v_empty + C::STAGES);
+    sm.o_full = sm.v_empty + C::STAGES;
+    sm.tile_of_q = (int*)(sm.o_full + (C::STORER ? 2 * (C::BLOCK_M / 64) : 0));
     return sm;
 }
 
@@ -170,15 +179,29 @@ __device__ __forceinline__ void release_slot(uint64_t* empty) {
     if (threadIdx.x % 32 == 0) mbar_arrive(empty);
 }
 
+// TMA stores of consumer warpgroup cw's 64 rows of O from the Q tile (none where they all lie past T).
+template <typename C, int HD>
+__device__ __forceinline__ void store_o_rows(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                             const __nv_bfloat16* q_tile, int cw, int m0, int b, int h) {
+    typedef typename C::QTile QTile;
+    if (m0 + cw * 64 >= p.T) return;
+#pragma unroll
+    for (int j = 0; j < HD / QTile::SUB_COLS; j++)
+        tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS, j * QTile::SUB_COLS,
+                     h, m0 + cw * 64, b);
+}
+
 // O /= ℓ and LSE for this warpgroup's 64 rows; O goes through its rows of the Q tile (its own
-// products no longer read them) and out by TMA; then the tile's Q buffer is handed back (q_empty),
-// at once with one Q buffer, with two by hand_back_previous_q during the next tile.
+// products no longer read them) and out by TMA. With the storer each warp tells it through o_full;
+// without, one thread stores the rows, and the Q buffer is handed back (q_empty) at once with one
+// buffer, with two by hand_back_previous_q during the next tile.
 template <typename C, int HD>
 __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
-                                                 __nv_bfloat16* q_tile, uint64_t* q_empty, int cw, int m0, int b,
-                                                 int h, float (&acc_o)[HD / 2], const float (&row_max)[2],
-                                                 const float (&row_sum)[2]) {
+                                                 const Flash2ForwardSmem<C>& sm, __nv_bfloat16* q_tile, int qb,
+                                                 int cw, int m0, int b, int h, float (&acc_o)[HD / 2],
+                                                 const float (&row_max)[2], const float (&row_sum)[2]) {
     typedef typename C::QTile QTile;
+    constexpr int CONSUMERS = C::BLOCK_M / 64;
     const int tid = threadIdx.x % 128, g = (tid % 32) / 4, t4 = tid % 4;
     const int tile_row = cw * 64 + (tid / 32) * 16 + g;  // this thread's rows: tile_row, tile_row + 8
     float inv[2], lse[2];
@@ -193,30 +216,59 @@ __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, c
                 pack_bf16(acc_o[4 * nt + 2 * half] * inv[half], acc_o[4 * nt + 2 * half + 1] * inv[half]);
     }
     fence_proxy_async();  // the TMA store reads what these ordinary stores wrote
+    if (C::STORER) {
+        __syncwarp();  // the warp's stores and fences before its one arrival (release)
+        if (tid % 32 == 0) mbar_arrive(&sm.o_full[qb * CONSUMERS + cw]);
+        return;
+    }
     named_barrier_sync(C::EPILOGUE_BARRIER + cw, 128);
     if (tid == 0) {
-        if (m0 + cw * 64 < p.T) {  // a warpgroup whose rows all lie past T has nothing to store
-#pragma unroll
-            for (int j = 0; j < HD / QTile::SUB_COLS; j++)
-                tma_store_4d(&maps.o, q_tile + j * (QTile::SUB_BYTES / 2) + cw * 64 * QTile::ROW_ELEMS,
-                             j * QTile::SUB_COLS, h, m0 + cw * 64, b);
-        }
+        store_o_rows<C, HD>(p, maps, q_tile, cw, m0, b, h);
         bulk_commit();
         if (C::Q_BUFFERS == 1) {  // with two buffers this waits until the next tile's first product is issued
             bulk_wait_read();  // the next tile's Q may overwrite these rows only once the store has read them
-            mbar_arrive(q_empty);
+            mbar_arrive(&sm.q_empty[qb]);
         }
     }
 }
 
-// With two Q buffers a warpgroup hands the previous tile's buffer back (q_empty) only once this tile's
-// first product has been issued: its storing thread waits for the TMA store to read the O there with
-// the tensor cores busy, not idle (the producer needs that buffer only for the tile after this one).
+// Without the storer and with two Q buffers a warpgroup hands the previous tile's buffer back
+// (q_empty) only once this tile's first product has been issued: its storing thread waits for the
+// TMA store to read the O there with the tensor cores busy, not idle (the producer needs that
+// buffer only for the tile after this one).
 template <typename C>
 __device__ __forceinline__ void hand_back_previous_q(const Flash2ForwardSmem<C>& sm, int iter) {
-    if (C::Q_BUFFERS == 2 && iter > 0 && threadIdx.x % 128 == 0) {
+    if (!C::STORER && C::Q_BUFFERS == 2 && iter > 0 && threadIdx.x % 128 == 0) {
         bulk_wait_read();
         mbar_arrive(&sm.q_empty[(iter - 1) % 2]);
+    }
+}
+
+// One thread: per tile, each consumer warpgroup's O stored by TMA as soon as that warpgroup has
+// written it, then (once the stores have read shared memory) the Q buffer handed back. It follows
+// the tiles through the Q buffers as the consumers do, and stops where they stop.
+template <typename C, int HD, int BLOCK_N, bool CAUSAL>
+__device__ __forceinline__ void forward_store(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
+                                              const Flash2ForwardSmem<C>& sm, int tiles) {
+    typedef typename C::QTile QTile;
+    constexpr int CONSUMERS = C::BLOCK_M / 64;
+    tma_prefetch_map(&maps.o);
+#pragma unroll 1
+    for (int iter = 0;; iter++) {
+        const int qb = iter % C::Q_BUFFERS, parity = (iter / C::Q_BUFFERS) & 1;
+        mbar_wait(&sm.q_full[qb], parity);
+        const int t = sm.tile_of_q[qb];
+        if (t >= tiles) break;
+        const Flash2ForwardTile tile = forward_tile<C::BLOCK_M, BLOCK_N, CAUSAL>(p, t);
+        const __nv_bfloat16* q_tile = sm.q + qb * QTile::ELEMS;
+#pragma unroll 1
+        for (int cw = 0; cw < CONSUMERS; cw++) {
+            mbar_wait(&sm.o_full[qb * CONSUMERS + cw], parity);
+            store_o_rows<C, HD>(p, maps, q_tile, cw, tile.m0, tile.b, tile.h);
+        }
+        bulk_commit();
+        bulk_wait_read();  // the next Q may overwrite these rows only once the stores have read them
+        mbar_arrive(&sm.q_empty[qb]);
     }
 }
 
@@ -382,7 +434,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
         release_slot(&sm.v_empty[stage]);
     }
     ring += n_blocks;
-    forward_epilogue<C, HD>(p, maps, q_tile, &sm.q_empty[qb], cw, tile.m0, tile.b, tile.h, acc_o, row_max, row_sum);
+    forward_epilogue<C, HD>(p, maps, sm, q_tile, qb, cw, tile.m0, tile.b, tile.h, acc_o, row_max, row_sum);
 }
 
 // Consumer warpgroup cw: its rows of every tile this block takes. The warpgroups take turns issuing
@@ -404,22 +456,24 @@ __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, co
     }
     // Warpgroup 0's turn was announced once more than it took (the first arrival above).
     if (cw == 0) named_barrier_sync(C::TURN_BARRIER, 256);
-    if (C::Q_BUFFERS == 2 && threadIdx.x % 128 == 0) bulk_wait_read();  // the last O store has left shared memory
+    if (!C::STORER && C::Q_BUFFERS == 2 && threadIdx.x % 128 == 0) bulk_wait_read();  // the last O store has read
 }
 #endif  // WGMMA_AVAILABLE
 
-template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL>
+template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL, bool STORER>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     flash2_forward_ws_kernel(const __grid_constant__ Flash2ForwardMaps maps, const Flash2ForwardParams p) {
 #if WGMMA_AVAILABLE
-    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
+    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS, STORER> C;
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2ForwardSmem<C> sm = forward_smem<C>((uint8_t*)smem_raw);
     const int tiles = (p.T + C::BLOCK_M - 1) / C::BLOCK_M * (p.B * p.NH);
     if (threadIdx.x == 0) {
         for (int q = 0; q < C::Q_BUFFERS; q++) {
             mbar_init(&sm.q_full[q], 1);
-            mbar_init(&sm.q_empty[q], CONSUMERS);  // each consumer's storing thread, once its O has left
+            // once the tile's O has left: the storer, or each consumer's storing thread
+            mbar_init(&sm.q_empty[q], C::STORER ? 1 : CONSUMERS);
+            for (int c = 0; c < CONSUMERS && C::STORER; c++) mbar_init(&sm.o_full[q * CONSUMERS + c], 4);  // per warp
         }
         for (int s = 0; s < C::STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
@@ -433,6 +487,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (threadIdx.x < 128) {
         registers_decrease<C::PRODUCER_REGS>();
         if (threadIdx.x == 0) forward_produce<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles);
+        if (C::STORER && threadIdx.x == 32) forward_store<C, HD, BLOCK_N, CAUSAL>(p, maps, sm, tiles);
     } else {
         registers_increase<C::CONSUMER_REGS>();
         // the consumer warpgroup's index, from lane 0 so that ptxas knows it is warp-uniform
@@ -446,9 +501,9 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 
 // PERSISTENT: one block per multiprocessor walks the tiles, taking them in turn through
 // p->tile_counter when that is given (zeroed here) or round-robin; otherwise one block per tile.
-template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL, bool PERSISTENT = true>
+template <int HD, int BLOCK_N, int CONSUMERS, bool CAUSAL, bool PERSISTENT = true, bool STORER = false>
 static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
-    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS> C;
+    typedef Flash2ForwardWsConfig<HD, BLOCK_N, CONSUMERS, STORER> C;
     constexpr int SUB = C::QTile::SUB_COLS;
     Flash2ForwardMaps maps;
     maps.q = make_rows_tensor_map(p->q, B, p->T, p->NH, HD, p->qkv_stride, C::BLOCK_M, SUB);
@@ -464,7 +519,7 @@ static inline void launch_forward_ws(const Flash2ForwardParams* p, int B, cudaSt
     const bool persistent = PERSISTENT && (!CAUSAL || params.tile_counter);
     if (!persistent) params.tile_counter = NULL;
     if (params.tile_counter) CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream));
-    launch_with_smem<flash2_forward_ws_kernel<HD, BLOCK_N, CONSUMERS, CAUSAL>>(
+    launch_with_smem<flash2_forward_ws_kernel<HD, BLOCK_N, CONSUMERS, CAUSAL, STORER>>(
         dim3(persistent && tiles > flash2_sm_count() ? flash2_sm_count() : tiles), C::THREADS, C::SMEM_BYTES, stream,
         maps, params);
 }

@@ -22,11 +22,15 @@
 // 128-key blocks (no intra-warpgroup overlap, as at 80 non-causal and 96) beat two by 2-6% from 2k
 // on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
 // with FLASH2_FORWARD_LONG_T in the environment as an override for tests.
+// STORER: a thread of the producer warpgroup issues the O stores instead of one of each consumer
+// warpgroup: +3-8% at 64 non-causal and +1-3% at 96 non-causal, but 1.5% slower at 64 causal and
+// 1-3% at 128 (where its three-warpgroup kernel also spills in its loop with it), ±1% at 80.
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
     static constexpr int BLOCK_N = HD == 80 && CAUSAL ? 96 : 128;
     static constexpr int LONG_T = HD == 128 ? 2048 : 0, LONG_CONSUMERS = 3;
+    static constexpr bool STORER = !CAUSAL && (HD == 64 || HD == 96);
 };
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):

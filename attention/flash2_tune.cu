@@ -30,7 +30,7 @@ typedef struct {
     const char* name;
     int hd;
     ForwardLaunch launch[2];  // [causal]
-    int block_n, consumers, persistent;  // ws kernels: their tile shape and launch; 0 otherwise
+    int block_n, consumers, persistent, storer;  // ws kernels: their tile shape and launch; 0 otherwise
 } ForwardCandidate;
 typedef struct {
     const char* name;
@@ -41,7 +41,7 @@ typedef struct {
 
 #define FWD(HD, BM, BN, NW, MB) \
     {"fwd BM" #BM " BN" #BN " W" #NW " min" #MB, HD, \
-     {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}, 0, 0, 0}
+     {launch_forward<HD, BM, BN, NW, MB, false>, launch_forward<HD, BM, BN, NW, MB, true>}, 0, 0, 0, 0}
 #define BWD(HD, BM, NW, MB) \
     {"bwd BM" #BM " BN" #NW "x16 W" #NW " min" #MB, HD, \
      {launch_backward<HD, BM, NW, MB, false>, launch_backward<HD, BM, NW, MB, true>}, 0, 0, 0}
@@ -49,18 +49,22 @@ typedef struct {
 // The first candidate of each head dim is the mma.sync kernel, the reference the others are checked
 // against; "ws" are the warp-specialized TMA kernels of Hopper (flash2_forward_hopper.cuh,
 // flash2_backward_hopper.cuh); a '*' marks the shape flash2_tiles.h gives the library.
-#define FWD_WS(HD, BN, CONSUMERS, PERSISTENT) \
-    {"fwd ws BM" #CONSUMERS "x64 BN" #BN " pers" #PERSISTENT, HD, \
-     {launch_forward_ws<HD, BN, CONSUMERS, false, PERSISTENT>, launch_forward_ws<HD, BN, CONSUMERS, true, PERSISTENT>}, \
-     BN, CONSUMERS, PERSISTENT}
+#define FWD_WS_S(HD, BN, CONSUMERS, PERSISTENT, STORER, SUFFIX) \
+    {"fwd ws BM" #CONSUMERS "x64 BN" #BN " pers" #PERSISTENT SUFFIX, HD, \
+     {launch_forward_ws<HD, BN, CONSUMERS, false, PERSISTENT, STORER>, \
+      launch_forward_ws<HD, BN, CONSUMERS, true, PERSISTENT, STORER>}, \
+     BN, CONSUMERS, PERSISTENT, STORER}
+#define FWD_WS(HD, BN, CONSUMERS, PERSISTENT) FWD_WS_S(HD, BN, CONSUMERS, PERSISTENT, false, "")
+#define FWD_WS_STORER(HD, BN, CONSUMERS) FWD_WS_S(HD, BN, CONSUMERS, 1, true, " storer")
 static const ForwardCandidate FORWARD[] = {
     FWD(64, 128, 64, 4, 2),  FWD_WS(64, 128, 3, 1),  FWD_WS(64, 128, 3, 0),  FWD_WS(64, 128, 2, 1),
+    FWD_WS_STORER(64, 128, 3),
     FWD(80, 128, 64, 4, 2),  FWD_WS(80, 128, 2, 1),  FWD_WS(80, 128, 2, 0),  FWD_WS(80, 176, 2, 1),
     FWD_WS(80, 96, 3, 1),    FWD_WS(80, 128, 3, 1),
     FWD(96, 128, 64, 4, 2),  FWD_WS(96, 128, 2, 1),  FWD_WS(96, 128, 2, 0),  FWD_WS(96, 176, 2, 1),
-    FWD_WS(96, 96, 3, 1),    FWD_WS(96, 128, 3, 1),
+    FWD_WS(96, 96, 3, 1),    FWD_WS(96, 128, 3, 1),  FWD_WS_STORER(96, 128, 3),
     FWD(128, 128, 64, 4, 2), FWD_WS(128, 128, 2, 1), FWD_WS(128, 128, 2, 0), FWD_WS(128, 176, 2, 1),
-    FWD_WS(128, 128, 3, 1),
+    FWD_WS(128, 128, 3, 1),  FWD_WS_STORER(128, 128, 2), FWD_WS_STORER(128, 128, 3),
 };
 // SCHED: 0, 1 (BWD_DQ_FIRST), 2 (BWD_PINGPONG), 3 (both): flash2_tiles.h
 #define BWD_WS(HD, BM, DET, DK_SMEM, SCHED) \
@@ -77,7 +81,9 @@ static const BackwardCandidate BACKWARD[] = {
     BWD(64, 128, 8, 1),  BWD_WS_ALL(64, 128),  BWD_WS(64, 128, " determ.", "shared", 1),
     BWD(80, 64, 8, 1),   BWD_WS_SOME(80, 64),  BWD_WS(80, 64, " determ.", "regs", 0),
     BWD(96, 64, 8, 1),   BWD_WS_SOME(96, 64),  BWD_WS(96, 64, " determ.", "regs", 1),
-    BWD(128, 64, 8, 1),  BWD_WS_ALL(128, 64),  BWD_WS(128, 64, " determ.", "shared", 1),
+    // d128 without "dK shared sched0": ptxas injects a warpgroup wait there (C7519), and it lost anyway
+    BWD(128, 64, 8, 1),  BWD_WS_SOME(128, 64),  BWD_WS(128, 64, "", "regs", 2),  BWD_WS(128, 64, "", "shared", 1),
+    BWD_WS(128, 64, "", "shared", 3),  BWD_WS(128, 64, " determ.", "shared", 1),
 };
 
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
@@ -85,7 +91,8 @@ template <int HD, bool CAUSAL>
 static bool forward_chosen(const ForwardCandidate& c, int T) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     const int consumers = Tiles::LONG_T > 0 && T >= Tiles::LONG_T ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
-    return c.block_n == Tiles::BLOCK_N && c.consumers == consumers && c.persistent == 1;  // the library launches persistent
+    return c.block_n == Tiles::BLOCK_N && c.consumers == consumers && c.persistent == 1 &&  // the library launches persistent
+           c.storer == (int)Tiles::STORER;
 }
 template <int HD>
 static bool forward_chosen(const ForwardCandidate& c, int causal, int T) {
