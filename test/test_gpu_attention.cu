@@ -6,7 +6,8 @@
 //
 // Cases: head dims 64, 80, 96, 128; causal and full; T in {1, 17, 64, 127, 1000} (B = 2, NH = 3 up
 // to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast), and T = 2048 at head dim
-// 128 with one head (flash2's forward has a second tile shape from there: flash2_tiles.h); q, k, v
+// 128 with one head (flash2's forward has a second tile shape from there: flash2_tiles.h), and
+// T = 200 with B = 2, NH = 70 (more tiles than multiprocessors: the persistent forward's walk); q, k, v
 // uniform in [−s, s) for s = 1 and s = 8 (logits up to ~±100, past where exp overflows in fp32 without the max
 // subtraction), dout uniform in [−1, 1). q, k, v and dq, dk, dv live in packed (B, T, 3, NH, HD)
 // buffers (stride 3·NH·HD) in every case, and additionally in plain separate (B, T, NH, HD) tensors
@@ -685,6 +686,14 @@ static size_t list_sets(SetSpec* sets, size_t max) {
                 }
                 count++;
             }
+    // T = 200 over 2 × 70 heads: more query tiles than a GPU has multiprocessors, so flash2's
+    // persistent forward walks several tiles per block (its rings and Q buffers across tiles), with
+    // a last query block that is partial or, for a warpgroup, wholly past T.
+    for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
+        for (int causal = 0; causal <= 1; causal++) {
+            if (count < max) sets[count] = (SetSpec){shape_of(2, 200, 70, HEAD_DIMS[h], causal), 1.0};
+            count++;
+        }
     // T = 2048 at head dim 128, one head: flash2's forward takes its long-sequence shape there
     // (flash2_tiles.h, LONG_T), both masks and scales.
     for (int causal = 0; causal <= 1; causal++)
