@@ -23,7 +23,7 @@
 // on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
 // with FLASH2_FORWARD_LONG_T in the environment as an override for tests.
 // STORER: a thread of the producer warpgroup issues the O stores instead of one of each consumer
-// warpgroup: +3-8% at 64 non-causal and +1-3% at 96 non-causal, but 1.5% slower at 64 causal and
+// warpgroup: +3-7% at 64 non-causal and up to +3% at 96 non-causal, but 1.5% slower at 64 causal and
 // 1-3% at 128 (where its three-warpgroup kernel also spills in its loop with it), ±1% at 80.
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
