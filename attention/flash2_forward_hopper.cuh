@@ -50,8 +50,9 @@ typedef struct {
     CUtensorMap q, k, v, o;  // boxes: BLOCK_M, BLOCK_N, BLOCK_N and 64 rows (tensor_map.h)
 } Flash2ForwardMaps;
 
-template <int HD, int BLOCK_N, int CONSUMERS, bool STORER_ = false>
+template <int HD, int BLOCK_N, int CONSUMERS_, bool STORER_ = false>
 struct Flash2ForwardWsConfig {
+    static constexpr int CONSUMERS = CONSUMERS_;
     static constexpr bool STORER = STORER_;
     static constexpr int BLOCK_M = 64 * CONSUMERS, THREADS = 128 * (CONSUMERS + 1), STAGES = 2;
     typedef WgTile<BLOCK_M, HD, true> QTile;  // 32-column sub-tiles at head dim 96 (wgmma.cuh)
@@ -125,7 +126,7 @@ __device__ __forceinline__ Flash2ForwardSmem<C> forward_smem(uint8_t* raw) {
     sm.v_full = sm.k_empty + C::STAGES;
     sm.v_empty = sm.v_full + C::STAGES;
     sm.o_full = sm.v_empty + C::STAGES;
-    sm.tile_of_q = (int*)(sm.o_full + (C::STORER ? 2 * (C::BLOCK_M / 64) : 0));
+    sm.tile_of_q = (int*)(sm.o_full + (C::STORER ? 2 * C::CONSUMERS : 0));
     return sm;
 }
 
@@ -201,7 +202,7 @@ __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, c
                                                  int cw, int m0, int b, int h, float (&acc_o)[HD / 2],
                                                  const float (&row_max)[2], const float (&row_sum)[2]) {
     typedef typename C::QTile QTile;
-    constexpr int CONSUMERS = C::BLOCK_M / 64;
+    constexpr int CONSUMERS = C::CONSUMERS;
     const int tid = threadIdx.x % 128, g = (tid % 32) / 4, t4 = tid % 4;
     const int tile_row = cw * 64 + (tid / 32) * 16 + g;  // this thread's rows: tile_row, tile_row + 8
     float inv[2], lse[2];
@@ -251,7 +252,7 @@ template <typename C, int HD, int BLOCK_N, bool CAUSAL>
 __device__ __forceinline__ void forward_store(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
                                               const Flash2ForwardSmem<C>& sm, int tiles) {
     typedef typename C::QTile QTile;
-    constexpr int CONSUMERS = C::BLOCK_M / 64;
+    constexpr int CONSUMERS = C::CONSUMERS;
     tma_prefetch_map(&maps.o);
 #pragma unroll 1
     for (int iter = 0;; iter++) {
@@ -299,7 +300,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
                                                      const Flash2ForwardTile& tile, int& ring) {
     typedef typename C::QTile QTile;
     typedef typename C::KvTile KvTile;
-    constexpr int CONSUMERS = C::BLOCK_M / 64, NT = BLOCK_N / 8, KSTEPS = BLOCK_N / 16;
+    constexpr int CONSUMERS = C::CONSUMERS, NT = BLOCK_N / 8, KSTEPS = BLOCK_N / 16;
     const int tid = threadIdx.x % 128, t4 = tid % 4, n_blocks = tile.n_blocks;
     const int wg_row0 = tile.m0 + cw * 64, row = wg_row0 + (tid / 32) * 16 + tid % 32 / 4;
     const int qb = tile.iter % C::Q_BUFFERS;
@@ -442,7 +443,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
 template <typename C, int HD, int BLOCK_N, bool CAUSAL>
 __device__ __forceinline__ void forward_consume(const Flash2ForwardParams& p, const Flash2ForwardMaps& maps,
                                                 const Flash2ForwardSmem<C>& sm, int cw, int tiles) {
-    constexpr int CONSUMERS = C::BLOCK_M / 64;
+    constexpr int CONSUMERS = C::CONSUMERS;
     if (cw == CONSUMERS - 1) named_barrier_arrive(C::TURN_BARRIER, 256);  // warpgroup 0 issues first
     int ring = 0;
     for (int iter = 0;; iter++) {

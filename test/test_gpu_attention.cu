@@ -5,15 +5,15 @@
 //   build/test_gpu_attention [BACKEND...]   GPU cases of the named backends only (default: all)
 //
 // Cases: head dims 64, 80, 96, 128; causal and full; T in {1, 17, 64, 127, 1000} (B = 2, NH = 3 up
-// to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast), and T = 2048 at head dim
-// 128 with one head (flash2's forward has a second tile shape from there: flash2_tiles.h), and
-// T = 200 with B = 2, NH = 70 (more tiles than multiprocessors: the persistent forward's walk); q, k, v
-// uniform in [−s, s) for s = 1 and s = 8 (logits up to ~±100, past where exp overflows in fp32 without the max
-// subtraction), dout uniform in [−1, 1). q, k, v and dq, dk, dv live in packed (B, T, 3, NH, HD)
-// buffers (stride 3·NH·HD) in every case, and additionally in plain separate (B, T, NH, HD) tensors
-// (stride NH·HD) for s = 1, T = 127. Fresh inputs every run: the seed comes from the clock unless
-// TEST_SEED is set, and is printed. Inputs are rounded to bf16 on the host and the reference is
-// computed from exactly those values.
+// to T = 127; B = 1, NH = 2 at T = 1000, so the fp64 reference stays fast), and T = 2048 at head
+// dim 128 with one head (flash2's forward has a second tile shape from there: flash2_tiles.h), plus
+// T = 200 with B = 2, NH = 70 (more tiles than multiprocessors: the persistent forward's walk); q,
+// k, v uniform in [−s, s) for s = 1 and s = 8 (logits up to ~±100, past where exp overflows in fp32
+// without the max subtraction), dout uniform in [−1, 1). q, k, v and dq, dk, dv live in packed (B,
+// T, 3, NH, HD) buffers (stride 3·NH·HD) in every case, and additionally in plain separate (B, T,
+// NH, HD) tensors (stride NH·HD) for s = 1, T = 127. Fresh inputs every run: the seed comes from
+// the clock unless TEST_SEED is set, and is printed. Inputs are rounded to bf16 on the host and the
+// reference is computed from exactly those values.
 //
 // Each case runs the forward, then the backward, and checks:
 // - forward: out (B, T, NH, HD) and lse (B, NH, T) against ref_attention_forward (computed once per
