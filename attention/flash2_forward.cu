@@ -134,7 +134,14 @@ void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     p.NH = s->NH;
     p.NKV = s->NKV;
     p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
-    p.tile_counter = s->causal ? (int*)args->workspace : NULL;  // the causal Hopper forward's tile order
+    // the causal Hopper forward's tile order: 8 bytes of the workspace (a 64-bit atomic needs them aligned)
+    if (s->causal && args->workspace && (uintptr_t)args->workspace % 8 != 0) {
+        fprintf(stderr, "error: flash2 needs the attention workspace 8-byte aligned (got %p); allocate it with "
+                        "cudaMalloc\n", args->workspace);
+        exit(EXIT_FAILURE);
+    }
+    p.tile_counter = s->causal ? (unsigned long long*)args->workspace : NULL;
+    p.tile_epoch = 0;  // the launch sets it
     if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);
     else dispatch_forward<false>(&p, s->B, s->HD, stream);
 }

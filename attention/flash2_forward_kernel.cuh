@@ -27,9 +27,12 @@ typedef struct {
     int T, NH, NKV;
     float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
     int B;             // the persistent Hopper kernel walks all B·NH heads itself
-    // Hopper, persistent: an int the launch zeroes, from which the blocks take their next tile in
-    // turn (atomicAdd), or NULL for a fixed round-robin (uniform non-causal tiles need no more).
-    int* tile_counter;
+    // Hopper, persistent: 8 bytes of scratch (8-byte aligned, any content) from which the blocks take
+    // their next tile in turn, or NULL for a fixed round-robin (uniform non-causal tiles need no
+    // more). The launch gives each call its own tile_epoch, which the word holds beside the count of
+    // tiles taken, so it needs no zeroing before the call (flash2_forward_hopper.cuh).
+    unsigned long long* tile_counter;
+    unsigned tile_epoch;
 } Flash2ForwardParams;
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>

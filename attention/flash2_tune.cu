@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
                                           out,    lse,           stride,
                                           stride, (long)NH * hd, T,
                                           NH,     NH,            1.4426950408889634f / sqrtf((float)hd),
-                                          B,      causal ? (int*)work : NULL};  // multi-head: NKV = NH; the
+                                          B,      causal ? (unsigned long long*)work : NULL, 0};  // multi-head: NKV = NH; the
                                                                                  // tile counter as flash2_forward.cu
                 Flash2BackwardParams bp;
                 bp.q = fp.q;

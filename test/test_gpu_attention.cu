@@ -41,6 +41,8 @@
 // key and query blocks per head; the fp64 reference of T = 1000 with several heads would take minutes).
 // The reference is the same fp64 attention with NKV heads (cpu_reference.h), whose dK and dV sum over
 // each group's query heads. Case names carry _nhH_nkvK.
+// One more case replays flash2's causal forward from a CUDA graph (its tile counter's epoch is then
+// the captured one, so the capture zeroes the counter): every replay bit-identical to a direct call.
 // CPU-only cases (the dispatcher's checks, names and sizes) run everywhere; GPU cases are reported
 // as SKIP where no GPU is found.
 #include <cuda_bf16.h>
@@ -707,6 +709,47 @@ static size_t list_sets(SetSpec* sets, size_t max) {
 // The plain layout is tested for these sets only (as before GQA: T = 127, s = 1).
 static int plain_set(const SetSpec* set) { return plain_layout_case(set->shape.T, set->scale); }
 
+// flash2's causal forward captured in a CUDA graph and replayed: the persistent Hopper kernel takes
+// its tiles from a counter in the workspace, which each launch claims with a new epoch; a graph
+// replays one epoch, so the capture must zero the counter inside the graph. Every replay must write
+// the same output as a direct call, bit for bit (each tile is computed the same wherever it runs),
+// into an output poisoned before each replay. T = 200 over 2 × 70 heads: more tiles than SMs.
+static const char* GRAPH_CASE = "attention_flash2_causal_forward_replayed_from_a_cuda_graph";
+
+static void graph_replay_case(const AttentionContext* ctx, cudaStream_t stream, uint64_t seed) {
+    const char* name = GRAPH_CASE;
+    InputSet in = make_inputs(2, 200, 70, 70, 64, 1, 1.0, seed);
+    CaseBuffers c = case_alloc(&in, ATTN_FLASH2, LAYOUT_PACKED, in.qkv_bits);
+    uint16_t* direct = (uint16_t*)malloc(in.n * sizeof(uint16_t));
+    uint16_t* replayed = (uint16_t*)malloc(in.n * sizeof(uint16_t));
+    attention_forward(ATTN_FLASH2, ctx, &c.args, stream);
+    CUDA_CHECK(cudaMemcpyAsync(direct, c.args.out, in.n * 2, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    attention_forward(ATTN_FLASH2, ctx, &c.args, stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    char why[160] = "";
+    for (int replay = 0; replay < 3 && !why[0]; replay++) {
+        CUDA_CHECK(cudaMemsetAsync(c.args.out, 0xFF, in.n * 2, stream));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaMemcpyAsync(replayed, c.args.out, in.n * 2, cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        size_t differ = 0;
+        for (size_t i = 0; i < in.n; i++) differ += replayed[i] != direct[i];
+        if (differ) snprintf(why, sizeof(why), "replay %d: %zu of %zu outputs differ from the direct call", replay, differ, in.n);
+    }
+    test_report(name, !why[0], "%s", why);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    free(direct);
+    free(replayed);
+    case_free(&c);
+    free_inputs(&in);
+}
+
 // The backends named on the command line (all when none); exits 2 on an unknown name.
 static int g_selected[COUNT(BACKENDS)];
 
@@ -723,6 +766,13 @@ static void select_backends(int argc, char** argv) {
         }
         g_selected[be] = 1;
     }
+}
+
+// The graph case runs with flash2 selected and the default sequence lengths.
+static int graph_case_selected(void) {
+    for (size_t be = 0; be < COUNT(BACKENDS); be++)
+        if (BACKENDS[be] == ATTN_FLASH2) return g_selected[be] && g_num_seq_lens == 5;
+    return 0;
 }
 
 int main(int argc, char** argv) {
@@ -754,6 +804,7 @@ int main(int argc, char** argv) {
                         test_skip(name, skip_why);
                     }
                 }
+        if (graph_case_selected()) test_skip(GRAPH_CASE, skip_why);
         return test_end();
     }
     printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
@@ -787,6 +838,8 @@ int main(int argc, char** argv) {
             }
         free_inputs(&in);
     }
+
+    if (graph_case_selected()) graph_replay_case(&ctx, stream, seed);
 
     CUDA_CHECK(cudaStreamDestroy(stream));
     CUBLAS_CHECK(cublasDestroy(ctx.cublas));
