@@ -178,6 +178,8 @@ static float time_ms(F&& run, int runs, cudaStream_t stream) {
 }
 
 int main(int argc, char** argv) {
+    // A line at a time even into a file or pipe, so a run stopped by a time limit keeps what it timed.
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int runs = 20;
     bool time_forward = true, time_backward = true;
     std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384}, head_dims = {64, 80, 96, 128};
