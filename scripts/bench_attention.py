@@ -19,7 +19,10 @@ Grid (the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
 
 Method, the same for every implementation (that of triton.testing.do_bench): the L2 cache is flushed
 (a 256 MiB buffer is zeroed) before every run, each run is timed by its own pair of CUDA events,
-runs repeat for about --rep-ms after --warmup-ms of warm-up, and the median counts.
+runs repeat for about --rep-ms after --warmup-ms of warm-up, and the median counts. With --rounds N
+each implementation is timed N times at a point, taking turns with the others (the order rotated each
+round), and the median of the N counts: a long run's clocks follow the GPU's power draw, which one
+implementation's timing can catch at a low and another's not.
   forward   one forward call in training mode (ours writes out and the LSE; PyTorch's inputs
             require grad, so it saves what its backward needs)
   backward  ours: one backward call (after a forward, so out and LSE are valid);
@@ -38,6 +41,7 @@ keeps what was measured) and .md (the tables, command and commit), and prints th
 Usage (from the repository root, after `make build/libattention.so`):
     python3 scripts/bench_attention.py                                  # the whole grid
     python3 scripts/bench_attention.py --hdims 128 --causal 1 --seqlens 2k,8k
+    python3 scripts/bench_attention.py --hdims 64,128 --rounds 3     # the grid, each point timed 3 times in turns
     python3 scripts/bench_attention.py --impls flash2,naive,torch-flash --tag naive
     python3 scripts/bench_attention.py --impls flash1,flash2 --seqlens 2k,8k --tag flash1   # FA1 vs FA2
 """
@@ -49,6 +53,7 @@ import gc
 import math
 import os
 import shlex
+import statistics
 import sys
 import warnings
 
@@ -215,70 +220,102 @@ def point_flops(B, T, NH, HD, causal):
 
 
 def run_point(impls, lib, hdim, causal, seqlen, kv_heads, args, flush):
-    """Checks and times every implementation on one grid point (kv_heads 0: NH). Returns a list of records."""
+    """Checks and times every implementation on one grid point (kv_heads 0: NH). Returns a list of records.
+
+    Every implementation is set up and checked first; then --rounds rounds time each one's forward and
+    backward in turn (the order rotated every round), and a record keeps the median over the rounds."""
     B, NH = args.tokens // seqlen, args.hidden // hdim
     NKV = kv_heads or NH
     base = {"hdim": hdim, "causal": bool(causal), "seqlen": seqlen, "batch": B, "heads": NH, "kv_heads": NKV}
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     qkv = torch.randn((B, seqlen, NH + 2 * NKV, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
     dout = torch.randn((B, seqlen, NH, hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
-
-    # The correctness reference: torch-flash's out and gradients (torch-cudnn where flash cannot run).
-    reference, reference_impl = None, None
-    for impl in REFERENCE_ORDER:
-        try:
-            _, _, results = torch_runner(impl, qkv, dout, causal)
-            reference, reference_impl = tuple(r.detach().clone() for r in results()), impl
-            del results
-            break
-        except Skip:
-            continue
-
-    fwd_flops = point_flops(B, seqlen, NH, hdim, causal)
-    records = []
+    reference = reference_results(qkv, dout, causal)
+    records, runners = [], {}
     for impl in impls:
         record = dict(impl=impl, **base, fwd_tflops=None, bwd_tflops=None, fwdbwd_tflops=None, fwd_ms=None,
                       bwd_ms=None, status="ok", note="", check=None)
-        runner = forward = backward = results = None
-        try:
-            with backend_context(impl):
-                runner = (our_runner(lib, impl, qkv, dout, causal) if impl in OUR_IMPLS
-                          else torch_runner(impl, qkv, dout, causal))
-                forward, backward, results = runner
-                forward()
-                backward()
-                torch.cuda.synchronize()
-                if reference is None:
-                    record["note"] = "not checked: no PyTorch backend ran as a reference"
-                elif impl != reference_impl:
-                    errors = rel_errors(results(), reference)
-                    record["check"] = {"against": reference_impl, **errors}
-                    bad = [n for n, e in errors.items() if not e <= args.check_tolerance]
-                    if bad:
-                        record["status"] = "wrong"
-                        record["note"] = (f"WRONG vs {reference_impl}: " +
-                                          ", ".join(f"{n} {errors[n]:.1e}" for n in bad))
-                record["fwd_ms"] = measure_ms(forward, flush, args.warmup_ms, args.rep_ms)
-                record["bwd_ms"] = measure_ms(backward, flush, args.warmup_ms, args.rep_ms)
-        except Skip as why:
-            record["status"], record["note"] = "skipped", str(why)
-        except torch.cuda.OutOfMemoryError:
-            record["status"], record["note"] = "skipped", "out of GPU memory"
-        except RuntimeError as err:  # a PyTorch backend that fails past its own checks
-            record["status"], record["note"] = "skipped", f"failed: {str(err).splitlines()[0]}"
-        if record["fwd_ms"] and record["bwd_ms"]:
-            record["fwd_tflops"] = fwd_flops / (record["fwd_ms"] * 1e-3) / 1e12
-            record["bwd_tflops"] = 2.5 * fwd_flops / (record["bwd_ms"] * 1e-3) / 1e12
-            record["fwdbwd_tflops"] = 3.5 * fwd_flops / ((record["fwd_ms"] + record["bwd_ms"]) * 1e-3) / 1e12
+        runners[impl] = set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record)
         records.append(record)
+    del reference
+    times = time_rounds(runners, flush, args)
+    fwd_flops = point_flops(B, seqlen, NH, hdim, causal)
+    for record in records:
+        finish_record(record, times.get(record["impl"], []), fwd_flops)
         print(progress_line(record), flush=True)
-        del runner, forward, backward, results  # frees the buffers the closures hold
-        gc.collect()
-        torch.cuda.empty_cache()
-    del qkv, dout, reference
+    del runners, qkv, dout
     gc.collect()
     torch.cuda.empty_cache()
     return records
+
+
+def reference_results(qkv, dout, causal):
+    """(impl, (out, dq, dk, dv)) of the correctness reference: torch-flash (torch-cudnn where flash cannot
+    run); (None, None) when no PyTorch backend runs the point."""
+    for impl in REFERENCE_ORDER:
+        try:
+            _, _, results = torch_runner(impl, qkv, dout, causal)
+            return impl, tuple(r.detach().clone() for r in results())
+        except Skip:
+            continue
+    return None, None
+
+
+def set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record):
+    """The (forward, backward) of impl after one checked call of each, or None (record says why)."""
+    reference_impl, expected = reference
+    try:
+        with backend_context(impl):
+            forward, backward, results = (our_runner(lib, impl, qkv, dout, causal) if impl in OUR_IMPLS
+                                          else torch_runner(impl, qkv, dout, causal))
+            forward()
+            backward()
+            torch.cuda.synchronize()
+        if expected is None:
+            record["note"] = "not checked: no PyTorch backend ran as a reference"
+        elif impl != reference_impl:
+            errors = rel_errors(results(), expected)
+            record["check"] = {"against": reference_impl, **errors}
+            bad = [n for n, e in errors.items() if not e <= args.check_tolerance]
+            if bad:
+                record["status"] = "wrong"
+                record["note"] = f"WRONG vs {reference_impl}: " + ", ".join(f"{n} {errors[n]:.1e}" for n in bad)
+        return forward, backward
+    except Skip as why:
+        record["status"], record["note"] = "skipped", str(why)
+    except torch.cuda.OutOfMemoryError:
+        record["status"], record["note"] = "skipped", "out of GPU memory"
+    except RuntimeError as err:  # a PyTorch backend that fails past its own checks
+        record["status"], record["note"] = "skipped", f"failed: {str(err).splitlines()[0]}"
+    return None
+
+
+def time_rounds(runners, flush, args):
+    """{impl: [(fwd_ms, bwd_ms) per round]}: in round r the implementations take turns starting from the
+    r-th, so that none is always timed right after the same one (the GPU's clocks follow its recent load)."""
+    ready = [impl for impl, runner in runners.items() if runner]
+    times = {impl: [] for impl in ready}
+    for rnd in range(args.rounds if ready else 0):
+        first = rnd % len(ready)
+        for impl in ready[first:] + ready[:first]:
+            forward, backward = runners[impl]
+            with backend_context(impl):
+                times[impl].append((measure_ms(forward, flush, args.warmup_ms, args.rep_ms),
+                                    measure_ms(backward, flush, args.warmup_ms, args.rep_ms)))
+    return times
+
+
+def finish_record(record, times, fwd_flops):
+    """The medians over the rounds, and TFLOP/s from them; every round's times where there were several."""
+    if not times:
+        return
+    record["fwd_ms"] = statistics.median(f for f, _ in times)
+    record["bwd_ms"] = statistics.median(b for _, b in times)
+    if len(times) > 1:
+        record["rounds_ms"] = [list(t) for t in times]
+    record["fwd_tflops"] = fwd_flops / (record["fwd_ms"] * 1e-3) / 1e12
+    record["bwd_tflops"] = 2.5 * fwd_flops / (record["bwd_ms"] * 1e-3) / 1e12
+    record["fwdbwd_tflops"] = 3.5 * fwd_flops / ((record["fwd_ms"] + record["bwd_ms"]) * 1e-3) / 1e12
 
 
 def progress_line(r):
@@ -432,6 +469,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (default 16384)")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up per measurement (default 25)")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="timed runs per measurement (default 100)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="timings per implementation and point, taken in turns; the median counts (default 1)")
     parser.add_argument("--check-tolerance", type=float, default=1e-2,
                         help="largest relative error vs torch-flash before a point is WRONG (default 1e-2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -450,6 +489,8 @@ def main():
         args.kv_heads = parse_list(args.kv_heads, int)
     except ValueError as err:
         parser.error(f"--kv-heads takes comma-separated whole numbers: {err}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
     if args.tag is None:
         args.tag = "gqa" if any(args.kv_heads) else ""
 
@@ -485,7 +526,9 @@ def main():
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
-                   f"{args.warmup_ms:g} ms warm-up; fwd+bwd = fwd median + bwd median; torch bwd = "
+                   f"{args.warmup_ms:g} ms warm-up" +
+                   (f", the median of {args.rounds} such timings taken in turns with the other implementations"
+                    if args.rounds > 1 else "") + "; fwd+bwd = fwd median + bwd median; torch bwd = "
                    "autograd.grad of SDPA's output w.r.t. the q, k, v views (SDPA backward alone)"),
         "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd (NH query heads, "
                  "whatever NKV)",
