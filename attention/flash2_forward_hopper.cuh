@@ -19,8 +19,8 @@
 //              memory ("o_full"), stores it by TMA, and once every store of the tile has read its
 //              rows hands the Q buffer back ("q_empty"). The consumers go on to their next tile at
 //              once. Without it a thread of each consumer warpgroup issues its store.
-//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (last block first, so
-//              the masked blocks come first):
+//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (the last first; causal
+//              with two warpgroups the first first: forward_key_block):
 //                issue S(j) = Q K(j)ᵀ         wgmma, Q and K from shared memory
 //                issue O += P(j−1) V(j−1)     wgmma, P from registers
 //                softmax of S(j) while both run: mask, row max, P = exp2, running sum
@@ -113,6 +113,18 @@ __device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardPar
     return tile;
 }
 
+// The key block of step i of a tile's walk. Causal with two warpgroups: from block 0 up. A head's
+// query blocks run side by side on different SMs; from block 0 up they ask for the same K and V at
+// the same moment, and one fill serves them all (from its diagonal down each asked for its own:
+// 1.5-2.8% slower at d128 512-1k). Otherwise the last block first: with three warpgroups the blocks
+// wholly above a warpgroup's rows then come first, where it skips them (walked from block 0 up,
+// with the skips last, three warpgroups measured 1-3% slower); non-causal tiles start together at
+// the same block either way.
+template <typename C, bool CAUSAL>
+__device__ __forceinline__ int forward_key_block(const Flash2ForwardTile& tile, int i) {
+    return CAUSAL && C::CONSUMERS == 2 ? i : tile.n_blocks - 1 - i;
+}
+
 template <typename C>
 __device__ __forceinline__ Flash2ForwardSmem<C> forward_smem(uint8_t* raw) {
     // wgmma's and TMA's 128-byte swizzle repeats every 1024 bytes: tiles start 1024-aligned
@@ -187,7 +199,8 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
                                              tile.b);
 #pragma unroll 1  // the producer has 24 registers: an unrolled loop spills
         for (int i = 0; i < tile.n_blocks; i++, ring++) {
-            const int n = tile.n_blocks - 1 - i, stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
+            const int n = forward_key_block<C, CAUSAL>(tile, i);
+            const int stage = ring % C::STAGES, phase = (ring / C::STAGES) & 1;
             mbar_wait(&sm.k_empty[stage], phase ^ 1);
             mbar_arrive_expect_tx(&sm.k_full[stage], C::KV_BYTES);
             tma_load_tile<typename C::KvTile, HD>(sm.k + stage * C::KvTile::ELEMS, &maps.k, &sm.k_full[stage], kv_head,
@@ -396,7 +409,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
         wgmma_wait<0>();
         wgmma_fence_registers(s);
         release_slot(&sm.k_empty[stage]);
-        softmax_block(live - 1);
+        softmax_block(forward_key_block<C, CAUSAL>(tile, n_blocks - live));
         p_to_bf16();
 
         for (int i = 1; i < live && !C::OVERLAP; i++) {  // O += P(j−1) V(j−1), then S(j), in one turn
@@ -421,7 +434,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
             wgmma_wait<0>();
             wgmma_fence_registers(s);
             release_slot(&sm.k_empty[stage]);
-            softmax_block(live - 1 - i);
+            softmax_block(forward_key_block<C, CAUSAL>(tile, n_blocks - live + i));
             if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) rescale_rows<HD / 8>(acc_o, rescale);
             p_to_bf16();
         }
@@ -443,7 +456,7 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
             wgmma_wait<1>();  // S(j) done; O += P(j−1) V(j−1) still running
             wgmma_fence_registers(s);
             release_slot(&sm.k_empty[stage]);
-            softmax_block(live - 1 - i);
+            softmax_block(forward_key_block<C, CAUSAL>(tile, n_blocks - live + i));
             wgmma_wait<0>();
             wgmma_fence_registers(acc_o);
             wgmma_fence_operands(pa);
