@@ -19,8 +19,8 @@
 //              memory ("o_full"), stores it by TMA, and once every store of the tile has read its
 //              rows hands the Q buffer back ("q_empty"). The consumers go on to their next tile at
 //              once. Without it a thread of each consumer warpgroup issues its store.
-//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (the last first; causal
-//              with two warpgroups the first first: forward_key_block):
+//   consumers  warpgroup 1 + c owns query rows 64c..64c+63. Per key block j (from the last down;
+//              causal with two warpgroups from the first up: forward_key_block):
 //                issue S(j) = Q K(j)ᵀ         wgmma, Q and K from shared memory
 //                issue O += P(j−1) V(j−1)     wgmma, P from registers
 //                softmax of S(j) while both run: mask, row max, P = exp2, running sum
@@ -116,7 +116,7 @@ __device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardPar
 // The key block of step i of a tile's walk. Causal with two warpgroups: from block 0 up. A head's
 // query blocks run side by side on different SMs; from block 0 up they ask for the same K and V at
 // the same moment, and one fill serves them all (from its diagonal down each asked for its own:
-// 1.5-2.8% slower at d128 512-1k). Otherwise the last block first: with three warpgroups the blocks
+// ~1.5% slower at d128 512-1k). Otherwise the last block first: with three warpgroups the blocks
 // wholly above a warpgroup's rows then come first, where it skips them (walked from block 0 up,
 // with the skips last, three warpgroups measured 1-3% slower); non-causal tiles start together at
 // the same block either way.
