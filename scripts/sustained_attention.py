@@ -111,7 +111,10 @@ def parse_args():
     p.add_argument("--lib", default=os.path.join(ba.REPO_ROOT, "build", "libattention.so"),
                    help="our library (default build/libattention.so)")
     args = p.parse_args()
-    bad = [what for what, ok in (("--seqlen must divide --tokens", args.tokens % args.seqlen == 0),
+    args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    known = ba.OUR_IMPLS + tuple(ba.TORCH_IMPLS)
+    bad = [f"unknown --impls {i} (known: {', '.join(known)})" for i in args.impls if i not in known]
+    bad += [what for what, ok in (("--seqlen must divide --tokens", args.tokens % args.seqlen == 0),
                                  ("--hdim must divide --hidden", args.hidden % args.hdim == 0),
                                  ("--seconds, --rounds and --window-ms must be positive",
                                   args.seconds > 0 and args.rounds > 0 and args.window_ms > 0)) if not ok]
@@ -122,7 +125,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    impls = args.impls
     B, NH = args.tokens // args.seqlen, args.hidden // args.hdim
     gen = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn((B, args.seqlen, 3 * NH, args.hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -130,16 +133,22 @@ def main():
     lib = ba.load_library(args.lib) if any(i in ba.OUR_IMPLS for i in impls) else None
     runners = {}
     for impl in impls:
-        with ba.backend_context(impl):
-            runners[impl] = (ba.our_runner(lib, impl, qkv, dout, args.causal) if impl in ba.OUR_IMPLS
-                             else ba.torch_runner(impl, qkv, dout, args.causal))
-            runners[impl][0]()  # a forward first: our backward reads its out and LSE
-            runners[impl][1]()
+        try:
+            with ba.backend_context(impl):
+                runners[impl] = (ba.our_runner(lib, impl, qkv, dout, args.causal) if impl in ba.OUR_IMPLS
+                                 else ba.torch_runner(impl, qkv, dout, args.causal))
+                runners[impl][0]()  # a forward first: our backward reads its out and LSE
+                runners[impl][1]()
+        except ba.Skip as why:
+            sys.exit(f"sustained_attention.py: error: {impl} cannot run this shape: {why}")
     flops = ba.point_flops(B, args.seqlen, NH, args.hdim, args.causal) * (2.5 if args.which == "bwd" else 1.0)
     print(f"{torch.cuda.get_device_name()}: hd{args.hdim} {'causal' if args.causal else 'non-causal'} "
           f"T={args.seqlen} B={B} NH={NH} {args.which}, {args.seconds:g} s runs after {args.rest:g} s idle")
     print(f"{'impl':12} {'round':>5} {'first':>7} {'TFLOP/s':>8} {'W':>6} {'SM MHz':>7} {'max C':>6} {'J/PFLOP':>8}")
-    sampler = GpuSampler(torch.cuda.current_device())
+    try:
+        sampler = GpuSampler(torch.cuda.current_device())
+    except FileNotFoundError:
+        sys.exit("sustained_attention.py: error: nvidia-smi not found; it samples the GPU's power and clocks")
     try:
         for rnd in range(args.rounds):
             first = rnd % len(impls)
