@@ -238,10 +238,13 @@ def run_point(impls, lib, hdim, causal, seqlen, kv_heads, args, flush):
         runners[impl] = set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record)
         records.append(record)
     del reference
-    times = time_rounds(runners, flush, args)
+    times, failed = time_rounds(runners, flush, args)
     fwd_flops = point_flops(B, seqlen, NH, hdim, causal)
     for record in records:
-        finish_record(record, times.get(record["impl"], []), fwd_flops)
+        if record["impl"] in failed:
+            record["status"], record["note"] = "skipped", failed[record["impl"]]
+        else:
+            finish_record(record, times.get(record["impl"], []), fwd_flops)
         print(progress_line(record), flush=True)
     del runners, qkv, dout
     gc.collect()
@@ -291,18 +294,26 @@ def set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record):
 
 
 def time_rounds(runners, flush, args):
-    """{impl: [(fwd_ms, bwd_ms) per round]}: in round r the implementations take turns starting from the
-    r-th, so that none is always timed right after the same one (the GPU's clocks follow its recent load)."""
+    """({impl: [(fwd_ms, bwd_ms) per round]}, {impl: why it failed}): in round r the implementations take
+    turns starting from the r-th, so that none is always timed right after the same one (the GPU's clocks
+    follow its recent load). One that fails while timed (out of memory, a backend error) drops out."""
     ready = [impl for impl, runner in runners.items() if runner]
-    times = {impl: [] for impl in ready}
+    times, failed = {impl: [] for impl in ready}, {}
     for rnd in range(args.rounds if ready else 0):
         first = rnd % len(ready)
         for impl in ready[first:] + ready[:first]:
+            if impl in failed:
+                continue
             forward, backward = runners[impl]
-            with backend_context(impl):
-                times[impl].append((measure_ms(forward, flush, args.warmup_ms, args.rep_ms),
-                                    measure_ms(backward, flush, args.warmup_ms, args.rep_ms)))
-    return times
+            try:
+                with backend_context(impl):
+                    times[impl].append((measure_ms(forward, flush, args.warmup_ms, args.rep_ms),
+                                        measure_ms(backward, flush, args.warmup_ms, args.rep_ms)))
+            except torch.cuda.OutOfMemoryError:
+                failed[impl] = "out of GPU memory while timed"
+            except RuntimeError as err:
+                failed[impl] = f"failed while timed: {str(err).splitlines()[0]}"
+    return times, failed
 
 
 def finish_record(record, times, fwd_flops):

@@ -24,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_attention as ba  # noqa: E402  (our_runner, torch_runner, backend_context, point_flops)
+import bench_attention as ba  # noqa: E402  (set_up_and_check, backend_context, point_flops)
 import torch  # noqa: E402
 
 
@@ -132,15 +132,11 @@ def main():
     dout = torch.randn((B, args.seqlen, NH, args.hdim), generator=gen, device="cuda", dtype=torch.bfloat16)
     lib = ba.load_library(args.lib) if any(i in ba.OUR_IMPLS for i in impls) else None
     runners = {}
-    for impl in impls:
-        try:
-            with ba.backend_context(impl):
-                runners[impl] = (ba.our_runner(lib, impl, qkv, dout, args.causal) if impl in ba.OUR_IMPLS
-                                 else ba.torch_runner(impl, qkv, dout, args.causal))
-                runners[impl][0]()  # a forward first: our backward reads its out and LSE
-                runners[impl][1]()
-        except ba.Skip as why:
-            sys.exit(f"sustained_attention.py: error: {impl} cannot run this shape: {why}")
+    for impl in impls:  # bench_attention's set-up: one forward and backward each, unchecked (no reference)
+        record = {"note": ""}
+        runners[impl] = ba.set_up_and_check(impl, lib, qkv, dout, args.causal, (None, None), args, record)
+        if runners[impl] is None:
+            sys.exit(f"sustained_attention.py: error: {impl} cannot run this shape: {record['note']}")
     flops = ba.point_flops(B, args.seqlen, NH, args.hdim, args.causal) * (2.5 if args.which == "bwd" else 1.0)
     print(f"{torch.cuda.get_device_name()}: hd{args.hdim} {'causal' if args.causal else 'non-causal'} "
           f"T={args.seqlen} B={B} NH={NH} {args.which}, {args.seconds:g} s runs after {args.rest:g} s idle")
@@ -153,7 +149,7 @@ def main():
         for rnd in range(args.rounds):
             first = rnd % len(impls)
             for impl in impls[first:] + impls[:first]:
-                forward, backward, _ = runners[impl]
+                forward, backward = runners[impl]
                 time.sleep(args.rest)
                 with ba.backend_context(impl):
                     windows = run_windows(forward if args.which == "fwd" else backward, args.seconds, args.window_ms)
