@@ -3,7 +3,10 @@
 // choice in flash2_forward.cu / flash2_backward.cu rests on measurements. Not part of the trainer.
 //
 //   make build/flash2_tune && build/flash2_tune [--runs N] [--seqlens 512,2048,8192] [--head-dims 64,128]
-//                                               [--pass forward|backward|both]
+//                                               [--pass forward|backward|both] [--causal 0|1|both] [--chosen]
+//
+// --chosen times only the reference and the shapes flash2_tiles.h gives the library: an A/B of two
+// builds then takes seconds, where the whole candidate list takes minutes.
 //
 // Each candidate's outputs are compared with the first candidate's (relative error ≤ 1e-2), so a
 // fast but broken shape is reported as WRONG rather than chosen; the outputs are poisoned (NaN)
@@ -177,140 +180,220 @@ static float time_ms(F&& run, int runs, cudaStream_t stream) {
     return median_ms(times);
 }
 
+typedef struct {
+    int runs, time_forward, time_backward, chosen_only;
+    std::vector<int> seqlens, head_dims, masks;  // masks: 0 non-causal, 1 causal
+} TuneOptions;
+
+// One grid point's inputs, outputs and workspace (bf16 random q, k, v and dO; outputs poisoned per
+// candidate), and the parameters of both passes over them.
+typedef struct {
+    int hd, causal, T, B, NH;
+    size_t n;  // elements of one of q, k, v, out: B·T·NH·HD
+    __nv_bfloat16 *qkv, *out, *out_first, *dout, *dqkv, *dqkv_first;
+    float *lse, *work;
+    Flash2ForwardParams fp;
+    Flash2BackwardParams bp;
+    double fwd_flops;
+} TunePoint;
+
+static TunePoint make_point(int hd, int causal, int T) {
+    const int tokens = 16384, hidden = hd == 80 ? 2560 : 2048;  // GPT3-2.7B has 32 heads of 80; the others the grid's 2048
+    TunePoint pt;
+    pt.hd = hd;
+    pt.causal = causal;
+    pt.T = T;
+    pt.NH = hidden / hd;
+    pt.B = tokens / T;
+    pt.n = (size_t)pt.B * T * pt.NH * hd;
+    const size_t n = pt.n;
+    CUDA_CHECK(cudaMalloc(&pt.qkv, 3 * n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.dqkv, 3 * n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.dqkv_first, 3 * n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.out, n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.out_first, n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.dout, n * 2));
+    CUDA_CHECK(cudaMalloc(&pt.lse, (size_t)pt.B * pt.NH * T * 4));
+    // room for either kernel family's workspace (flash2_backward.cu takes the larger)
+    const size_t work_bytes = 2 * n * 4 + 2 * (size_t)pt.B * pt.NH * (T + 128) * 4 + (size_t)pt.B * pt.NH * (T / 64 + 2) * 4;
+    CUDA_CHECK(cudaMalloc(&pt.work, work_bytes));
+    fill_random_bf16<<<(unsigned)((3 * n + 255) / 256), 256>>>(pt.qkv, 3 * n, 1);
+    fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(pt.dout, n, 2);
+    const long stride = 3L * pt.NH * hd, row = (long)pt.NH * hd;
+    Flash2ForwardParams& fp = pt.fp;
+    memset(&fp, 0, sizeof(fp));
+    fp.q = pt.qkv;
+    fp.k = pt.qkv + row;
+    fp.v = pt.qkv + 2 * row;
+    fp.out = pt.out;
+    fp.lse = pt.lse;
+    fp.qkv_stride = fp.kv_stride = stride;
+    fp.out_stride = row;
+    fp.T = T;
+    fp.NH = fp.NKV = pt.NH;  // multi-head
+    fp.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    fp.B = pt.B;
+    fp.tile_counter = causal ? (unsigned long long*)pt.work : NULL;  // as flash2_forward.cu
+    Flash2BackwardParams& bp = pt.bp;
+    memset(&bp, 0, sizeof(bp));
+    bp.q = fp.q;
+    bp.k = fp.k;
+    bp.v = fp.v;
+    bp.out = pt.out;
+    bp.dout = pt.dout;
+    bp.lse = pt.lse;
+    bp.dq = pt.dqkv;
+    bp.dk = pt.dqkv + row;
+    bp.dv = pt.dqkv + 2 * row;
+    bp.dq_accum = pt.work;
+    bp.d_rows = pt.work + n;
+    bp.lse_log2 = bp.d_rows + (size_t)pt.B * pt.NH * T;
+    bp.qkv_stride = bp.kv_stride = bp.dqkv_stride = bp.dkv_stride = stride;
+    bp.out_stride = row;
+    bp.T = T;
+    bp.NH = bp.NKV = pt.NH;
+    bp.lse_rows = T;
+    bp.scale = 1.f / sqrtf((float)hd);
+    bp.scale_log2 = bp.scale * 1.4426950408889634f;
+    pt.fwd_flops = 4.0 * pt.B * (double)T * T * hd * pt.NH / (causal ? 2 : 1);
+    return pt;
+}
+
+static void free_point(TunePoint& pt) {
+    CUDA_CHECK(cudaFree(pt.qkv));
+    CUDA_CHECK(cudaFree(pt.dqkv));
+    CUDA_CHECK(cudaFree(pt.dqkv_first));
+    CUDA_CHECK(cudaFree(pt.out));
+    CUDA_CHECK(cudaFree(pt.out_first));
+    CUDA_CHECK(cudaFree(pt.dout));
+    CUDA_CHECK(cudaFree(pt.lse));
+    CUDA_CHECK(cudaFree(pt.work));
+}
+
+// One result line; the first candidate (the mma.sync kernel) is the reference, error 0.
+static void print_result(const char* name, bool chosen, const TunePoint& pt, double tflops, double err) {
+    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", name, chosen ? "*" : " ", pt.hd, pt.causal, pt.T, tflops, err,
+           !(err <= 1e-2) ? "WRONG" : "");
+}
+
+// Every forward candidate of the point's head dim (with --chosen, the reference and the library's
+// shape only), outputs checked against the first's.
+static void tune_forward(TunePoint& pt, const TuneOptions& opt, cudaStream_t stream) {
+    bool first = true;
+    for (const ForwardCandidate& cand : FORWARD) {
+        const bool chosen = forward_is_chosen(cand, pt.causal, pt.T);
+        if (cand.hd != pt.hd || (opt.chosen_only && !first && !chosen)) continue;
+        CUDA_CHECK(cudaMemset(pt.out, 0xFF, pt.n * 2));  // poisoned: an element no run writes stays NaN
+        const float ms = time_ms([&] { cand.launch[pt.causal](&pt.fp, pt.B, stream); }, opt.runs, stream);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        double err = 0;
+        if (first) CUDA_CHECK(cudaMemcpy(pt.out_first, pt.out, pt.n * 2, cudaMemcpyDeviceToDevice));
+        else err = rel_error_bf16(pt.out, pt.out_first, pt.n);
+        print_result(cand.name, chosen, pt, pt.fwd_flops / ms / 1e9, err);
+        first = false;
+    }
+}
+
+// The same for the backward, after the first forward candidate has made out and lse.
+static void tune_backward(TunePoint& pt, const TuneOptions& opt, cudaStream_t stream) {
+    for (const ForwardCandidate& cand : FORWARD)
+        if (cand.hd == pt.hd) {
+            cand.launch[pt.causal](&pt.fp, pt.B, stream);
+            break;
+        }
+    bool first = true;
+    for (const BackwardCandidate& cand : BACKWARD) {
+        const bool chosen = backward_is_chosen(cand, pt.causal);
+        if (cand.hd != pt.hd || (opt.chosen_only && !first && !chosen)) continue;
+        CUDA_CHECK(cudaMemset(pt.dqkv, 0xFF, 3 * pt.n * 2));  // poisoned, as the forward's out
+        const float ms = time_ms([&] { cand.launch[pt.causal](&pt.bp, pt.B, stream); }, opt.runs, stream);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        double err = 0;
+        if (first) CUDA_CHECK(cudaMemcpy(pt.dqkv_first, pt.dqkv, 3 * pt.n * 2, cudaMemcpyDeviceToDevice));
+        else err = rel_error_bf16(pt.dqkv, pt.dqkv_first, 3 * pt.n);
+        print_result(cand.name, chosen, pt, 2.5 * pt.fwd_flops / ms / 1e9, err);
+        first = false;
+    }
+}
+
+static std::vector<int> parse_int_list(const char* text) {
+    std::vector<int> list;
+    std::vector<char> copy(text, text + strlen(text) + 1);
+    for (char* tok = strtok(copy.data(), ","); tok; tok = strtok(NULL, ",")) list.push_back(atoi(tok));
+    return list;
+}
+
+static void print_usage(const char* argv0) {
+    printf("usage: %s [--runs N] [--seqlens 512,2048,...] [--head-dims 64,80,96,128] "
+           "[--pass forward|backward|both] [--causal 0|1|both] [--chosen]\n"
+           "  --chosen  time only the reference and the shapes the library runs (marked '*')\n",
+           argv0);
+}
+
+// 0 when the options are usable, else the exit status (2: a bad option, 1 printed help: 0).
+static int parse_options(int argc, char** argv, TuneOptions* opt) {
+    opt->runs = 20;
+    opt->time_forward = opt->time_backward = 1;
+    opt->chosen_only = 0;
+    opt->seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+    opt->head_dims = {64, 80, 96, 128};
+    opt->masks = {0, 1};
+    static struct option options[] = {{"runs", required_argument, 0, 'r'},   {"seqlens", required_argument, 0, 's'},
+                                      {"head-dims", required_argument, 0, 'd'}, {"pass", required_argument, 0, 'p'},
+                                      {"causal", required_argument, 0, 'c'},    {"chosen", no_argument, 0, 'C'},
+                                      {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "r:s:d:p:c:Ch", options, NULL)) != -1) {
+        if (c == 'r') opt->runs = atoi(optarg);
+        else if (c == 's') opt->seqlens = parse_int_list(optarg);
+        else if (c == 'd') opt->head_dims = parse_int_list(optarg);
+        else if (c == 'C') opt->chosen_only = 1;
+        else if (c == 'p' && (!strcmp(optarg, "forward") || !strcmp(optarg, "backward") || !strcmp(optarg, "both"))) {
+            opt->time_forward = strcmp(optarg, "backward") != 0;
+            opt->time_backward = strcmp(optarg, "forward") != 0;
+        } else if (c == 'c' && (!strcmp(optarg, "0") || !strcmp(optarg, "1") || !strcmp(optarg, "both"))) {
+            opt->masks = !strcmp(optarg, "both") ? std::vector<int>{0, 1} : std::vector<int>{atoi(optarg)};
+        } else if (c == 'p' || c == 'c') {
+            fprintf(stderr, "error: --%s %s: expected %s\n", c == 'p' ? "pass" : "causal", optarg,
+                    c == 'p' ? "forward, backward or both" : "0, 1 or both");
+            return 2;
+        } else {
+            print_usage(argv[0]);
+            return c == 'h' ? 1 : 2;
+        }
+    }
+    if (opt->runs < 1) {
+        fprintf(stderr, "error: --runs %d: expected at least 1\n", opt->runs);
+        return 2;
+    }
+    for (int hd : opt->head_dims)
+        if (hd != 64 && hd != 80 && hd != 96 && hd != 128) {
+            fprintf(stderr, "error: head dim %d: flash2 has no kernel for it (64, 80, 96, 128)\n", hd);
+            return 2;
+        }
+    for (int T : opt->seqlens)
+        if (T < 1 || T > 16384) {
+            fprintf(stderr, "error: sequence length %d: expected 1 to 16384 (a point has 16384 tokens)\n", T);
+            return 2;
+        }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     // A line at a time even into a file or pipe, so a run stopped by a time limit keeps what it timed.
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int runs = 20;
-    bool time_forward = true, time_backward = true;
-    std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384}, head_dims = {64, 80, 96, 128};
-    static struct option options[] = {{"runs", required_argument, 0, 'r'}, {"seqlens", required_argument, 0, 's'},
-                                      {"head-dims", required_argument, 0, 'd'}, {"pass", required_argument, 0, 'p'},
-                                      {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "r:s:d:p:h", options, NULL)) != -1) {
-        if (c == 'r') runs = atoi(optarg);
-        else if (c == 'p') {
-            if (strcmp(optarg, "forward") && strcmp(optarg, "backward") && strcmp(optarg, "both")) {
-                fprintf(stderr, "error: --pass %s: expected forward, backward or both\n", optarg);
-                return 2;
-            }
-            time_forward = strcmp(optarg, "backward") != 0;
-            time_backward = strcmp(optarg, "forward") != 0;
-        }
-        else if (c == 's' || c == 'd') {
-            std::vector<int>& list = c == 's' ? seqlens : head_dims;
-            list.clear();
-            for (char* tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) list.push_back(atoi(tok));
-        } else {
-            printf("usage: %s [--runs N] [--seqlens 512,2048,...] [--head-dims 64,80,96,128] "
-                   "[--pass forward|backward|both]\n",
-                   argv[0]);
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    const int tokens = 16384;
+    TuneOptions opt;
+    const int status = parse_options(argc, argv, &opt);
+    if (status) return status == 1 ? 0 : status;
     cudaStream_t stream = 0;
     printf("%-30s %4s %6s %6s  %s\n", "candidate", "hd", "causal", "T", "TFLOP/s (rel. error vs first)");
-    for (int hd : head_dims) {
-        if (hd != 64 && hd != 80 && hd != 96 && hd != 128) {
-            printf("head dim %d: flash2 has no kernel for it (64, 80, 96, 128)\n", hd);
-            return 2;
-        }
-        const int hidden = hd == 80 ? 2560 : 2048;  // GPT3-2.7B has 32 heads of 80; the others the grid's 2048
-        for (int causal = 0; causal < 2; causal++) {
-            for (int T : seqlens) {
-                const int NH = hidden / hd, B = tokens / T;
-                const size_t n = (size_t)B * T * NH * hd;
-                __nv_bfloat16 *qkv, *out, *out_first, *dout, *dqkv, *dqkv_first;
-                float *lse, *work;
-                CUDA_CHECK(cudaMalloc(&qkv, 3 * n * 2));
-                CUDA_CHECK(cudaMalloc(&dqkv, 3 * n * 2));
-                CUDA_CHECK(cudaMalloc(&dqkv_first, 3 * n * 2));
-                CUDA_CHECK(cudaMalloc(&out, n * 2));
-                CUDA_CHECK(cudaMalloc(&out_first, n * 2));
-                CUDA_CHECK(cudaMalloc(&dout, n * 2));
-                CUDA_CHECK(cudaMalloc(&lse, (size_t)B * NH * T * 4));
-                // room for either kernel family's workspace (flash2_backward.cu takes the larger)
-                const size_t work_bytes = 2 * n * 4 + 2 * (size_t)B * NH * (T + 128) * 4 + (size_t)B * NH * (T / 64 + 2) * 4;
-                CUDA_CHECK(cudaMalloc(&work, work_bytes));
-                fill_random_bf16<<<(unsigned)((3 * n + 255) / 256), 256>>>(qkv, 3 * n, 1);
-                fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(dout, n, 2);
-                const long stride = 3L * NH * hd;
-                Flash2ForwardParams fp = {qkv,    qkv + NH * hd, qkv + 2 * NH * hd,
-                                          out,    lse,           stride,
-                                          stride, (long)NH * hd, T,
-                                          NH,     NH,            1.4426950408889634f / sqrtf((float)hd),
-                                          B,      causal ? (unsigned long long*)work : NULL, 0};  // multi-head: NKV = NH; the
-                                                                                 // tile counter as flash2_forward.cu
-                Flash2BackwardParams bp;
-                bp.q = fp.q;
-                bp.k = fp.k;
-                bp.v = fp.v;
-                bp.out = out;
-                bp.dout = dout;
-                bp.lse = lse;
-                bp.dq = dqkv;
-                bp.dk = dqkv + NH * hd;
-                bp.dv = dqkv + 2 * NH * hd;
-                bp.dq_accum = work;
-                bp.d_rows = work + n;
-                bp.lse_log2 = bp.d_rows + (size_t)B * NH * T;
-                bp.qkv_stride = stride;
-                bp.kv_stride = stride;
-                bp.out_stride = (long)NH * hd;
-                bp.dqkv_stride = stride;
-                bp.dkv_stride = stride;
-                bp.T = T;
-                bp.NH = NH;
-                bp.NKV = NH;
-                bp.lse_rows = T;
-                bp.scale = 1.f / sqrtf((float)hd);
-                bp.scale_log2 = bp.scale * 1.4426950408889634f;
-                const double fwd_flops = 4.0 * B * (double)T * T * hd * NH / (causal ? 2 : 1);
-
-                bool first = true;
-                for (const ForwardCandidate& cand : FORWARD) {
-                    if (cand.hd != hd || !time_forward) continue;
-                    CUDA_CHECK(cudaMemset(out, 0xFF, n * 2));  // poisoned: an element no run writes stays NaN
-                    float ms = time_ms([&] { cand.launch[causal](&fp, B, stream); }, runs, stream);
-                    CUDA_CHECK(cudaDeviceSynchronize());
-                    double err = 0;
-                    if (first) CUDA_CHECK(cudaMemcpy(out_first, out, n * 2, cudaMemcpyDeviceToDevice));
-                    else err = rel_error_bf16(out, out_first, n);
-                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, forward_is_chosen(cand, causal, T) ? "*" : " ",
-                           hd, causal, T, fwd_flops / ms / 1e9, err, !(err <= 1e-2) ? "WRONG" : "");
-                    first = false;
-                }
-                // The backward needs the forward's out and lse: restore the first candidate's.
-                for (const ForwardCandidate& cand : FORWARD)
-                    if (cand.hd == hd) {
-                        cand.launch[causal](&fp, B, stream);
-                        break;
-                    }
-                first = true;
-                for (const BackwardCandidate& cand : BACKWARD) {
-                    if (cand.hd != hd || !time_backward) continue;
-                    CUDA_CHECK(cudaMemset(dqkv, 0xFF, 3 * n * 2));  // poisoned, as the forward's out
-                    float ms = time_ms([&] { cand.launch[causal](&bp, B, stream); }, runs, stream);
-                    CUDA_CHECK(cudaDeviceSynchronize());
-                    double err = 0;
-                    if (first) CUDA_CHECK(cudaMemcpy(dqkv_first, dqkv, 3 * n * 2, cudaMemcpyDeviceToDevice));
-                    else err = rel_error_bf16(dqkv, dqkv_first, 3 * n);
-                    printf("%-30s%s %4d %6d %6d  %7.1f  %.1e %s\n", cand.name, backward_is_chosen(cand, causal) ? "*" : " ", hd,
-                           causal, T, 2.5 * fwd_flops / ms / 1e9, err, !(err <= 1e-2) ? "WRONG" : "");
-                    first = false;
-                }
-                fflush(stdout);
-                CUDA_CHECK(cudaFree(qkv));
-                CUDA_CHECK(cudaFree(dqkv));
-                CUDA_CHECK(cudaFree(dqkv_first));
-                CUDA_CHECK(cudaFree(out));
-                CUDA_CHECK(cudaFree(out_first));
-                CUDA_CHECK(cudaFree(dout));
-                CUDA_CHECK(cudaFree(lse));
-                CUDA_CHECK(cudaFree(work));
+    for (int hd : opt.head_dims)
+        for (int causal : opt.masks)
+            for (int T : opt.seqlens) {
+                TunePoint pt = make_point(hd, causal, T);
+                if (opt.time_forward) tune_forward(pt, opt, stream);
+                if (opt.time_backward) tune_backward(pt, opt, stream);
+                free_point(pt);
             }
-        }
-    }
     return 0;
 }
