@@ -49,24 +49,8 @@ int flash2_use_wgmma(void) {
     return use;
 }
 
-// FLASH2_FORWARD_LONG_T=N in the environment: N > 0, else 0 (read once per process).
-int flash2_forward_long_t_override(void) {
-    static int override_t = -1;
-    if (override_t < 0) {
-        const char* env = getenv("FLASH2_FORWARD_LONG_T");
-        override_t = env && env[0] ? atoi(env) : 0;
-        if (override_t < 0) override_t = 0;
-    }
-    return override_t;
-}
-
-// The length from which a head dim's forward takes its LONG_CONSUMERS shape (flash2_tiles.h), or
-// the override's for every head dim that has one (the tests and the sanitizer script use it to
-// reach that shape at short lengths).
-static int flash2_forward_long_t(int tiles_long_t) {
-    const int override_t = flash2_forward_long_t_override();
-    return tiles_long_t > 0 && override_t > 0 ? override_t : tiles_long_t;
-}
+// FLASH2_FORWARD_LONG_T=N in the environment: N > 0, else 0 (flash2_tiles.h).
+int flash2_forward_long_t_override(void) { return flash2_forward_long_t_env(); }
 
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {

@@ -20,11 +20,14 @@
 // length (before the skip two were ahead at 512-1k).
 // LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over
 // 128-key blocks (no intra-warpgroup overlap, as at 80 non-causal and 96) beat two by 2-6% from 2k
-// on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) reads it,
-// with FLASH2_FORWARD_LONG_T in the environment as an override for tests.
+// on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) and the tuner
+// read it through flash2_forward_long_t (below), with FLASH2_FORWARD_LONG_T in the environment as
+// an override for tests.
 // STORER: a thread of the producer warpgroup issues the O stores instead of one of each consumer
 // warpgroup: +3-7% at 64 non-causal and up to +3% at 96 non-causal, but 1.5% slower at 64 causal and
 // 1-3% at 128 (where its three-warpgroup kernel also spills in its loop with it), ±1% at 80.
+#include <stdlib.h>
+
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;
@@ -32,6 +35,25 @@ struct Flash2ForwardTiles {
     static constexpr int LONG_T = HD == 128 ? 2048 : 0, LONG_CONSUMERS = 3;
     static constexpr bool STORER = !CAUSAL && (HD == 64 || HD == 96);
 };
+
+// FLASH2_FORWARD_LONG_T=N in the environment: N > 0, else 0 (read once per process).
+inline int flash2_forward_long_t_env(void) {
+    static int override_t = -1;
+    if (override_t < 0) {
+        const char* env = getenv("FLASH2_FORWARD_LONG_T");
+        override_t = env && env[0] ? atoi(env) : 0;
+        if (override_t < 0) override_t = 0;
+    }
+    return override_t;
+}
+
+// The length from which a head dim's forward takes its LONG_CONSUMERS shape: LONG_T, or the
+// override's for every head dim that has one (the tests and the sanitizer script use it to reach
+// that shape at short lengths).
+inline int flash2_forward_long_t(int tiles_long_t) {
+    const int override_t = flash2_forward_long_t_env();
+    return tiles_long_t > 0 && override_t > 0 ? override_t : tiles_long_t;
+}
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):
 //   BWD_DQ_FIRST  dQ(j−1) is issued before dV, dK of step j (not after), so its result is staged
