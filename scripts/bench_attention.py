@@ -20,9 +20,11 @@ Grid (the FlashAttention-2 paper's): hidden 2048, head dim 64 and 128 (heads =
 Method, the same for every implementation (that of triton.testing.do_bench): the L2 cache is flushed
 (a 256 MiB buffer is zeroed) before every run, each run is timed by its own pair of CUDA events,
 runs repeat for about --rep-ms after --warmup-ms of warm-up, and the median counts. With --rounds N
-each implementation is timed N times at a point, taking turns with the others (the order rotated each
-round), and the median of the N counts: a long run's clocks follow the GPU's power draw, which one
-implementation's timing can catch at a low and another's not.
+each implementation is timed N times at a point, taking turns with the others, and the median of the N
+counts: a long run's clocks follow the GPU's power draw, which one implementation's timing can catch at a
+low and another's not. The orders of the rounds put each implementation right after every other equally
+often (results_common.balanced_orders; fully with N a multiple of the implementations' count, twice that
+when it is odd), since a timing also depends on what ran just before it.
   forward   one forward call in training mode (ours writes out and the LSE; PyTorch's inputs
             require grad, so it saves what its backward needs)
   backward  ours: one backward call (after a forward, so out and LSE are valid);
@@ -66,7 +68,7 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, git_commit, gpu_slug,  # noqa: E402  (shared helpers)
+from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, balanced_orders, git_commit, gpu_slug,  # noqa: E402
                             length_label as seqlen_label, median_gpu_ms, parse_list, rel_error, write_json,
                             write_text)
 OUR_IMPLS = ("naive", "flash1", "flash2")
@@ -223,7 +225,7 @@ def run_point(impls, lib, hdim, causal, seqlen, kv_heads, args, flush):
     """Checks and times every implementation on one grid point (kv_heads 0: NH). Returns a list of records.
 
     Every implementation is set up and checked first; then --rounds rounds time each one's forward and
-    backward in turn (the order rotated every round), and a record keeps the median over the rounds."""
+    backward in turn (results_common.balanced_orders), and a record keeps the median over the rounds."""
     B, NH = args.tokens // seqlen, args.hidden // hdim
     NKV = kv_heads or NH
     base = {"hdim": hdim, "causal": bool(causal), "seqlen": seqlen, "batch": B, "heads": NH, "kv_heads": NKV}
@@ -294,14 +296,15 @@ def set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record):
 
 
 def time_rounds(runners, flush, args):
-    """({impl: [(fwd_ms, bwd_ms) per round]}, {impl: why it failed}): in round r the implementations take
-    turns starting from the r-th, so that none is always timed right after the same one (the GPU's clocks
-    follow its recent load). One that fails while timed (out of memory, a backend error) drops out."""
+    """({impl: [(fwd_ms, bwd_ms) per round]}, {impl: why it failed}): the implementations take turns in
+    the orders of balanced_orders, so that each is timed right after every other equally often (the GPU's
+    clocks follow its recent load: with a rotated order, one implementation always ran after the same
+    other one). One that fails while timed (out of memory, a backend error) drops out."""
     ready = [impl for impl, runner in runners.items() if runner]
     times, failed = {impl: [] for impl in ready}, {}
+    orders = balanced_orders(len(ready))
     for rnd in range(args.rounds if ready else 0):
-        first = rnd % len(ready)
-        for impl in ready[first:] + ready[:first]:
+        for impl in (ready[i] for i in orders[rnd % len(orders)]):
             if impl in failed:
                 continue
             forward, backward = runners[impl]
@@ -539,6 +542,7 @@ def main():
         "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
                    f"{args.warmup_ms:g} ms warm-up" +
                    (f", the median of {args.rounds} such timings taken in turns with the other implementations"
+                    " (each right after every other equally often)"
                     if args.rounds > 1 else "") + "; fwd+bwd = fwd median + bwd median; torch bwd = "
                    "autograd.grad of SDPA's output w.r.t. the q, k, v views (SDPA backward alone)"),
         "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd (NH query heads, "

@@ -24,6 +24,8 @@ import PyTorch when called.
   length_label(n)     512, 1k, 2k, ...: sequence and cache lengths in tables
   parse_list(text, convert)
                       comma-separated values, "8k" meaning 8192
+  balanced_orders(n)  orders of n items in which each follows every other equally often (rounds of
+                      timings taken in turns: the GPU's clocks follow what ran just before)
   Report(path)        prints lines, keeps them (.lines) and, given a path, writes each to that file
   Skip                the exception for a point a benchmark cannot run
   L2_FLUSH_BYTES, MIN_REPS
@@ -175,6 +177,24 @@ def parse_list(text, convert):
         if item:
             values.append(convert(item[:-1]) * 1024 if item.endswith("k") else convert(item))
     return values
+
+
+def balanced_orders(n):
+    """Orders of range(n) in which each item comes right after every other item equally often: n orders
+    for even n, 2n for odd n (a Williams design). Rounds of timings taken in turns use them, since a
+    timing depends on what the GPU ran just before it; a rotated order (0 1 2, 1 2 0, 2 0 1) keeps every
+    item behind the same neighbour."""
+    if n < 1:
+        return []
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(i + shift) % n for i in first] for shift in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders
 
 
 class Report:

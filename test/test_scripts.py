@@ -45,6 +45,21 @@ def test_gpu_slug():
         assert results_common.gpu_slug(name) == slug, (name, results_common.gpu_slug(name))
 
 
+def test_balanced_orders_put_each_item_after_every_other_equally_often():
+    """bench_attention's rounds: with a rotated order (0 1 2, 1 2 0, 2 0 1) item 0 always ran right after 2."""
+    assert results_common.balanced_orders(0) == []
+    assert results_common.balanced_orders(1) == [[0]]
+    for n in range(2, 8):
+        orders = results_common.balanced_orders(n)
+        assert len(orders) == (2 * n if n % 2 else n), n
+        assert all(sorted(order) == list(range(n)) for order in orders), n
+        follows = {}
+        for order in orders:
+            for before, after in zip(order, order[1:]):
+                follows[before, after] = follows.get((before, after), 0) + 1
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1, (n, follows)
+
+
 def test_results_files_are_written_whole():
     path = os.path.join(WORK, "sub", "result.json")
     results_common.write_json(path, {"a": 1})
