@@ -43,7 +43,7 @@ keeps what was measured) and .md (the tables, command and commit), and prints th
 Usage (from the repository root, after `make build/libattention.so`):
     python3 scripts/bench_attention.py                                  # the whole grid
     python3 scripts/bench_attention.py --hdims 128 --causal 1 --seqlens 2k,8k
-    python3 scripts/bench_attention.py --hdims 64,128 --rounds 3     # the grid, each point timed 3 times in turns
+    python3 scripts/bench_attention.py --hdims 64,128 --rounds 6     # the grid, each point timed 6 times in turns
     python3 scripts/bench_attention.py --impls flash2,naive,torch-flash --tag naive
     python3 scripts/bench_attention.py --impls flash1,flash2 --seqlens 2k,8k --tag flash1   # FA1 vs FA2
 """
