@@ -59,7 +59,7 @@ typedef struct {
     int* dq_counters;        // (B·NH, m_blocks), zero at launch
     long dkv_stride;
     int T, T_pad, NH, NKV, m_blocks;
-    int key_blocks, pairs, order_chunk;  // launch order: backward_order_chunk
+    int key_blocks, pairs, order_chunk, order_tail;  // launch order: backward_order_chunk, backward_order_tail
     float scale, scale_log2;
 } Flash2BackwardWsParams;
 
@@ -455,8 +455,10 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
-// The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs; within a chunk,
-// key block 0 of each pair, then key block 1, ... (chunk 1: each pair's key blocks side by side).
+// The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs, the last `tail`
+// pairs as one chunk of their own; within a chunk, key block 0 of each pair, then key block 1, ...
+// (chunk 1: each pair's key blocks side by side). Either way key block n−1 of a pair starts before
+// key block n (the deterministic mode's waits rely on it).
 // Chunk 1 unless causal with grouped-query attention: there the first key blocks of a pair are the
 // longest (they see every query block) and, a block walking G query heads, few and long; with
 // chunk 1 a few long ones are left for the end (a model of the block scheduler keeps ~78% of the
@@ -475,12 +477,38 @@ static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, 
     return chunk;
 }
 
+// The tail: causal with chunk 1, the last pair's longest key blocks would start last, when the
+// other SMs are about to finish (a model of the block scheduler: 94% of the SMs busy at d128 1k-8k,
+// 97% at d64). Its last pairs form one chunk instead, enough for two waves of blocks, so that their
+// longest key blocks start first: 98-99% in the model, and +2-3% at d128 1k-8k, +0.4-2% at d64, 80
+// and 96 in the tuner. Their Q and dO stay within 3/4 of L2. None where one pair's key blocks fill
+// half the GPU or more (16k): there the model finds no tail to shorten, and the tuner, swinging ±8%
+// with the clocks at that length, could not tell.
+static inline int backward_order_tail(bool causal, int chunk, int NH, int NKV, int pairs, int key_blocks, long T,
+                                      int HD) {
+    if (!causal || chunk > 1 || 2 * key_blocks >= flash2_sm_count()) return 0;
+    const long pair_bytes = (long)(NH / NKV) * T * HD * 4, budget = flash2_l2_bytes() / 4 * 3;
+    int tail = (2 * flash2_sm_count() + key_blocks - 1) / key_blocks;
+    if (tail > pairs) tail = pairs;
+    while (tail > 1 && (long)tail * pair_bytes > budget) tail--;
+    return tail;
+}
+
 // The index-th block to start in that order: its key block and its (b, K/V head) pair.
-__host__ __device__ __forceinline__ void backward_block_at(int index, int chunk, int key_blocks, int pairs,
+__host__ __device__ __forceinline__ void backward_block_at(int index, int chunk, int tail, int key_blocks, int pairs,
                                                            int& n_block, int& pair) {
-    const int chunk_blocks = chunk * key_blocks, first = index / chunk_blocks * chunk;
-    const int r = index % chunk_blocks;
-    const int size = pairs - first < chunk ? pairs - first : chunk;  // the last chunk may be smaller
+    const int lead = pairs - tail, lead_blocks = lead * key_blocks;  // the pairs before the tail
+    int first, size, r;
+    if (index < lead_blocks) {
+        const int chunk_blocks = chunk * key_blocks;
+        first = index / chunk_blocks * chunk;
+        r = index % chunk_blocks;
+        size = lead - first < chunk ? lead - first : chunk;  // the last chunk may be smaller
+    } else {
+        first = lead;
+        r = index - lead_blocks;
+        size = tail;
+    }
     n_block = r / size;
     pair = first + r % size;
 }
@@ -493,7 +521,7 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ __align__(1024) __nv_bfloat16 smem_raw[];
     const Flash2BackwardSmem<C> sm = backward_smem<C>((uint8_t*)smem_raw);
     int n_block, bkv;
-    backward_block_at(blockIdx.x, p.order_chunk, p.key_blocks, p.pairs, n_block, bkv);
+    backward_block_at(blockIdx.x, p.order_chunk, p.order_tail, p.key_blocks, p.pairs, n_block, bkv);
     const int n0 = n_block * C::BLOCK_N;
     const int b = bkv / p.NKV, kv_head = bkv % p.NKV, group = p.NH / p.NKV;
     const int m_lo = CAUSAL ? n0 / BLOCK_M : 0;  // causal: earlier query blocks see none of these keys
@@ -641,6 +669,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
     w.pairs = B * p->NKV;
     w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD);
+    w.order_tail = backward_order_tail(CAUSAL, w.order_chunk, p->NH, p->NKV, w.pairs, w.key_blocks, p->T, HD);
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     const unsigned query_blocks = (unsigned)(heads * m_blocks);

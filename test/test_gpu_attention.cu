@@ -513,26 +513,29 @@ static AttentionShape shape_of(int B, int T, int NH, int HD, int causal) {
 
 // The Hopper backward's launch order (backward_block_at): every (key block, pair) exactly once, and
 // within each chunk of pairs key block n of every pair before key block n + 1 of any (longest first
-// when causal), for chunks of 1 (key-block major), a few with a smaller last one, and all pairs.
+// when causal), for chunks of 1 (key-block major), a few with a smaller last one, all pairs, and
+// chunks of 1 ending in a tail chunk (backward_order_tail) of several, of all and of one pair.
 static void launch_order_case(void) {
     const char* name = "flash2_backward_launch_order_covers_every_block_once";
-    static const int SHAPES[][3] = {{1, 16, 32}, {9, 16, 256}, {5, 32, 16}, {17, 8, 40}, {32, 16, 32}, {3, 7, 2}};
+    // chunk, tail (the last pairs' own chunk; 0: none), key blocks, pairs
+    static const int SHAPES[][4] = {{1, 0, 16, 32}, {9, 0, 16, 256}, {5, 0, 32, 16}, {17, 0, 8, 40}, {32, 0, 16, 32},
+                                    {3, 0, 7, 2},   {1, 17, 16, 128}, {1, 3, 64, 3}, {1, 1, 5, 9},   {4, 4, 8, 16}};
     char why[160] = "";
     for (size_t i = 0; i < COUNT(SHAPES) && !why[0]; i++) {
-        const int chunk = SHAPES[i][0], key_blocks = SHAPES[i][1], pairs = SHAPES[i][2];
-        static int seen[64 * 256];
+        const int chunk = SHAPES[i][0], tail = SHAPES[i][1], key_blocks = SHAPES[i][2], pairs = SHAPES[i][3];
+        static int seen[128 * 256];
         memset(seen, 0, sizeof(seen));
         int prev_n = -1, prev_chunk = -1;
         for (int index = 0; index < key_blocks * pairs && !why[0]; index++) {
             int n = -1, pair = -1;
-            backward_block_at(index, chunk, key_blocks, pairs, n, pair);
-            const int this_chunk = pair / chunk;
+            backward_block_at(index, chunk, tail, key_blocks, pairs, n, pair);
+            const int this_chunk = pair >= pairs - tail ? -2 : pair / chunk;  // the tail's pairs: one chunk
             if (n < 0 || n >= key_blocks || pair < 0 || pair >= pairs || seen[n * pairs + pair]++)
-                snprintf(why, sizeof(why), "chunk %d, %d key blocks, %d pairs: block %d is (%d, %d), out of range or twice",
-                         chunk, key_blocks, pairs, index, n, pair);
+                snprintf(why, sizeof(why), "chunk %d, tail %d, %d key blocks, %d pairs: block %d is (%d, %d), out of range or twice",
+                         chunk, tail, key_blocks, pairs, index, n, pair);
             else if (this_chunk == prev_chunk && n < prev_n)
-                snprintf(why, sizeof(why), "chunk %d: block %d has key block %d after %d in the same chunk", chunk, index,
-                         n, prev_n);
+                snprintf(why, sizeof(why), "chunk %d, tail %d: block %d has key block %d after %d in the same chunk", chunk,
+                         tail, index, n, prev_n);
             prev_n = n, prev_chunk = this_chunk;
         }
     }
