@@ -4,6 +4,8 @@
 #ifndef FLASH2_TILES_H
 #define FLASH2_TILES_H
 
+#include <stdlib.h>  // getenv, atoi: the FLASH2_FORWARD_LONG_T override
+
 // Forward (flash2_forward_hopper.cuh): 64·CONSUMERS query rows per block, BLOCK_N keys per step,
 // persistent (one block per multiprocessor walks the tiles: non-causal round-robin, causal taking the
 // next tile from a counter in the workspace, as tiles differ in length; without a workspace causal
@@ -26,8 +28,6 @@
 // STORER: a thread of the producer warpgroup issues the O stores instead of one of each consumer
 // warpgroup: +3-7% at 64 non-causal and up to +3% at 96 non-causal, but 1.5% slower at 64 causal and
 // 1-3% at 128 (where its three-warpgroup kernel also spills in its loop with it), ±1% at 80.
-#include <stdlib.h>
-
 template <int HD, bool CAUSAL>
 struct Flash2ForwardTiles {
     static constexpr int CONSUMERS = HD == 128 ? 2 : 3;

@@ -298,8 +298,8 @@ def set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record):
 def time_rounds(runners, flush, args):
     """({impl: [(fwd_ms, bwd_ms) per round]}, {impl: why it failed}): the implementations take turns in
     the orders of balanced_orders, so that each is timed right after every other equally often (the GPU's
-    clocks follow its recent load: with a rotated order, one implementation always ran after the same
-    other one). One that fails while timed (out of memory, a backend error) drops out."""
+    clocks follow its recent load: with a rotated order each one ran, within a round, always after the
+    same other one). One that fails while timed (out of memory, a backend error) drops out."""
     ready = [impl for impl, runner in runners.items() if runner]
     times, failed = {impl: [] for impl in ready}, {}
     orders = balanced_orders(len(ready))
