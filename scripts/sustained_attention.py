@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402  (set_up_and_check, backend_context, point_flops)
+from results_common import balanced_orders  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -146,9 +147,9 @@ def main():
     except FileNotFoundError:
         sys.exit("sustained_attention.py: error: nvidia-smi not found; it samples the GPU's power and clocks")
     try:
+        orders = balanced_orders(len(impls))  # each right after every other equally often
         for rnd in range(args.rounds):
-            first = rnd % len(impls)
-            for impl in impls[first:] + impls[:first]:
+            for impl in (impls[i] for i in orders[rnd % len(orders)]):
                 forward, backward = runners[impl]
                 time.sleep(args.rest)
                 with ba.backend_context(impl):
