@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, opendir, unlink under -std=c11
 
 #include <dirent.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -225,7 +226,15 @@ static void flip_payload_byte(const char* path) {
     fputc(c ^ 0x10, f);
     fclose(f);
 }
-static void truncate_file(const char* path) { truncate(path, CHECKPOINT_HEADER_BYTES + 100); }
+// Cuts the file to `bytes`; a failure here is the test's own, so it stops the run with the reason
+// (a file left whole would make the refusal cases below fail for the wrong reason).
+static void truncate_or_exit(const char* path, off_t bytes) {
+    if (truncate(path, bytes) != 0) {
+        fprintf(stderr, "test_checkpoint: cannot truncate %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+static void truncate_file(const char* path) { truncate_or_exit(path, CHECKPOINT_HEADER_BYTES + 100); }
 static void append_byte(const char* path) {
     FILE* f = fopen(path, "ab");
     fputc(0, f);
@@ -454,7 +463,7 @@ static void test_model_file(int kv_heads, const char* name) {
         free(values);
     }
     test_report(name, ok, "%s", why);
-    truncate(path, 1024 + 100);
+    truncate_or_exit(path, 1024 + 100);
     ModelFile m;
     int refused = model_file_open(&m, path, why, sizeof(why)) != 0;
     test_report("model_file_truncated_is_refused_with_the_reason", refused && strstr(why, "truncated") && strstr(why, path),
