@@ -455,6 +455,11 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 }
 #endif  // WGMMA_AVAILABLE
 
+// Whether `count` pairs' Q and dO (G·T·HD·4 bytes each) take at most 3/4 of L2.
+static inline bool backward_pairs_fit_l2(int count, int NH, int NKV, long T, int HD) {
+    return (long)count * (NH / NKV) * T * HD * 4 <= flash2_l2_bytes() / 4 * 3;
+}
+
 // The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs, the last `tail`
 // pairs as one chunk of their own; within a chunk, key block 0 of each pair, then key block 1, ...
 // (chunk 1: each pair's key blocks side by side). Either way key block n−1 of a pair starts before
@@ -467,12 +472,12 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
 // 2k (128 MB). So: the largest chunk that divides the pairs (unequal chunks leave a tail, as 5, 5,
 // 5, 1 did: -8% at 4k) and whose Q and dO take at most 3/4 of L2 (H100, d64/d128, NKV 4: 8 pairs at
 // 2k, 4 at 4k, 2 at 8k, 1 at 16k). Multi-head keeps chunk 1: its blocks are short, and chunks of 9
-// heads measured 5-10% slower than chunk 1 at 512-8k (attention/PERF_NOTES.md).
+// heads measured 5-10% slower than chunk 1 at 512-8k (attention/PERF_NOTES.md); only its last
+// pairs form a chunk (backward_order_tail).
 static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, long T, int HD) {
     if (!causal || NKV == NH) return 1;
-    const long pair_bytes = (long)(NH / NKV) * T * HD * 4, budget = flash2_l2_bytes() / 4 * 3;
     int chunk = 1;
-    for (int c = 2; c <= pairs && (long)c * pair_bytes <= budget; c++)
+    for (int c = 2; c <= pairs && backward_pairs_fit_l2(c, NH, NKV, T, HD); c++)
         if (pairs % c == 0) chunk = c;
     return chunk;
 }
@@ -487,10 +492,9 @@ static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, 
 static inline int backward_order_tail(bool causal, int chunk, int NH, int NKV, int pairs, int key_blocks, long T,
                                       int HD) {
     if (!causal || chunk > 1 || 2 * key_blocks >= flash2_sm_count()) return 0;
-    const long pair_bytes = (long)(NH / NKV) * T * HD * 4, budget = flash2_l2_bytes() / 4 * 3;
     int tail = (2 * flash2_sm_count() + key_blocks - 1) / key_blocks;
     if (tail > pairs) tail = pairs;
-    while (tail > 1 && (long)tail * pair_bytes > budget) tail--;
+    while (tail > 1 && !backward_pairs_fit_l2(tail, NH, NKV, T, HD)) tail--;
     return tail;
 }
 

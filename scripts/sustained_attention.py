@@ -5,7 +5,8 @@ bench_attention.py times each point for ~50 ms; a long point's result then depen
 close to its power limit the GPU was at that moment. This script runs one pass (forward or backward) of
 each implementation back to back for --seconds, in windows of --window-ms each timed by CUDA events,
 while a thread samples the GPU's power draw, SM clock and temperature (nvidia-smi, every 100 ms). The
-implementations take turns for --rounds rounds, with --rest seconds of idle GPU before each run.
+implementations take turns for --rounds rounds, with --rest seconds of idle GPU before each run, in
+orders where each runs right after every other equally often (results_common.balanced_orders).
 
 Per run it prints TFLOP/s in the first window and over the last half, the mean power and SM clock over
 the last half, and the energy per PFLOP there (joules): at the power limit, the implementation that
