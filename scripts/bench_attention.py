@@ -22,9 +22,10 @@ Method, the same for every implementation (that of triton.testing.do_bench): the
 runs repeat for about --rep-ms after --warmup-ms of warm-up, and the median counts. With --rounds N
 each implementation is timed N times at a point, taking turns with the others, and the median of the N
 counts: a long run's clocks follow the GPU's power draw, which one implementation's timing can catch at a
-low and another's not. The orders of the rounds put each implementation right after every other equally
-often (results_common.balanced_orders; fully with N a multiple of the implementations' count, twice that
-when it is odd), since a timing also depends on what ran just before it.
+low and another's not. The rounds run back to back in orders that put each implementation right after
+every other equally often, across the rounds' boundaries too (results_common.balanced_orders; fully with
+N a multiple of the implementations' count less one), since a timing also depends on what ran just
+before it; the first round's first implementation follows an untimed run of the cycle's last one.
   forward   one forward call in training mode (ours writes out and the LSE; PyTorch's inputs
             require grad, so it saves what its backward needs)
   backward  ours: one backward call (after a forward, so out and LSE are valid);
@@ -297,25 +298,31 @@ def set_up_and_check(impl, lib, qkv, dout, causal, reference, args, record):
 
 def time_rounds(runners, flush, args):
     """({impl: [(fwd_ms, bwd_ms) per round]}, {impl: why it failed}): the implementations take turns in
-    the orders of balanced_orders, so that each is timed right after every other equally often (the GPU's
-    clocks follow its recent load: with a rotated order each one ran, within a round, always after the
-    same other one). One that fails while timed (out of memory, a backend error) drops out."""
+    the orders of balanced_orders, so that each is timed right after every other equally often, the
+    rounds' boundaries included (the GPU's clocks follow its recent load: with a rotated order each one
+    ran, within a round, always after the same other one). With several rounds the cycle's last
+    implementation first runs once untimed, so that the first timing follows it as it does in the cycle.
+    One that fails while timed (out of memory, a backend error) drops out."""
     ready = [impl for impl, runner in runners.items() if runner]
     times, failed = {impl: [] for impl in ready}, {}
     orders = balanced_orders(len(ready))
-    for rnd in range(args.rounds if ready else 0):
-        for impl in (ready[i] for i in orders[rnd % len(orders)]):
-            if impl in failed:
-                continue
-            forward, backward = runners[impl]
-            try:
-                with backend_context(impl):
-                    times[impl].append((measure_ms(forward, flush, args.warmup_ms, args.rep_ms),
-                                        measure_ms(backward, flush, args.warmup_ms, args.rep_ms)))
-            except torch.cuda.OutOfMemoryError:
-                failed[impl] = "out of GPU memory while timed"
-            except RuntimeError as err:
-                failed[impl] = f"failed while timed: {str(err).splitlines()[0]}"
+    timed = [(rnd, ready[i]) for rnd in range(args.rounds if ready else 0) for i in orders[rnd % len(orders)]]
+    if args.rounds > 1 and timed:
+        timed.insert(0, (None, ready[orders[-1][-1]]))
+    for rnd, impl in timed:
+        if impl in failed:
+            continue
+        forward, backward = runners[impl]
+        try:
+            with backend_context(impl):
+                pair = (measure_ms(forward, flush, args.warmup_ms, args.rep_ms),
+                        measure_ms(backward, flush, args.warmup_ms, args.rep_ms))
+            if rnd is not None:
+                times[impl].append(pair)
+        except torch.cuda.OutOfMemoryError:
+            failed[impl] = "out of GPU memory while timed"
+        except RuntimeError as err:
+            failed[impl] = f"failed while timed: {str(err).splitlines()[0]}"
     return times, failed
 
 
@@ -542,7 +549,7 @@ def main():
         "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
                    f"{args.warmup_ms:g} ms warm-up" +
                    (f", the median of {args.rounds} such timings taken in turns with the other implementations"
-                    " (each right after every other equally often)"
+                    " (each right after every other equally often, across rounds too)"
                     if args.rounds > 1 else "") + "; fwd+bwd = fwd median + bwd median; torch bwd = "
                    "autograd.grad of SDPA's output w.r.t. the q, k, v views (SDPA backward alone)"),
         "flops": "fwd = 4*B*T^2*HD*NH (halved when causal), bwd = 2.5*fwd, fwd+bwd = 3.5*fwd (NH query heads, "

@@ -24,8 +24,9 @@ import PyTorch when called.
   length_label(n)     512, 1k, 2k, ...: sequence and cache lengths in tables
   parse_list(text, convert)
                       comma-separated values, "8k" meaning 8192
-  balanced_orders(n)  orders of n items in which each follows every other equally often (rounds of
-                      timings taken in turns: the GPU's clocks follow what ran just before)
+  balanced_orders(n)  orders of n items for rounds run back to back, in which each item follows every
+                      other equally often, across the rounds' boundaries too (rounds of timings taken
+                      in turns: the GPU's clocks follow what ran just before)
   Report(path)        prints lines, keeps them (.lines) and, given a path, writes each to that file
   Skip                the exception for a point a benchmark cannot run
   L2_FLUSH_BYTES, MIN_REPS
@@ -180,21 +181,40 @@ def parse_list(text, convert):
 
 
 def balanced_orders(n):
-    """Orders of range(n) in which each item comes right after every other item equally often: n orders
-    for even n, 2n for odd n (a Williams design). Rounds of timings taken in turns use them, since a
-    timing depends on what the GPU ran just before it; a rotated order (0 1 2, 1 2 0, 2 0 1) keeps every
-    item behind the same neighbour."""
+    """Orders of range(n) for rounds that run back to back: read as one cycle (the last round's last item
+    followed by the first round's first), every item comes right after every other exactly once, and never
+    right after itself. n − 1 orders of n items for n >= 2 ([[0]] for 1, [] for 0). Rounds of timings taken
+    in turns use them, since a timing depends on what the GPU ran just before it. A rotated order (0 1 2,
+    1 2 0, 2 0 1) keeps every item behind the same neighbour; a Williams design (each order balanced
+    within itself) still leaves the rounds' boundaries unbalanced: run back to back with three items, one
+    item followed the slowest one in half of the rounds and another in a third. The rounds' first item
+    follows whatever ran before them: the caller runs the cycle's last item once first, untimed."""
     if n < 1:
         return []
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    orders = [[(i + shift) % n for i in first] for shift in range(n)]
-    return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders
+    if n == 1:
+        return [[0]]
+    total, seq = n * (n - 1), list(range(n))
+    used = {(a, a + 1) for a in range(n - 1)}
+
+    def extend():  # depth-first: the next item, not yet in its round, along an unused (before, after) pair
+        if len(seq) == total:
+            return (seq[-1], seq[0]) not in used
+        in_round = set(seq[len(seq) - len(seq) % n:])
+        for after in range(n):
+            pair = (seq[-1], after)
+            if after in in_round or after == seq[-1] or pair in used:
+                continue
+            seq.append(after)
+            used.add(pair)
+            if extend():
+                return True
+            seq.pop()
+            used.discard(pair)
+        return False
+
+    if not extend():
+        raise ValueError(f"balanced_orders: no serially balanced rounds for {n} items")
+    return [seq[i:i + n] for i in range(0, total, n)]
 
 
 class Report:

@@ -6,7 +6,8 @@ close to its power limit the GPU was at that moment. This script runs one pass (
 each implementation back to back for --seconds, in windows of --window-ms each timed by CUDA events,
 while a thread samples the GPU's power draw, SM clock and temperature (nvidia-smi, every 100 ms). The
 implementations take turns for --rounds rounds, with --rest seconds of idle GPU before each run, in
-orders where each runs right after every other equally often (results_common.balanced_orders).
+orders where each runs right after every other equally often, across the rounds' boundaries too
+(results_common.balanced_orders; the idle rest before each run already weakens what ran before).
 
 Per run it prints TFLOP/s in the first window and over the last half, the mean power and SM clock over
 the last half, and the energy per PFLOP there (joules): at the power limit, the implementation that
@@ -148,7 +149,7 @@ def main():
     except FileNotFoundError:
         sys.exit("sustained_attention.py: error: nvidia-smi not found; it samples the GPU's power and clocks")
     try:
-        orders = balanced_orders(len(impls))  # each right after every other equally often
+        orders = balanced_orders(len(impls))  # each right after every other equally often, rounds back to back
         for rnd in range(args.rounds):
             for impl in (impls[i] for i in orders[rnd % len(orders)]):
                 forward, backward = runners[impl]
