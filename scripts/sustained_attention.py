@@ -149,7 +149,7 @@ def main():
     except FileNotFoundError:
         sys.exit("sustained_attention.py: error: nvidia-smi not found; it samples the GPU's power and clocks")
     try:
-        orders = balanced_orders(len(impls))  # each right after every other equally often, rounds back to back
+        orders = balanced_orders(len(impls))  # each right after every other, across rounds too
         for rnd in range(args.rounds):
             for impl in (impls[i] for i in orders[rnd % len(orders)]):
                 forward, backward = runners[impl]
