@@ -24,11 +24,10 @@ void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream);
 // flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2, on wgmma (Hopper kernels) when
 // flash2_use_wgmma(), else on mma.sync tensor cores; FLASH2_MMA_SYNC=1 in the environment
 // (flash2_mma_sync_forced()) keeps Hopper on mma.sync, to test or time those kernels there;
-// FLASH2_FORWARD_LONG_T=N (flash2_forward_long_t_override(), 0 when unset) moves the length from
-// which the Hopper forward takes its long-sequence tile shape (flash2_tiles.h), for tests.
+// FLASH2_FORWARD_LONG_T=N moves the length from which the Hopper forward takes its long-sequence
+// tile shape, for tests (read in flash2_tiles.h: flash2_forward_long_t_env()).
 int flash2_supports_head_dim(int head_dim);
 int flash2_mma_sync_forced(void);
-int flash2_forward_long_t_override(void);
 int flash2_use_wgmma(void);
 size_t flash2_attention_workspace_bytes(const AttentionShape* shape);
 void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream);

@@ -49,14 +49,11 @@ int flash2_use_wgmma(void) {
     return use;
 }
 
-// FLASH2_FORWARD_LONG_T=N in the environment: N > 0, else 0 (flash2_tiles.h).
-int flash2_forward_long_t_override(void) { return flash2_forward_long_t_env(); }
-
 template <int HD, bool CAUSAL>
 static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     if constexpr (Tiles::LONG_T > 0) {
-        if (p->T >= flash2_forward_long_t(Tiles::LONG_T)) {
+        if (flash2_forward_long_shape(Tiles::LONG_T, p->T)) {
             launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
             return;
         }

@@ -23,8 +23,8 @@
 // LONG_T: from this many keys on (0: never) LONG_CONSUMERS warpgroups instead: at 128 three over
 // 128-key blocks (no intra-warpgroup overlap, as at 80 non-causal and 96) beat two by 2-6% from 2k
 // on, causal or not, and lose up to 2.5% at 512-1k. The launcher (flash2_forward.cu) and the tuner
-// read it through flash2_forward_long_t (below), with FLASH2_FORWARD_LONG_T in the environment as
-// an override for tests.
+// read it through flash2_forward_long_shape (below), with FLASH2_FORWARD_LONG_T in the environment
+// as an override for tests.
 // STORER: a thread of the producer warpgroup issues the O stores instead of one of each consumer
 // warpgroup: +3-7% at 64 non-causal and up to +3% at 96 non-causal, but 1.5% slower at 64 causal and
 // 1-3% at 128 (where its three-warpgroup kernel also spills in its loop with it), ±1% at 80.
@@ -47,12 +47,12 @@ inline int flash2_forward_long_t_env(void) {
     return override_t;
 }
 
-// The length from which a head dim's forward takes its LONG_CONSUMERS shape: LONG_T, or the
-// override's for every head dim that has one (the tests and the sanitizer script use it to reach
-// that shape at short lengths).
-inline int flash2_forward_long_t(int tiles_long_t) {
+// Whether a head dim's forward takes its LONG_CONSUMERS shape at T keys: from LONG_T on (never
+// where LONG_T is 0), or from the override's length for every head dim that has the shape (the
+// tests and the sanitizer script use it to reach that shape at short lengths).
+inline bool flash2_forward_long_shape(int tiles_long_t, int T) {
     const int override_t = flash2_forward_long_t_env();
-    return tiles_long_t > 0 && override_t > 0 ? override_t : tiles_long_t;
+    return tiles_long_t > 0 && T >= (override_t > 0 ? override_t : tiles_long_t);
 }
 
 // How a backward consumer warpgroup orders its products within a step (bits of SCHEDULE below):

@@ -96,7 +96,7 @@ template <int HD, bool CAUSAL>
 static bool forward_chosen(const ForwardCandidate& c, int T) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     // as the launcher (flash2_forward.cu) picks it, FLASH2_FORWARD_LONG_T included
-    const int consumers = Tiles::LONG_T > 0 && T >= flash2_forward_long_t(Tiles::LONG_T) ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
+    const int consumers = flash2_forward_long_shape(Tiles::LONG_T, T) ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
     return c.block_n == Tiles::BLOCK_N && c.consumers == consumers && c.persistent == 1 &&  // the library launches persistent
            c.storer == (int)Tiles::STORER;
 }
