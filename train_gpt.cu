@@ -988,10 +988,11 @@ static double forward_backward(Plan* p, Trainer* t) {
     for (long long micro = 0; micro < p->accumulation_steps; micro++) {
         next_batch_or_exit(&p->train, "training");
         upload_batch(t, &p->train);
-        gpt_model_forward(&t->model, t->inputs, t->targets);
+        const float grad_scale = 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps);
+        gpt_model_forward_train(&t->model, t->inputs, t->targets, grad_scale);
         gpt_model_add_mean_loss(&t->model, t->step_loss, 1.0f / (float)p->accumulation_steps, micro == 0);
         if (t->mg) multi_gpu_arm_hook(t->mg, &t->model, micro == p->accumulation_steps - 1);
-        gpt_model_backward(&t->model, 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps));
+        gpt_model_backward(&t->model, grad_scale);
     }
     return cuda_read_float(t->step_loss, t->stream);
 }

@@ -10,14 +10,14 @@
 //     lengths[b] += Tq                                   (first, so the attention sees the new keys)
 //     x (N, C)        = wte[tok] + wpe[pos]
 //     per block l (the training forward's recipe on N rows; no statistics are saved):
-//       ln (N, C)     = LN1(x)                           (x = r2 + proj of the previous block, fused)
+//       ln (N, C)     = LN1(x)
 //       qkv (N, R)    = ln · qkvwᵀ + qkvb                R = (NH + 2·NKV)·HD, a row: q | k | v heads
 //       cache[l][b, pos] = k, v of the row               (decode_cache_append, attention/kv_cache.cu)
 //       atty (N, C)   = decode attention(q straight from the qkv rows (stride R), cache[l], lengths)
-//       proj (N, C)   = atty · attprojwᵀ + attprojb
-//       r2, ln        = x + proj, LN2(r2)
-//       fch_gelu      = GELU(ln · fcwᵀ + fcb);  proj = fch_gelu · fcprojwᵀ + fcprojb
-//     x = r2 + proj; ln = LNf(x); last (B, C) = ln's row Tq−1 of each sequence
+//       r2 (N, C)     = x + atty · attprojwᵀ + attprojb  (the residual added in the GEMM, as in training)
+//       ln            = LN2(r2)
+//       fch_gelu      = GELU(ln · fcwᵀ + fcb);  x = r2 + fch_gelu · fcprojwᵀ + fcprojb
+//     ln = LNf(x); last (B, C) = ln's row Tq−1 of each sequence
 //     logits (B, Vp) = last · wteᵀ                       (the next-token logits of each sequence)
 // Prefill (gpt_decoder_prefill): the prompt (B, T) runs through gpt_model_forward (causal, any
 // backend), its K and V are copied from the model's qkv activation into the cache (positions 0..T−1)
@@ -118,7 +118,6 @@ static __global__ void gpt_decode_last_rows_kernel(__nv_bfloat16* __restrict__ o
     X(ln,       __nv_bfloat16, N * C)                  \
     X(qkv,      __nv_bfloat16, N * R)                  \
     X(atty,     __nv_bfloat16, N * C)                  \
-    X(proj,     __nv_bfloat16, N * C)                  \
     X(fch,      __nv_bfloat16, N * 4 * C)              \
     X(fch_gelu, __nv_bfloat16, N * 4 * C)              \
     X(last,     __nv_bfloat16, B * C)                  \
@@ -303,21 +302,17 @@ static void gpt_decoder_step(GPTDecoder* d, const int* tokens, int Tq) {
     CUDA_CHECK(cudaGetLastError());
     for (int l = 0; l < L; l++) {
         const size_t lC = (size_t)l * C;
-        if (l == 0)
-            layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LN1W], p[GPT_LN1B], N, C, s);
-        else  // x = r2 + proj (the previous block's MLP), ln = LN1(x)
-            fused_residual_layernorm_forward(d->ln, NULL, NULL, d->x, d->r2, d->proj, p[GPT_LN1W] + lC,
-                                             p[GPT_LN1B] + lC, N, C, s);
+        layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
         matmul_forward(mm, d->qkv, d->ln, p[GPT_QKVW] + lC * R, p[GPT_QKVB] + (size_t)l * R, N, C, R, NULL);
         gpt_decoder_append(d, l, d->qkv, Tq);
         gpt_decoder_attention(d, l, Tq);
-        matmul_forward(mm, d->proj, d->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C, NULL);
-        fused_residual_layernorm_forward(d->ln, NULL, NULL, d->r2, d->x, d->proj, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC,
-                                         N, C, s);
+        matmul_forward_residual(mm, d->r2, d->x, d->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C);
+        layernorm_forward(d->ln, NULL, NULL, d->r2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
         matmul_forward(mm, d->fch_gelu, d->ln, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, d->fch);
-        matmul_forward(mm, d->proj, d->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C, C, NULL);
+        matmul_forward_residual(mm, d->x, d->r2, d->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N,
+                                4 * C, C);
     }
-    fused_residual_layernorm_forward(d->ln, NULL, NULL, d->x, d->r2, d->proj, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
+    layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
     gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, s>>>(d->last, d->ln, B,
                                                                                                   Tq, C);
     CUDA_CHECK(cudaGetLastError());

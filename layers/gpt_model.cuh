@@ -9,21 +9,24 @@
 // Forward (pre-LayerNorm; residual_l = encoded for l = 0, else residual3[l−1]):
 //   encoded (N, C)          = wte[inputs] + wpe[t]
 //   per block l:
-//     ln1 (N, C)            = LN1(residual_l)                       (fused with the previous residual add)
+//     ln1 (N, C)            = LN1(residual_l)
 //     qkv (N, QKV)          = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, NH + 2·NKV, HD)
 //     atty (N, C), lse      = causal attention(qkv)                 atty (B, T, NH, HD), lse (B, NH, T)
-//     proj (N, C)           = atty · attprojwᵀ + attprojb
-//     residual2, ln2        = residual_l + proj, LN2(residual2)     (fused_residual_layernorm_forward)
+//     residual2 (N, C)      = residual_l + atty · attprojwᵀ + attprojb
+//     ln2 (N, C)            = LN2(residual2)
 //     fch (N, 4C), fch_gelu = ln2 · fcwᵀ + fcb, GELU(fch)           (cuBLASLt GELU epilogue)
-//     proj (N, C)           = fch_gelu · fcprojwᵀ + fcprojb
-//     residual3 = residual2 + proj                                  (fused into the next LN1 / the final LN)
+//     residual3 (N, C)      = residual2 + fch_gelu · fcprojwᵀ + fcprojb
+//   The two projections add the residual in their GEMM's epilogue (matmul_forward_residual), so
+//   the LayerNorm after each reads one (N, C) tensor and writes one.
 //   lnf (N, C)              = LNf(residual3[L−1])
 //   logits (N, Vp)          = lnf · wteᵀ                            (tied LM head, no bias)
 //   losses (N) fp32         = cross-entropy(logits[:, :V], targets); mean_loss = mean of losses
 // gpt_model_forward leaves the logits of the last LM-head chunk intact (all of them when N <=
 // lm_head_rows: they can be read back); gpt_model_backward first runs the fused cross-entropy, which
 // rewrites the logits in place with dlogits = grad_scale·(softmax − onehot) (and writes the same
-// losses again), then goes through the layers in reverse. The residual
+// losses again), then goes through the layers in reverse. A training micro step calls
+// gpt_model_forward_train instead, whose cross-entropy writes the last chunk's dlogits at once (one
+// pass over the logits fewer); the backward then starts from them. The residual
 // stream's gradient lives in one (N, C) buffer, dresidual: every LayerNorm backward ADDS into it, and
 // the matmuls whose output is added to the residual (attproj, fcproj) read it as their dout.
 //
@@ -114,8 +117,6 @@
     X(logits,    __nv_bfloat16, "(chunk rows, Vp) bf16",      Nh * Vp * bf)                                        \
     X(losses,    float,         "(B, T) fp32",                N * f4)                                              \
     X(mean_loss, float,         "(1) fp32",                   f4)                                                  \
-    /* attproj / fcproj output before its residual add */                                                          \
-    X(proj,      __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
     X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
     X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
@@ -199,6 +200,8 @@ typedef struct {
     // the last forward's token arrays (device, (B, T) int32), read again by the backward
     const int* inputs;
     const int* targets;
+    // > 0: gpt_model_forward_train left dlogits for this grad_scale in the last LM-head chunk's logits
+    float dlogits_scale;
 
     // optional backward hook (NULL: none): layer l's gradients are final (l = -1: the embeddings and lnf)
     void (*grads_ready)(void* user, int layer);
@@ -497,11 +500,8 @@ static void gpt_mlp_up_forward(GPTModel* m, const GPTBlockActs* a, int l) {
     }
 }
 
-// Block l's forward. In the forward pass (recomputing = 0), LN1 of l > 0 also adds the previous
-// block's MLP output: residual3[l−1] = residual2[l−1] + proj; the block ends with proj = its MLP
-// output. Recomputing (full, in the backward), residual3[l−1] is kept, LN1 reads it (the same bits as
-// the fused kernel, which normalizes the bf16-rounded sum), and the last GEMM is skipped (its output
-// only feeds residual3[l], which is kept).
+// Block l's forward: residual3[l] from its input. Recomputing (full, in the backward), residual3[l]
+// is kept and the last GEMM, which only writes it, is skipped.
 static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
     const int N = m->B * m->T, C = m->C;
     const size_t NC = (size_t)N * C, lC = (size_t)l * C;
@@ -510,26 +510,21 @@ static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
     __nv_bfloat16* const* p = m->param_tensors;
     const GPTBlockActs a = gpt_block_acts(m, l);
 
-    if (l == 0 || recomputing) {
-        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
-    } else {  // the previous block's residual2 slot is still its own: this block writes it below
-        const __nv_bfloat16* prev_residual2 = m->residual2 + gpt_slot(m->layers_gemm, l - 1) * NC;
-        fused_residual_layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, m->residual3 + (l - 1) * NC, prev_residual2,
-                                         m->proj, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
-    }
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
     // qkv (N, QKV) = ln1 · qkvwᵀ + qkvb
     const size_t lQKV = (size_t)l * m->QKV;
     matmul_forward(mm, a.qkv, a.ln1, p[GPT_QKVW] + lQKV * C, p[GPT_QKVB] + lQKV, N, C, m->QKV, NULL);
     AttentionArgs att = gpt_attention_args(m, l);
     attention_forward(m->backend, &m->att_ctx, &att, s);  // atty (B, T, NH, HD), lse (B, NH, T)
-    // proj (N, C) = atty · attprojwᵀ + attprojb; residual2 = residual + proj; ln2 = LN2(residual2)
-    matmul_forward(mm, m->proj, a.atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C, NULL);
-    fused_residual_layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, a.residual, m->proj,
-                                     p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
+    // residual2 (N, C) = residual + atty · attprojwᵀ + attprojb; ln2 = LN2(residual2)
+    matmul_forward_residual(mm, a.residual2, a.residual, a.atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N,
+                            C, C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
     gpt_mlp_up_forward(m, &a, l);  // fch, fch_gelu (N, 4C)
     if (recomputing) return;
-    // proj (N, C) = fch_gelu · fcprojwᵀ + fcprojb (added to residual2 by the next LayerNorm)
-    matmul_forward(mm, m->proj, a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C, C, NULL);
+    // residual3[l] (N, C) = residual2 + fch_gelu · fcprojwᵀ + fcprojb
+    matmul_forward_residual(mm, m->residual3 + l * NC, a.residual2, a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C,
+                            p[GPT_FCPROJB] + lC, N, 4 * C, C);
 }
 
 // Selective, in the backward of block l: ln1, ln2 and fch_gelu again from the kept residual,
@@ -556,11 +551,9 @@ static void gpt_lm_head_chunk(GPTModel* m, int row0, int rows) {
                    m->Vp, NULL);
 }
 
-// Forward on inputs and targets (device, (B, T) int32, inputs in [0, Vp), targets in [0, V)): fills
-// model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; the logits of the last LM-head
-// chunk (all of them when N <= lm_head_rows) are left intact. Enqueued on model->stream; nothing is
-// synchronized (gpt_model_mean_loss copies the scalar back).
-static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
+// The forward; grad_scale > 0: the last LM-head chunk's cross-entropy also writes dlogits (the
+// backward's first step, done while the logits are fresh in memory). See the two callers below.
+static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* targets, float grad_scale) {
     const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp;
     const size_t NC = (size_t)N * C;
     cudaStream_t s = m->stream;
@@ -570,17 +563,41 @@ static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets
 
     encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
     for (int l = 0; l < L; l++) gpt_block_forward(m, l, 0);
-    // residual3[L−1] = residual2[L−1] + proj; lnf = LNf(residual3[L−1])
-    fused_residual_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * NC,
-                                     gpt_block_acts(m, L - 1).residual2, m->proj, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
-    // per chunk of rows: logits (rows, Vp) = lnf · wteᵀ, then their losses
+    // lnf = LNf(residual3[L−1])
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * NC, p[GPT_LNFW], p[GPT_LNFB], N, C,
+                      s);
+    // per chunk of rows: logits (rows, Vp) = lnf · wteᵀ, then their losses (and the last chunk's
+    // dlogits in place when training)
     for (int row0 = 0; row0 < N; row0 += m->lm_head_rows) {
         const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
         gpt_lm_head_chunk(m, row0, rows);
-        crossentropy_forward(m->losses + row0, m->logits, targets + row0, rows, m->V, Vp, s);
+        if (grad_scale > 0.0f && row0 + rows == N)
+            crossentropy_forward_backward(m->losses + row0, m->logits, targets + row0, grad_scale, rows, m->V, Vp, s);
+        else
+            crossentropy_forward(m->losses + row0, m->logits, targets + row0, rows, m->V, Vp, s);
     }
+    m->dlogits_scale = grad_scale;
     gpt_mean_loss_kernel<<<1, 256, 0, s>>>(m->mean_loss, m->losses, N);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// Forward on inputs and targets (device, (B, T) int32, inputs in [0, Vp), targets in [0, V)): fills
+// model->losses (N) fp32 and model->mean_loss (1) fp32 on the device; the logits of the last LM-head
+// chunk (all of them when N <= lm_head_rows) are left intact. Enqueued on model->stream; nothing is
+// synchronized (gpt_model_mean_loss copies the scalar back).
+static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets) {
+    gpt_model_forward_impl(m, inputs, targets, 0.0f);
+}
+
+// The forward of a training micro step, to be followed by gpt_model_backward(m, grad_scale) with the
+// same grad_scale (> 0): as gpt_model_forward, but the last LM-head chunk's logits are overwritten
+// with their dlogits, which saves the backward a pass over them.
+static void gpt_model_forward_train(GPTModel* m, const int* inputs, const int* targets, float grad_scale) {
+    if (!(grad_scale > 0.0f)) {
+        fprintf(stderr, "error: gpt_model_forward_train: grad_scale %g must be > 0\n", grad_scale);
+        exit(1);
+    }
+    gpt_model_forward_impl(m, inputs, targets, grad_scale);
 }
 
 // *sum = (first ? 0 : *sum) + weight · mean[0], on the GPU: micro steps add their loss without a host wait.
@@ -605,23 +622,34 @@ static void gpt_model_zero_grad(GPTModel* m) {
 }
 
 // The LM head and the loss, chunk by chunk from the last: losses again and dlogits in place of the
-// chunk's logits (recomputed, except the last chunk's, which the forward left), then dln (rows, C) =
-// dlogits · wte and dwte += dlogitsᵀ · lnf.
+// chunk's logits (recomputed, except the last chunk's, which the forward left: as logits, or already
+// as dlogits after gpt_model_forward_train with this grad_scale), then dln (rows, C) = dlogits · wte
+// and dwte += dlogitsᵀ · lnf.
 static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
     const int N = m->B * m->T, C = m->C, Vp = m->Vp, last = (N - 1) / m->lm_head_rows * m->lm_head_rows;
+    if (m->dlogits_scale > 0.0f && m->dlogits_scale != grad_scale) {
+        fprintf(stderr,
+                "error: gpt_model_backward: grad_scale %g differs from the %g given to gpt_model_forward_train; pass "
+                "the same value to both\n",
+                grad_scale, m->dlogits_scale);
+        exit(1);
+    }
     for (int row0 = last; row0 >= 0; row0 -= m->lm_head_rows) {
         const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
         if (row0 != last) gpt_lm_head_chunk(m, row0, rows);
-        crossentropy_forward_backward(m->losses + row0, m->logits, m->targets + row0, grad_scale, rows, m->V, Vp,
-                                      m->stream);
+        if (row0 != last || m->dlogits_scale == 0.0f)
+            crossentropy_forward_backward(m->losses + row0, m->logits, m->targets + row0, grad_scale, rows, m->V, Vp,
+                                          m->stream);
         matmul_backward(&m->matmul, m->dln + (size_t)row0 * C, m->grad_tensors[GPT_WTE], NULL, m->logits,
                         m->lnf + (size_t)row0 * C, m->param_tensors[GPT_WTE], rows, C, Vp, NULL, 1, NULL);
     }
+    m->dlogits_scale = 0.0f;  // the logits buffer holds dlogits either way now
 }
 
 // ADDS the gradient of grad_scale · Σ losses (grad_scale = 1/(B·T·accum_steps) for the mean over a
-// step) into model->grads. Must follow gpt_model_forward on the same batch (its inputs and targets
-// still valid). Overwrites the logits with dlogits.
+// step) into model->grads. Must follow gpt_model_forward, or gpt_model_forward_train with the same
+// grad_scale, on the same batch (its inputs and targets still valid). Overwrites the logits with
+// dlogits.
 static void gpt_model_backward(GPTModel* m, float grad_scale) {
     const int B = m->B, T = m->T, C = m->C, L = m->L, N = B * T, Vp = m->Vp, QKV = m->QKV;
     const size_t NC = (size_t)N * C;
@@ -646,7 +674,7 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         if (m->recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
         if (m->recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
         const GPTBlockActs a = gpt_block_acts(m, l);
-        // MLP: dresidual is d(residual3) = d(proj); dwide (N, 4C) = d(fch) through the fused dGELU,
+        // MLP: dresidual is d(residual3); dwide (N, 4C) = d(fch) through the fused dGELU,
         // and the fc bias gradient dfcb += column sums of d(fch), made with it (the projection's own
         // bias gradient came with dresidual)
         matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, NULL, m->dresidual,

@@ -7,6 +7,7 @@
 // N = B·T rows (up to 16·8192); IC, OC multiples of 8 (up to 4·2560 and the padded vocab 50304).
 //
 // matmul_forward:   out = inp · weightᵀ + bias
+// matmul_forward_residual: out = residual + inp · weightᵀ + bias (the residual added in the epilogue)
 //   with gelu_pre:  gelu_pre = inp · weightᵀ + bias (the pre-activation, saved for the backward)
 //                   out = GELU(gelu_pre), tanh approximation, from the fp32 pre-activation
 //   The LM head, logits (N, Vp) = lnf (N, C) · wteᵀ, is matmul_forward(weight = wte (Vp, C), bias NULL).
@@ -373,6 +374,36 @@ static inline void matmul_forward(MatmulContext* ctx, __nv_bfloat16* out, const 
     matmul_lt_gemm(ctx, &plain, 0);
     gelu_forward(out, gelu_pre, (size_t)N * OC, ctx->stream);
     ctx->last_forward = bias ? "BIAS epilogue + GELU kernel" : "DEFAULT epilogue + GELU kernel";
+}
+
+// out (N, OC) = residual (N, OC) + inp (N, IC) · weight (OC, IC)ᵀ + bias (OC, or NULL): a projection
+// whose output joins the residual stream, the add done in the GEMM's epilogue (beta = 1, C =
+// residual) from the fp32 product. That saves the next LayerNorm reading the product and writing the
+// sum. out must not overlap residual unless it is residual itself. Runs on ctx->stream.
+static inline void matmul_forward_residual(MatmulContext* ctx, __nv_bfloat16* out, const __nv_bfloat16* residual,
+                                           const __nv_bfloat16* inp, const __nv_bfloat16* weight,
+                                           const __nv_bfloat16* bias, int N, int IC, int OC) {
+    const char* fn = "matmul_forward_residual";
+    matmul_require_sizes(fn, N, IC, OC);
+    matmul_require_pointer(fn, "out", out);
+    matmul_require_pointer(fn, "residual", residual);
+    matmul_require_pointer(fn, "inp", inp);
+    matmul_require_pointer(fn, "weight", weight);
+    if (bias) matmul_require_pointer(fn, "bias", bias);
+    const size_t bytes = (size_t)N * OC * sizeof(__nv_bfloat16);
+    const char *o = (const char*)out, *r = (const char*)residual;
+    if (o != r && o < r + bytes && r < o + bytes) matmul_die(fn, "out overlaps residual without being it");
+    // outᶜ (OC, N) = weightᶜᵀ (OC, IC) · inpᶜ (IC, N) + residualᶜ (OC, N): matmul_forward's mapping
+    // with C = residual, laid out like D (ld OC).
+    MatmulLtGemm g = matmul_lt_plain("matmul_forward_residual (out = residual + inp·weightᵀ)", CUBLAS_OP_T,
+                                     CUBLAS_OP_N, OC, N, IC, weight, IC, inp, IC, out, OC, 1.0f);
+    g.C = residual == out ? NULL : residual;
+    if (bias) {
+        g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        g.bias = bias;
+    }
+    matmul_lt_gemm(ctx, &g, 0);
+    ctx->last_forward = bias ? "BIAS epilogue, residual as C" : "DEFAULT epilogue, residual as C";
 }
 
 // ---- backward -----------------------------------------------------------------------------------

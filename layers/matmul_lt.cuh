@@ -34,7 +34,7 @@ typedef enum {
 typedef struct {
     int32_t transa, transb, epilogue, beta_nonzero, has_bias, has_aux;
     int64_t m, n, k, lda, ldb, ldd, aux_ld;
-    uint32_t align_a, align_b, align_d;
+    uint32_t align_a, align_b, align_c, align_d;
 } MatmulGemmKey;
 
 typedef struct {
@@ -136,8 +136,9 @@ static inline float matmul_time_work(MatmulContext* ctx, MatmulWork work, const 
 
 // ---- one cuBLASLt GEMM --------------------------------------------------------------------------
 
-// Column-major D (m, n, ld ldd) = op(A) (m, k) · op(B) (k, n) + beta · D, bf16 A, B, D, fp32
-// compute and scale; A is stored (m, k) when transa is N and (k, m) when T (likewise B).
+// Column-major D (m, n, ld ldd) = op(A) (m, k) · op(B) (k, n) + beta · C, bf16 A, B, C, D, fp32
+// compute and scale; A is stored (m, k) when transa is N and (k, m) when T (likewise B). C is D
+// itself (in place) unless given: then it is laid out like D (m, n, ld ldd) and D is only written.
 typedef struct {
     const char* what;  // for messages, e.g. "matmul_forward (out = inp·weightᵀ)"
     cublasOperation_t transa, transb;
@@ -148,7 +149,8 @@ typedef struct {
     int64_t ldb;
     void* D;
     int64_t ldd;
-    float beta;                   // C = D (in place) when nonzero
+    float beta;                   // C is read when nonzero
+    const void* C;                // NULL: C = D (in place)
     cublasLtEpilogue_t epilogue;
     const void* bias;             // BIAS*: input (m); BGRADB: output (n); DGELU_BGRAD: output (m)
     void* aux;                    // GELU_AUX*: output (m, n); DGELU*: input (m, n); ld aux_ld
@@ -168,6 +170,7 @@ static inline MatmulLtGemm matmul_lt_plain(const char* what, cublasOperation_t t
     g.B = B, g.ldb = ldb;
     g.D = D, g.ldd = ldd;
     g.beta = beta;
+    g.C = NULL;
     g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     g.bias = NULL;
     g.aux = NULL;
@@ -187,6 +190,9 @@ static inline const char* matmul_epilogue_name(cublasLtEpilogue_t e) {
         default: return "other";
     }
 }
+
+// The C input of g: D itself unless g->C is given.
+static inline const void* matmul_lt_c(const MatmulLtGemm* g) { return g->C ? g->C : g->D; }
 
 // Largest power of two up to 256 dividing the address: what cuBLASLt may assume of a buffer.
 static inline uint32_t matmul_alignment(const void* p) {
@@ -239,6 +245,7 @@ static inline MatmulGemmKey matmul_gemm_key(const MatmulLtGemm* g) {
     k.beta_nonzero = g->beta != 0.0f, k.has_bias = g->bias != NULL, k.has_aux = g->aux != NULL;
     k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldd = g->ldd, k.aux_ld = g->aux ? g->aux_ld : 0;
     k.align_a = matmul_alignment(g->A), k.align_b = matmul_alignment(g->B), k.align_d = matmul_alignment(g->D);
+    k.align_c = matmul_alignment(matmul_lt_c(g));
     return k;
 }
 
@@ -249,14 +256,15 @@ static inline int matmul_lt_heuristic(MatmulContext* ctx, const MatmulLtGemm* g,
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t workspace_bytes = ctx->workspace_bytes;
     uint32_t align_a = matmul_alignment(g->A), align_b = matmul_alignment(g->B), align_d = matmul_alignment(g->D);
+    uint32_t align_c = matmul_alignment(matmul_lt_c(g));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                       sizeof(workspace_bytes)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                       sizeof(align_a)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
                                                       sizeof(align_b)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                      sizeof(align_d)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                      sizeof(align_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                       sizeof(align_d)));
     int found = 0;
@@ -274,8 +282,8 @@ static inline int matmul_lt_heuristic(MatmulContext* ctx, const MatmulLtGemm* g,
 static inline cublasStatus_t matmul_lt_launch(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
                                               const cublasLtMatmulAlgo_t* algo) {
     const float alpha = 1.0f;
-    return cublasLtMatmul(ctx->lt, x->desc, &alpha, g->A, x->a, g->B, x->b, &g->beta, g->D, x->d, g->D, x->d, algo,
-                          ctx->workspace, ctx->workspace_bytes, ctx->stream);
+    return cublasLtMatmul(ctx->lt, x->desc, &alpha, g->A, x->a, g->B, x->b, &g->beta, matmul_lt_c(g), x->d, g->D,
+                          x->d, algo, ctx->workspace, ctx->workspace_bytes, ctx->stream);
 }
 
 typedef struct {
@@ -303,12 +311,13 @@ static inline void matmul_algo_describe(const cublasLtMatmulAlgo_t* algo, char* 
 }
 
 // Times the candidates on g's buffers and returns the index of the one to keep (see the top of the
-// file); ms[i] their times. D, when beta != 0 makes it an input, is saved first and restored after.
+// file); ms[i] their times. D, when beta != 0 makes it an input (C in place), is saved first and
+// restored after.
 static inline int matmul_lt_tune(MatmulContext* ctx, const MatmulLtGemm* g, const MatmulLtDescs* x,
                                  const cublasLtMatmulHeuristicResult_t* results, int count, float* ms) {
     void* saved = NULL;
     const size_t d_bytes = ((size_t)g->ldd * (size_t)(g->n - 1) + (size_t)g->m) * sizeof(__nv_bfloat16);
-    if (g->beta != 0.0f) {
+    if (g->beta != 0.0f && g->C == NULL) {
         if (cudaMallocAsync(&saved, d_bytes, ctx->stream) != cudaSuccess) {
             (void)cudaGetLastError();  // no room to save D: keep the heuristic's first, untimed
             return 0;

@@ -12,8 +12,9 @@
 //   logits (B, T, Vp) before the loss            ≤ 2e-2
 //   mean loss                                     ≤ 1e-2
 //   each of the 16 parameter gradients            ≤ 3e-2   (bf16 end to end)
-//   a second forward/backward without zeroing the gradients: each gradient ≈ 2·ref, ≤ 3e-2 (the
-//   backward ADDS into the gradients)
+//   a second micro step without zeroing the gradients, through gpt_model_forward_train (whose
+//   cross-entropy writes dlogits at once) and the backward: its loss ≤ 1e-2 and each gradient ≈
+//   2·ref, ≤ 3e-2 (the backward ADDS into the gradients)
 // Plus, on the CPU everywhere: gpt_model_create rejects an unsupported head dim with a message.
 // The seed comes from the clock unless TEST_SEED is set, and is printed. GPU cases are SKIPped
 // (exit 0) where no GPU is found.
@@ -213,11 +214,17 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
     CUDA_CHECK(cudaStreamSynchronize(stream));
     check_grads(pb, &m, 1.0, "step1", problems, sizeof(problems));
 
-    // a second micro-step without zeroing: the gradients add up to twice the reference
-    gpt_model_forward(&m, d_inputs, d_targets);
+    // a second micro-step without zeroing, as the trainer runs one (its forward writes the last
+    // chunk's dlogits): the gradients add up to twice the reference
+    gpt_model_forward_train(&m, d_inputs, d_targets, grad_scale);
+    const float loss_train = gpt_model_mean_loss(&m);
     gpt_model_backward(&m, grad_scale);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     check_grads(pb, &m, 2.0, "accum2", problems, sizeof(problems));
+    const double e_loss_train = fabs((double)loss_train - pb->ref_loss) / fabs(pb->ref_loss);
+    printf("  %s: training forward's loss %.6f rel err %.3e\n", name, loss_train, e_loss_train);
+    if (!(e_loss_train <= TOL_LOSS))
+        add_problem(problems, sizeof(problems), "training forward's loss rel err %.3e > %.0e", e_loss_train, TOL_LOSS);
 
     test_report(name, problems[0] == 0, "%s", problems);
     CUDA_CHECK(cudaFree(d_inputs));

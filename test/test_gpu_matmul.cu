@@ -14,6 +14,8 @@
 // - forward: bias on/off × GELU epilogue on/off, and the two GELU variants again with the epilogues
 //   off (ctx.fusion = MATMUL_FUSE_NONE: GEMM, then the GELU kernel), and timed (MATMUL_FUSE_AUTO). Checks out and, with GELU,
 //   gelu_pre (the pre-activation) against inp·weightᵀ + bias and ref_gelu_forward of it.
+//   matmul_forward_residual (out = residual + inp·weightᵀ + bias; dout's values as the residual):
+//   bias on/off, in place (out holding the residual), and on the timing context.
 // - backward: dbias on/off × dGELU on/off × accumulate on/off, and every variant with dbias or
 //   dGELU again with the epilogues off (GEMM, then the dGELU / dbias reduction kernels). With dGELU,
 //   dinp is checked against ref_gelu_backward(gelu_pre, dout·weight). With accumulate, dweight and
@@ -64,9 +66,11 @@ static const Dims DIMS[] = {{64, 192}, {768, 2304}, {768, 3072}, {3072, 768}, {7
 typedef struct {
     int bias, gelu, unfused;
     int autofuse;  // ctx.fusion = MATMUL_FUSE_AUTO on the context that times its choices
+    int residual;  // matmul_forward_residual: 1 residual apart from out, 2 in place (out holds it)
 } FwdVariant;
-static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {1, 1, 0, 0},
-                                          {0, 1, 1, 0}, {1, 1, 1, 0}, {0, 1, 0, 1}, {1, 1, 0, 1}};
+static const FwdVariant FWD_VARIANTS[] = {{0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {1, 1, 0, 0, 0},
+                                          {0, 1, 1, 0, 0}, {1, 1, 1, 0, 0}, {0, 1, 0, 1, 0}, {1, 1, 0, 1, 0},
+                                          {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1}, {1, 0, 0, 0, 2}, {1, 0, 0, 1, 1}};
 
 typedef struct {
     int bias, gelu, acc, unfused;
@@ -105,8 +109,9 @@ static MatmulFusion bwd_fusion(const BwdVariant* v) {
 }
 
 static void fwd_name(char* buf, size_t size, int N, Dims d, const FwdVariant* v) {
-    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
-             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
+    const char* residual = v->residual == 1 ? "_residual" : v->residual == 2 ? "_residual_inplace" : "";
+    snprintf(buf, size, "matmul_fwd_N%d_IC%d_OC%d_%s_%s%s%s%s", N, d.IC, d.OC, v->bias ? "bias" : "nobias",
+             v->gelu ? "gelu" : "nogelu", v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "", residual);
 }
 
 static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v) {
@@ -366,7 +371,17 @@ static void run_forward(MatmulContext* ctx, const DeviceSet* d, const InputSet* 
     CUDA_CHECK(cudaMemset(d->out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
     CUDA_CHECK(cudaMemset(d->pre_out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
     ctx->fusion = v->unfused ? MATMUL_FUSE_NONE : v->autofuse ? MATMUL_FUSE_AUTO : MATMUL_FUSE_EPILOGUES;
-    matmul_forward(ctx, d->out_buf + GUARD, d->inp, d->weight, v->bias ? d->bias : NULL, in->N, in->IC, in->OC,
+    const __nv_bfloat16* bias = v->bias ? d->bias : NULL;
+    if (v->residual) {  // the residual is dout's values (N, OC), copied into out for the in-place case
+        const __nv_bfloat16* residual = d->dout;
+        if (v->residual == 2) {
+            CUDA_CHECK(cudaMemcpy(d->out_buf + GUARD, d->dout, d->n_out * 2, cudaMemcpyDeviceToDevice));
+            residual = d->out_buf + GUARD;
+        }
+        matmul_forward_residual(ctx, d->out_buf + GUARD, residual, d->inp, d->weight, bias, in->N, in->IC, in->OC);
+        return;
+    }
+    matmul_forward(ctx, d->out_buf + GUARD, d->inp, d->weight, bias, in->N, in->IC, in->OC,
                    v->gelu ? d->pre_out_buf + GUARD : NULL);
 }
 
@@ -382,15 +397,18 @@ static void forward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet*
     uint16_t* pre = v->gelu ? fetch_output(d->pre_out_buf, d->n_out, "gelu_pre", problems, sizeof(problems)) : NULL;
     uint16_t* inp_after = fetch(d->inp, d->n_inp);
     uint16_t* w_after = fetch(d->weight, d->n_w);
-    if (memcmp(inp_after, in->inp_bits, d->n_inp * 2) || memcmp(w_after, in->weight_bits, d->n_w * 2))
-        add_problem(problems, sizeof(problems), "inp or weight changed");
+    uint16_t* residual_after = fetch(d->dout, d->n_out);
+    if (memcmp(inp_after, in->inp_bits, d->n_inp * 2) || memcmp(w_after, in->weight_bits, d->n_w * 2) ||
+        memcmp(residual_after, in->dout_bits, d->n_out * 2))
+        add_problem(problems, sizeof(problems), "inp, weight or residual changed");
 
-    // Reference on the checked rows: pre = inp·weightᵀ + bias, out = GELU(pre) or pre.
+    // Reference on the checked rows: pre = inp·weightᵀ + bias (+ residual), out = GELU(pre) or pre.
     const size_t n = (size_t)nrows * OC;
     double* ref_pre = test_alloc(n);
     for (int r = 0; r < nrows; r++)
         for (int o = 0; o < OC; o++)
-            ref_pre[(size_t)r * OC + o] = in->ref_mm[(size_t)r * OC + o] + (v->bias ? in->bias[o] : 0.0);
+            ref_pre[(size_t)r * OC + o] = in->ref_mm[(size_t)r * OC + o] + (v->bias ? in->bias[o] : 0.0) +
+                                          (v->residual ? in->dout[(size_t)in->rows[r] * OC + o] : 0.0);
     double* ref_out = ref_pre;
     if (v->gelu) {
         ref_out = test_alloc(n);
@@ -417,6 +435,7 @@ static void forward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet*
     free(pre);
     free(inp_after);
     free(w_after);
+    free(residual_after);
 }
 
 // ---- one backward case -------------------------------------------------------------------------------
@@ -542,7 +561,7 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
 // ---- determinism ---------------------------------------------------------------------------------------
 
 static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const char* name) {
-    const FwdVariant fv = {1, 1, 0, 0};
+    const FwdVariant fv = {1, 1, 0, 0, 0};
     const BwdVariant bv = {1, 1, 1, 0, 0, 1};  // with dbias_pre (the DGELU_BGRAD epilogue)
     const size_t sizes[6] = {d->n_out, d->n_out, d->n_inp, d->n_w, d->n_bias, (size_t)in->IC};
     const __nv_bfloat16* bufs[6] = {d->out_buf, d->pre_out_buf, d->dinp_buf, d->dweight_buf, d->dbias_buf,
