@@ -4,7 +4,9 @@
 //             mean, rstd (N)  = statistics of residual's rows fp32 (biased variance, eps 1e-5)
 //             out (N, C)      = (residual − mean)·rstd·weight + bias      bf16
 //             weight, bias (C) bf16. With inp2 = NULL the LayerNorm reads inp1 itself and residual_out
-//             is not written (may be NULL): the first block's LN1 takes the embedding output directly.
+//             is not written (may be NULL): every LayerNorm of the model does this, since its
+//             projections add the residual in their GEMM (matmul_forward_residual), which moves
+//             fewer bytes than the add here.
 //             The statistics are of the bf16-rounded residual, the tensor the backward is given.
 //   backward  given dout (N, C), the LN input inp (N, C) (the saved residual), weight, mean, rstd:
 //             dinp (N, C)    += rstd·(g − mean_c(g) − xhat·mean_c(g·xhat)),  g = dout·weight,
