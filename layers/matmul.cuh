@@ -7,10 +7,11 @@
 // N = B·T rows (up to 16·8192); IC, OC multiples of 8 (up to 4·2560 and the padded vocab 50304).
 //
 // matmul_forward:   out = inp · weightᵀ + bias
-// matmul_forward_residual: out = residual + inp · weightᵀ + bias (the residual added in the epilogue)
 //   with gelu_pre:  gelu_pre = inp · weightᵀ + bias (the pre-activation, saved for the backward)
 //                   out = GELU(gelu_pre), tanh approximation, from the fp32 pre-activation
 //   The LM head, logits (N, Vp) = lnf (N, C) · wteᵀ, is matmul_forward(weight = wte (Vp, C), bias NULL).
+// matmul_forward_residual: out = residual (N, OC) + inp · weightᵀ + bias, the residual added in the
+//   GEMM's epilogue (the attention and MLP projections, whose outputs join the residual stream).
 // matmul_backward, given dout (N, OC) and the forward's inp and weight:
 //   dinp (N, IC)    = dout · weight                         OVERWRITTEN (skipped when dinp is NULL)
 //     with gelu_pre (N, IC), the saved pre-activation of the GELU that PRODUCED inp (inp = GELU(gelu_pre),

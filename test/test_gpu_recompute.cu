@@ -5,7 +5,9 @@
 // (odd, N = 134 rows, not a multiple of any tile). Parameters are drawn GPT-2-like and rounded to bf16,
 // tokens are fresh random ids; before every run the activation memory is poisoned (0xFF bytes: NaN), so
 // a recomputed slot that is read before it is written shows up. A run is one forward and one backward
-// from zeroed gradients (grad_scale 1/N); its mean loss, per-row losses (N) and all gradients are read.
+// from zeroed gradients (grad_scale 1/N), as the trainer runs them (gpt_model_forward_train: the last
+// LM-head chunk's dlogits made in the forward); its mean loss, per-row losses (N) and all gradients
+// are read.
 // Cases:
 //   recompute_<backend>_<fusion>_<head>: selective and full against none with the same backend, GEMM
 //     epilogue fusion and LM-head chunking. Bit for bit (mean loss, losses, every gradient) where the
@@ -115,7 +117,7 @@ static int run_model(const Problem* pb, AttentionBackend backend, MatmulFusion f
     CUDA_CHECK(cudaMemcpy(m.params, pb->params_bf16, pb->num_params * sizeof(uint16_t), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(m.acts_memory, 0xFF, m.act_bytes));  // poison: NaN everywhere
     CUDA_CHECK(cudaDeviceSynchronize());
-    gpt_model_forward(&m, d_inputs, d_targets);
+    gpt_model_forward_train(&m, d_inputs, d_targets, 1.0f / (float)pb->N);
     out->loss = gpt_model_mean_loss(&m);
     gpt_model_zero_grad(&m);
     gpt_model_backward(&m, 1.0f / (float)pb->N);
