@@ -593,10 +593,7 @@ static void gpt_model_forward(GPTModel* m, const int* inputs, const int* targets
 // same grad_scale (> 0): as gpt_model_forward, but the last LM-head chunk's logits are overwritten
 // with their dlogits, which saves the backward a pass over them.
 static void gpt_model_forward_train(GPTModel* m, const int* inputs, const int* targets, float grad_scale) {
-    if (!(grad_scale > 0.0f)) {
-        fprintf(stderr, "error: gpt_model_forward_train: grad_scale %g must be > 0\n", grad_scale);
-        exit(1);
-    }
+    LAYER_REQUIRE(grad_scale > 0.0f, "gpt_model_forward_train: grad_scale %g must be > 0", grad_scale);
     gpt_model_forward_impl(m, inputs, targets, grad_scale);
 }
 
@@ -627,13 +624,10 @@ static void gpt_model_zero_grad(GPTModel* m) {
 // and dwte += dlogitsᵀ · lnf.
 static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
     const int N = m->B * m->T, C = m->C, Vp = m->Vp, last = (N - 1) / m->lm_head_rows * m->lm_head_rows;
-    if (m->dlogits_scale > 0.0f && m->dlogits_scale != grad_scale) {
-        fprintf(stderr,
-                "error: gpt_model_backward: grad_scale %g differs from the %g given to gpt_model_forward_train; pass "
-                "the same value to both\n",
-                grad_scale, m->dlogits_scale);
-        exit(1);
-    }
+    LAYER_REQUIRE(m->dlogits_scale == 0.0f || m->dlogits_scale == grad_scale,
+                  "gpt_model_backward: grad_scale %g differs from the %g given to gpt_model_forward_train; pass the "
+                  "same value to both",
+                  grad_scale, m->dlogits_scale);
     for (int row0 = last; row0 >= 0; row0 -= m->lm_head_rows) {
         const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
         if (row0 != last) gpt_lm_head_chunk(m, row0, rows);

@@ -1,13 +1,10 @@
-// layernorm.cuh: fused residual add + LayerNorm, forward and backward. N = B·T rows of C channels.
+// layernorm.cuh: LayerNorm, forward and backward. N = B·T rows of C channels.
 //
-//   forward   residual (N, C) = inp1 + inp2                  bf16 (the sum rounded once)
-//             mean, rstd (N)  = statistics of residual's rows fp32 (biased variance, eps 1e-5)
-//             out (N, C)      = (residual − mean)·rstd·weight + bias      bf16
-//             weight, bias (C) bf16. With inp2 = NULL the LayerNorm reads inp1 itself and residual_out
-//             is not written (may be NULL): every LayerNorm of the model does this, since its
-//             projections add the residual in their GEMM (matmul_forward_residual), which moves
-//             fewer bytes than the add here.
-//             The statistics are of the bf16-rounded residual, the tensor the backward is given.
+//   forward   given inp (N, C) (the residual stream: the projections add into it in their GEMM's
+//             epilogue, matmul_forward_residual, so no residual add is fused here)
+//             mean, rstd (N)  = statistics of inp's rows fp32 (biased variance, eps 1e-5)
+//             out (N, C)      = (inp − mean)·rstd·weight + bias      bf16
+//             weight, bias (C) bf16.
 //   backward  given dout (N, C), the LN input inp (N, C) (the saved residual), weight, mean, rstd:
 //             dinp (N, C)    += rstd·(g − mean_c(g) − xhat·mean_c(g·xhat)),  g = dout·weight,
 //                               xhat = (inp − mean)·rstd        (dinp: the residual stream's gradient)
@@ -66,8 +63,7 @@ static void layernorm_check(const char* who, int N, int C) {
 template <int MAX_VPL>
 static __global__ void __launch_bounds__(LN_FWD_THREADS)
     layernorm_forward_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                             __nv_bfloat16* __restrict__ residual_out, const __nv_bfloat16* __restrict__ inp1,
-                             const __nv_bfloat16* __restrict__ inp2, const __nv_bfloat16* __restrict__ weight,
+                             const __nv_bfloat16* __restrict__ inp, const __nv_bfloat16* __restrict__ weight,
                              const __nv_bfloat16* __restrict__ bias, int N, int C) {
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * (LN_FWD_THREADS / 32) + threadIdx.x / 32;
@@ -80,16 +76,7 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
     for (int i = 0; i < MAX_VPL; i++) {
         const int c = (i * 32 + lane) * 8;
         if (c < C) {
-            x[i] = load16_stream(inp1 + base + c);
-            if (inp2) {
-                float a[8], b[8];
-                bf16x8_unpack(a, x[i]);
-                bf16x8_unpack(b, load16_stream(inp2 + base + c));
-#pragma unroll
-                for (int k = 0; k < 8; k++) a[k] += b[k];
-                x[i] = bf16x8_pack(a);
-                store16(residual_out + base + c, x[i]);
-            }
+            x[i] = load16_stream(inp + base + c);
             float f[8];
             bf16x8_unpack(f, x[i]);
 #pragma unroll
@@ -127,24 +114,21 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
     }
 }
 
-// residual_out = inp1 + inp2 (when inp2 != NULL), out = LayerNorm(residual_out or inp1)·weight + bias,
-// mean and rstd saved (either may be NULL, e.g. for inference). Shapes at the top of the file.
-// residual_out and out must not alias inp1, inp2 or each other.
-static void fused_residual_layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd,
-                                             __nv_bfloat16* residual_out, const __nv_bfloat16* inp1,
-                                             const __nv_bfloat16* inp2, const __nv_bfloat16* weight,
-                                             const __nv_bfloat16* bias, int N, int C, cudaStream_t stream) {
+// out (N, C) = LayerNorm(inp (N, C))·weight + bias, mean and rstd (N) saved (either may be NULL, e.g.
+// for inference). out must not alias inp.
+static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, const __nv_bfloat16* inp,
+                              const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
+                              cudaStream_t stream) {
     layernorm_check("layernorm_forward", N, C);
-    LAYER_REQUIRE(layer_is_aligned16(out) && layer_is_aligned16(inp1) && layer_is_aligned16(weight) &&
-                      layer_is_aligned16(bias) && layer_is_aligned16(inp2) && layer_is_aligned16(residual_out),
-                  "layernorm_forward: out, inp1, inp2, residual_out, weight and bias must be 16-byte aligned");
-    LAYER_REQUIRE(inp2 == NULL || residual_out != NULL, "layernorm_forward: inp2 given but residual_out is NULL");
+    LAYER_REQUIRE(layer_is_aligned16(out) && layer_is_aligned16(inp) && layer_is_aligned16(weight) &&
+                      layer_is_aligned16(bias),
+                  "layernorm_forward: out, inp, weight and bias must be 16-byte aligned");
     const unsigned grid = (unsigned)layer_ceil_div((size_t)N, LN_FWD_THREADS / 32);
     switch (layernorm_max_vpl(C)) {
 #define LN_FWD_CASE(V)                                                                                         \
     case V:                                                                                                    \
         layernorm_forward_kernel<V>                                                                            \
-            <<<grid, LN_FWD_THREADS, 0, stream>>>(out, mean, rstd, residual_out, inp1, inp2, weight, bias, N, C); \
+            <<<grid, LN_FWD_THREADS, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);                     \
         break;
         LN_FWD_CASE(2)
         LN_FWD_CASE(4)
@@ -157,13 +141,6 @@ static void fused_residual_layernorm_forward(__nv_bfloat16* out, float* mean, fl
 #undef LN_FWD_CASE
     }
     CUDA_CHECK(cudaGetLastError());
-}
-
-// out (N, C) = LayerNorm(inp (N, C))·weight + bias, mean and rstd (N) saved.
-static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, const __nv_bfloat16* inp,
-                              const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
-                              cudaStream_t stream) {
-    fused_residual_layernorm_forward(out, mean, rstd, NULL, inp, NULL, weight, bias, N, C, stream);
 }
 
 // ---- backward ------------------------------------------------------------------------------------
