@@ -119,8 +119,19 @@ void attention_forward(AttentionBackend backend, const AttentionContext* ctx, co
     }
 }
 
+int attention_sums_dq_columns(AttentionBackend backend, const AttentionShape* shape) {
+    return backend == ATTN_FLASH2 && flash2_sums_dq_columns(shape);
+}
+
 void attention_backward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
                         cudaStream_t stream) {
+    if (args->dq_colsum && !attention_sums_dq_columns(backend, &args->shape)) {
+        fprintf(stderr,
+                "error: attention backend %s cannot sum dq's columns here (AttentionArgs.dq_colsum); ask "
+                "attention_sums_dq_columns first and sum them outside where it says 0\n",
+                attention_backend_name(backend) ? attention_backend_name(backend) : "(unknown)");
+        exit(EXIT_FAILURE);
+    }
     switch (backend) {
         case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_backward(ctx, args, stream); return;

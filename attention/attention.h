@@ -61,6 +61,12 @@ typedef struct {
     // backward: 1 adds the contributions to dq in a fixed order, so that reruns are bit-identical
     // (flash2 on Hopper; naive and flash1 are deterministic anyway, flash2 on mma.sync is not).
     int deterministic;
+    // backward, optional (NULL: not computed): dq_colsum (NH·HD) bf16 = Σ over b and t of dq[b, t, :]
+    // (the gradient of a bias added to q), summed in fp32 in a fixed order from the bf16 dq written,
+    // plus dq_colsum's old values when dq_colsum_accumulate. Only where attention_sums_dq_columns
+    // says so: flash2 on Hopper sums the tiles its dQ pass writes, saving a pass over dq.
+    __nv_bfloat16* dq_colsum;
+    int dq_colsum_accumulate;
 } AttentionArgs;
 
 typedef struct {
@@ -88,6 +94,8 @@ size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* sha
 // 1 when the backend runs cuBLAS (AttentionContext.cublas must be a handle), else 0.
 int attention_uses_cublas(AttentionBackend backend);
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape);
+// 1 when the backend's backward can fill AttentionArgs.dq_colsum for `shape` on this GPU, else 0.
+int attention_sums_dq_columns(AttentionBackend backend, const AttentionShape* shape);
 // Enqueue the forward or backward pass on `stream`. The shape must have passed attention_check.
 // Errors from CUDA or cuBLAS exit with a message (layers/cuda_common.h).
 void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,

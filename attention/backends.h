@@ -30,6 +30,7 @@ int flash2_supports_head_dim(int head_dim);
 int flash2_mma_sync_forced(void);
 int flash2_use_wgmma(void);
 size_t flash2_attention_workspace_bytes(const AttentionShape* shape);
+int flash2_sums_dq_columns(const AttentionShape* shape);  // the Hopper backward: its dQ pass sums columns
 void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream);
 void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream);
 

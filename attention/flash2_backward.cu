@@ -63,6 +63,10 @@ size_t flash2_attention_workspace_bytes(const AttentionShape* s) {
     return mma_sync > hopper ? mma_sync : hopper;
 }
 
+int flash2_sums_dq_columns(const AttentionShape* s) {
+    return flash2_use_wgmma() && flash2_supports_head_dim(s->HD);
+}
+
 void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash2_require_aligned(args->q, args->qkv_stride, "q");
@@ -99,6 +103,8 @@ void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.lse_rows = s->T;
     p.scale = 1.f / sqrtf((float)s->HD);
     p.scale_log2 = p.scale * FLASH2_LOG2E;
+    p.dq_colsum = args->dq_colsum;  // attention_backward has checked flash2_sums_dq_columns
+    p.dq_colsum_accumulate = args->dq_colsum_accumulate;
     if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, stream);
     else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, stream);
 }

@@ -569,15 +569,17 @@ __global__ void __launch_bounds__(384, 1)
 
 // Before: this query block's counter zeroed; D = rowsum(dO ∘ O) and LSE·log2 e for its rows (zero
 // past T). With dq_accum written first by a store (backward_reduce_dq), every byte of the workspace
-// is written before it is read, so no memset is needed.
+// is written before it is read, so no memset is needed. Blocks run head-fastest, (b, m, h): blocks
+// that run together read the NH adjacent HD-wide slices of the same rows of O and dO, whole
+// contiguous rows of memory, rather than one head's slice of rows far apart.
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float* d_rows,
                                                   float* lse_log2, int* counters, int m_blocks, int T_pad) {
     constexpr int GROUP = preprocess_lanes_per_row<HD>(), ROWS = 256 / GROUP;  // lanes per row, rows per pass
-    const long block = blockIdx.x;  // (b·NH + h)·m_blocks + m
-    const long bh = block / m_blocks;
-    const int m = (int)(block % m_blocks), h = (int)(bh % p.NH), b = (int)(bh / p.NH);
-    if (threadIdx.x == 0) counters[block] = 0;  // dq_accum itself is stored by its first contribution
+    const int h = (int)(blockIdx.x % p.NH), m = (int)(blockIdx.x / p.NH % m_blocks);
+    const int b = (int)(blockIdx.x / p.NH / m_blocks);
+    const long bh = (long)b * p.NH + h;
+    if (threadIdx.x == 0) counters[bh * m_blocks + m] = 0;  // dq_accum itself is stored by its first contribution
 
     const int chunk = threadIdx.x % GROUP, row0 = m * BLOCK_M + (int)threadIdx.x / GROUP;
     constexpr int PASSES = BLOCK_M / ROWS;
@@ -607,12 +609,35 @@ __global__ void flash2_backward_ws_prepare_kernel(Flash2BackwardParams p, float*
     }
 }
 
+// out[d] (HD) = Σ of tile[r][d] over rows r < rows, by 256 threads: G = 256 / HD row groups each sum
+// every G-th row, then the G partial sums are added in order g = 0..G−1.
+template <int HD, int PITCH>
+__device__ __forceinline__ void convert_dq_column_sums(const __nv_bfloat16* tile, int rows, float* out) {
+    constexpr int G = 256 / HD;
+    __shared__ float group_sums[G * HD];
+    const int g = (int)threadIdx.x / HD, d = (int)threadIdx.x % HD;
+    if (g < G) {
+        float s = 0.f;
+        for (int r = g; r < rows; r += G) s += __bfloat162float(tile[r * PITCH + d]);
+        group_sums[g * HD + d] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < HD) {
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < G; k++) s += group_sums[k * HD + threadIdx.x];
+        out[threadIdx.x] = s;
+    }
+}
+
 // After: dq (B, T, NH, HD) bf16 = dq_accum · scale for one query block: its fragment-ordered slots
 // read in order (a float4 is rows r and r + 8 of two adjacent columns, hand_over_dq's order), scattered into a
-// shared tile, then written out as whole rows.
+// shared tile, then written out as whole rows. With col_partials non-NULL, also the block's column
+// sums of the bf16 values written, in a fixed order, to col_partials[((b·m_blocks + m)·NH + h)·HD + d]
+// (chunk-major: flash2_backward_ws_dq_colsum_kernel adds the B·m_blocks chunks up).
 template <int HD, int BLOCK_M>
 __global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, long dq_stride, int T,
-                                                     int NH, int m_blocks, float scale) {
+                                                     int NH, int m_blocks, float scale, float* col_partials) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     constexpr int PITCH = HD + 8;  // bf16 per tile row: 16 bytes of padding, so a warp's 8 rows hit 32 banks
     __shared__ __align__(16) __nv_bfloat16 tile[BLOCK_M * PITCH];
@@ -640,13 +665,38 @@ __global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv
         if (t < T)
             *(uint4*)(dq + ((long)b * T + t) * dq_stride + (long)h * HD + col) = *(const uint4*)&tile[row * PITCH + col];
     }
+    if (col_partials) convert_dq_column_sums<HD, PITCH>(tile, min(BLOCK_M, T - m * BLOCK_M),
+                                                        col_partials + (((long)b * m_blocks + m) * NH + h) * HD);
+}
+
+// dq_colsum[o] (cols) = Σ_c partials[c·cols + o] over c = 0..chunks−1 (+ its old value when
+// accumulate), rounded to bf16 once. Block (32, COLSUM_GROUPS), 32 columns: thread (x, y) sums chunks
+// y, y + COLSUM_GROUPS, ... (several loads in flight), then the groups' sums are added in order.
+#define COLSUM_GROUPS 16
+static __global__ void __launch_bounds__(32 * COLSUM_GROUPS)
+    flash2_backward_ws_dq_colsum_kernel(__nv_bfloat16* dq_colsum, const float* partials, int chunks, int cols,
+                                        int accumulate) {
+    __shared__ float group_sums[COLSUM_GROUPS][32];
+    const int o = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (o < cols) {
+#pragma unroll 8
+        for (int c = threadIdx.y; c < chunks; c += COLSUM_GROUPS) s += partials[(long)c * cols + o];
+    }
+    group_sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || o >= cols) return;
+    s = 0.f;
+    for (int y = 0; y < COLSUM_GROUPS; y++) s += group_sums[y][threadIdx.x];
+    if (accumulate) s += __bfloat162float(dq_colsum[o]);
+    dq_colsum[o] = __float2bfloat16(s);
 }
 
 template <int HD, int BLOCK_M>
 static inline size_t flash2_backward_ws_workspace_bytes_for(int B, int NH, int T) {
     typedef Flash2BackwardWsConfig<HD, BLOCK_M> C;
     const size_t m_blocks = (T + BLOCK_M - 1) / BLOCK_M, heads = (size_t)B * NH;
-    return heads * m_blocks * (C::DQ_SLOTS * 4 + 2 * BLOCK_M * 4 + 4);
+    return heads * m_blocks * (C::DQ_SLOTS * 4 + 2 * BLOCK_M * 4 + 4 + HD * 4);  // + dq's column partials
 }
 
 // p: the backward's arguments, with p->dq_accum the start of a workspace of the size above.
@@ -664,6 +714,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.d_rows = d_rows;
     w.lse_log2 = lse_log2;
     w.dq_counters = (int*)(lse_log2 + heads * T_pad);
+    float* col_partials = p->dq_colsum ? (float*)(w.dq_counters + heads * m_blocks) : NULL;
     w.dkv_stride = p->dkv_stride;
     w.T = p->T;
     w.T_pad = T_pad;
@@ -692,8 +743,14 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
         C::THREADS, C::SMEM_BYTES, stream, maps, w);
 
     flash2_backward_ws_convert_dq_kernel<HD, BLOCK_M><<<query_blocks, 256, 0, stream>>>(
-        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale);
+        w.dq_accum, p->dq, p->dqkv_stride, p->T, p->NH, m_blocks, p->scale, col_partials);
     CUDA_CHECK(cudaGetLastError());
+    if (col_partials) {
+        const int cols = p->NH * HD;
+        flash2_backward_ws_dq_colsum_kernel<<<(cols + 31) / 32, dim3(32, COLSUM_GROUPS), 0, stream>>>(
+            p->dq_colsum, col_partials, B * m_blocks, cols, p->dq_colsum_accumulate);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
 #endif  // FLASH2_BACKWARD_HOPPER_CUH

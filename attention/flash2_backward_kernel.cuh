@@ -40,6 +40,8 @@ typedef struct {
     int T, NH, NKV;
     int lse_rows;  // rows per head of d_rows and lse_log2 (T: every caller since the Hopper prepare pass)
     float scale, scale_log2;
+    __nv_bfloat16* dq_colsum;  // NULL, or (NH·HD) (+)= Σ_{b,t} dq (AttentionArgs.dq_colsum; Hopper only)
+    int dq_colsum_accumulate;
 } Flash2BackwardParams;
 
 // ---- 1. D = rowsum(dO ∘ O), LSE·log2 e, dq_accum = 0: GROUP lanes per row (b, t, h), 8 values each

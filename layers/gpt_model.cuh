@@ -194,6 +194,7 @@ typedef struct {
     int deterministic_attention;  // AttentionArgs.deterministic of every layer
     AttentionShape att_shape;
     AttentionContext att_ctx;  // .cublas owned (naive backend only)
+    int att_sums_dq;           // the backend's backward adds dq's column sums (the q bias gradient)
     MatmulContext matmul;
     cudaStream_t stream;
 
@@ -393,6 +394,7 @@ static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, At
 
     // compute contexts
     matmul_context_create(&m->matmul, stream);
+    m->att_sums_dq = attention_sums_dq_columns(backend, &m->att_shape);
     m->att_ctx.cublas = NULL;
     if (attention_uses_cublas(backend)) {
         CUBLAS_CHECK(cublasCreate(&m->att_ctx.cublas));
@@ -683,15 +685,18 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // attention projection: dln (N, C) = d(atty)
         matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, NULL, m->dresidual, a.atty,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
-        // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten)
-        AttentionArgs att = gpt_attention_args(m, l);
-        attention_backward(m->backend, &m->att_ctx, &att, s);
-        // qkv: dqkvb from the q columns of dqkv and the attention projection's bias gradient
-        // (qkv_bias.cuh; dln, free until the next call writes it, holds its (C) temporary); then
-        // dln (N, C) = d(ln1), dqkvw += (dqkv is (N, QKV) contiguous in dwide)
+        // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten); where the backend
+        // can, it also adds dq's column sums, the q part of dqkvb, from the tiles it writes
         const size_t lQKV = (size_t)l * QKV;
+        AttentionArgs att = gpt_attention_args(m, l);
+        att.dq_colsum = m->att_sums_dq ? g[GPT_QKVB] + lQKV : NULL;
+        att.dq_colsum_accumulate = 1;
+        attention_backward(m->backend, &m->att_ctx, &att, s);
+        // qkv: the rest of dqkvb from the q columns of dqkv (unless done above) and the attention
+        // projection's bias gradient (qkv_bias.cuh; dln, free until the next call writes it, holds
+        // its (C) temporary); then dln (N, C) = d(ln1), dqkvw += (dqkv is (N, QKV) contiguous in dwide)
         qkv_bias_backward(mm, g[GPT_QKVB] + lQKV, m->dwide, g[GPT_ATTPROJB] + lC, p[GPT_ATTPROJW] + lC * C, m->dln,
-                          m->scratch, N, m->NH, m->NKV, m->HD, 1);
+                          m->scratch, N, m->NH, m->NKV, m->HD, 1, m->att_sums_dq);
         matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, NULL, m->dwide, a.ln1, p[GPT_QKVW] + lQKV * C, N, C, QKV,
                         NULL, 1, m->scratch);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding);

@@ -2,7 +2,8 @@
 // without a pass over all of dqkv (N, (NH + 2·NKV)·HD). Attention softmax(q·kᵀ/√HD)·v makes two of
 // its three parts exact functions of gradients the backward already has:
 //   q part (NH·HD)   (+)= the column sums of dqkv's q columns (matmul_column_sums: NH of the
-//                        NH + 2·NKV heads' bytes);
+//                        NH + 2·NKV heads' bytes), or nothing here where the attention backward
+//                        added them from the dq tiles it wrote (AttentionArgs.dq_colsum);
 //   k part (NKV·HD)   = 0. b_k adds q·b_k to every logit of a query row, and softmax is unchanged by
 //                        adding one value to a whole row, so the loss does not depend on b_k;
 //   v part (NKV·HD)   = Σ_t d(atty)[t] summed over the query heads of each K/V head's group. Every row
@@ -34,14 +35,15 @@ static __global__ void qkv_bias_kv_kernel(__nv_bfloat16* dk_bias, __nv_bfloat16*
 
 // dqkv_bias ((NH + 2·NKV)·HD) from dqkv (N, (NH + 2·NKV)·HD) and the attention projection's bias
 // gradient dproj_bias (C = NH·HD, summed over the micro batches so far) and weight proj_weight (C, C):
-// see the top of the file; the q part is added to when accumulate. datty_sum: C bf16 values of
-// device scratch; scratch: matmul_dbias_scratch_bytes(max(N, C), C) bytes. Runs on mm->stream.
+// see the top of the file; the q part is added to when accumulate, and left as it is when q_done
+// (the attention backward added it: AttentionArgs.dq_colsum). datty_sum: C bf16 values of device
+// scratch; scratch: matmul_dbias_scratch_bytes(max(N, C), C) bytes. Runs on mm->stream.
 static void qkv_bias_backward(MatmulContext* mm, __nv_bfloat16* dqkv_bias, const __nv_bfloat16* dqkv,
                               const __nv_bfloat16* dproj_bias, const __nv_bfloat16* proj_weight,
                               __nv_bfloat16* datty_sum, void* scratch, int N, int NH, int NKV, int HD,
-                              int accumulate) {
+                              int accumulate, int q_done) {
     const int C = NH * HD, KV = NKV * HD;
-    matmul_column_sums(mm, dqkv_bias, scratch, dqkv, NULL, (long)(C + 2 * KV), N, C, accumulate);
+    if (!q_done) matmul_column_sums(mm, dqkv_bias, scratch, dqkv, NULL, (long)(C + 2 * KV), N, C, accumulate);
     // datty_sum (C) = dproj_bias (C) · proj_weight (C, C): the projection's rows weighted and summed
     matmul_column_sums(mm, datty_sum, scratch, proj_weight, dproj_bias, C, C, C, 0);
     qkv_bias_kv_kernel<<<(KV + 255) / 256, 256, 0, mm->stream>>>(dqkv_bias + C, dqkv_bias + C + KV, datty_sum, NH,

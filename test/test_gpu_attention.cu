@@ -24,7 +24,10 @@
 //   ~1.5e-3 bf16 error of O alone moves dQ and dK by up to ~1.6e-2 relative at s = 8 (near one-hot
 //   rows, where dP − D cancels), so a correct kernel would fail at random; checked this way, a
 //   correct bf16 kernel stays near 3e-3;
-// - relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for O, LSE, dQ, dK and dV, all printed for every case.
+// - relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for O, LSE, dQ, dK and dV, all printed for every case;
+// - where the backend sums dq's columns (AttentionArgs.dq_colsum: flash2 on Hopper), those sums
+//   against the fp64 column sums of the dq the call wrote ("dQsum"), written over poison at even T
+//   and added to nonzero starting values at odd T, guards untouched.
 //   Where the reference is (nearly) zero (T = 1: a softmax over one key has zero gradient for q and
 //   k) the denominator is floored at an rms of 1e-3, i.e. ‖x − ref‖ / max(‖ref‖, 1e-3·√n), and the
 //   error is marked with *;
@@ -254,6 +257,9 @@ typedef struct {
     void *saved, *workspace;
     size_t qkv_elems, out_buf_elems, lse_buf_elems, dqkv_buf_elems, saved_bytes, workspace_bytes;
     size_t dq_at, dk_at, dv_at;  // element offsets of dq, dk, dv in dqkv_buf
+    // dq's column sums (AttentionArgs.dq_colsum) where the backend makes them: [guard | NH·HD | guard]
+    __nv_bfloat16* colsum_buf;
+    uint16_t* colsum_start;  // (NH·HD) the starting values when accumulating (odd T)
     AttentionArgs args;
 } CaseBuffers;
 
@@ -311,7 +317,60 @@ static CaseBuffers case_alloc(const InputSet* in, AttentionBackend backend, Layo
     a->dv = c.dqkv_buf + c.dv_at;
     a->saved = c.saved;
     a->workspace = c.workspace;
+    if (attention_sums_dq_columns(backend, s)) {  // "=" at even T, "+=" onto nonzero values at odd T
+        const size_t cols = (size_t)s->NH * s->HD;
+        c.colsum_buf = (__nv_bfloat16*)device_alloc((cols + 2 * GUARD) * sizeof(uint16_t));
+        c.colsum_start = (uint16_t*)malloc(cols * sizeof(uint16_t));
+        for (size_t i = 0; i < cols; i++) c.colsum_start[i] = test_float_to_bf16(0.25f * (float)((int)(i % 7) - 3));
+        a->dq_colsum = c.colsum_buf + GUARD;
+        a->dq_colsum_accumulate = s->T % 2;
+    }
     return c;
+}
+
+// Poisons dq_colsum and its guards, then uploads the starting values when accumulating.
+static void colsum_reset(const CaseBuffers* c) {
+    if (!c->colsum_buf) return;
+    const size_t cols = (size_t)c->args.shape.NH * c->args.shape.HD;
+    CUDA_CHECK(cudaMemset(c->colsum_buf, 0xFF, (cols + 2 * GUARD) * sizeof(uint16_t)));
+    if (c->args.dq_colsum_accumulate)
+        CUDA_CHECK(cudaMemcpy(c->colsum_buf + GUARD, c->colsum_start, cols * sizeof(uint16_t), cudaMemcpyHostToDevice));
+}
+
+// dq_colsum against the fp64 column sums of the dq this backward wrote (dqkv_host, dq at dq_at)
+// plus the starting values; guards untouched, every value written. Returns the relative error.
+static double colsum_check(const CaseBuffers* c, const uint16_t* colsum_host, const uint16_t* dqkv_host,
+                           char* problems, size_t size) {
+    const AttentionShape* s = &c->args.shape;
+    const size_t cols = (size_t)s->NH * s->HD;
+    double* ref = test_alloc(cols);
+    double* gpu = test_alloc(cols);
+    for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
+        for (size_t o = 0; o < cols; o++) ref[o] += test_bf16_to_float(dqkv_host[c->dq_at + bt * c->args.dqkv_stride + o]);
+    size_t bad = 0;
+    for (size_t o = 0; o < cols; o++) {
+        if (c->args.dq_colsum_accumulate) ref[o] += test_bf16_to_float(c->colsum_start[o]);
+        bad += !bf16_is_finite(colsum_host[GUARD + o]);
+        gpu[o] = test_bf16_to_float(colsum_host[GUARD + o]);
+    }
+    if (bad) add_problem(problems, size, "%zu of %zu dq_colsum values non-finite or unwritten", bad, cols);
+    if (changed_poison_bytes(colsum_host, GUARD * 2) || changed_poison_bytes(colsum_host + GUARD + cols, GUARD * 2))
+        add_problem(problems, size, "backward wrote outside dq_colsum");
+    int floored = 0;
+    const double err = floored_rel_error(gpu, ref, cols, &floored);
+    if (!(err <= TOLERANCE)) add_problem(problems, size, "dq_colsum relative error %.3e > %.0e", err, TOLERANCE);
+    free(ref);
+    free(gpu);
+    return err;
+}
+
+// dq_colsum's buffer and its guards, copied to the host (NULL when the case has none).
+static uint16_t* colsum_fetch(const CaseBuffers* c) {
+    if (!c->colsum_buf) return NULL;
+    const size_t elems = (size_t)c->args.shape.NH * c->args.shape.HD + 2 * GUARD;
+    uint16_t* host = (uint16_t*)malloc(elems * sizeof(uint16_t));
+    CUDA_CHECK(cudaMemcpy(host, c->colsum_buf, elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return host;
 }
 
 static void case_free(CaseBuffers* c) {
@@ -322,6 +381,8 @@ static void case_free(CaseBuffers* c) {
     CUDA_CHECK(cudaFree(c->dqkv_buf));
     if (c->saved) CUDA_CHECK(cudaFree(c->saved));
     if (c->workspace) CUDA_CHECK(cudaFree(c->workspace));
+    if (c->colsum_buf) CUDA_CHECK(cudaFree(c->colsum_buf));
+    free(c->colsum_start);
 }
 
 static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
@@ -390,9 +451,11 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     // ---- backward, checked against the reference given this forward's out and lse
     CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
     if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+    colsum_reset(&c);
     CUDA_CHECK(cudaDeviceSynchronize());
     attention_backward(backend, ctx, a, stream);
     sync_or_die(stream, name, "backward");
+    uint16_t* colsum_host = colsum_fetch(&c);
 
     uint16_t* dqkv_host = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
     CUDA_CHECK(cudaMemcpy(dqkv_host, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -433,6 +496,7 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
         uint16_t* again = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
         CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
         if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+        colsum_reset(&c);
         CUDA_CHECK(cudaDeviceSynchronize());
         attention_backward(backend, ctx, a, stream);
         sync_or_die(stream, name, "second backward");
@@ -442,6 +506,10 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
         if (differ)
             add_problem(problems, sizeof(problems), "two deterministic backward runs differ in %zu of %zu values",
                         differ, c.dqkv_buf_elems);
+        uint16_t* colsum_again = colsum_fetch(&c);
+        if (colsum_again && memcmp(colsum_again, colsum_host, ((size_t)s->NH * s->HD + 2 * GUARD) * 2) != 0)
+            add_problem(problems, sizeof(problems), "two deterministic backward runs differ in dq_colsum");
+        free(colsum_again);
         free(again);
     }
 
@@ -476,6 +544,9 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     int at = snprintf(line, sizeof(line), "%s:", name);
     for (int e = 0; e < 5; e++)
         at += snprintf(line + at, sizeof(line) - at, " %s %.2e%s", err_names[e], err[e], floored[e] ? "*" : "");
+    if (colsum_host)
+        snprintf(line + at, sizeof(line) - at, " dQsum%s %.2e", a->dq_colsum_accumulate ? "+=" : "",
+                 colsum_check(&c, colsum_host, dqkv_host, problems, sizeof(problems)));
     printf("%s\n", line);
     for (int e = 0; e < 5; e++)
         if (!(err[e] <= TOLERANCE))
@@ -491,6 +562,7 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     free(out_host);
     free(lse_host);
     free(dqkv_host);
+    free(colsum_host);
     free(out_after);
     free(lse_after);
     free(qkv_after);
