@@ -670,24 +670,24 @@ __global__ void flash2_backward_ws_convert_dq_kernel(const float* dq_accum, __nv
 }
 
 // dq_colsum[o] (cols) = Σ_c partials[c·cols + o] over c = 0..chunks−1 (+ its old value when
-// accumulate), rounded to bf16 once. Block (32, COLSUM_GROUPS), 32 columns: thread (x, y) sums chunks
-// y, y + COLSUM_GROUPS, ... (several loads in flight), then the groups' sums are added in order.
-#define COLSUM_GROUPS 16
-static __global__ void __launch_bounds__(32 * COLSUM_GROUPS)
+// accumulate), rounded to bf16 once. Block (32, DQ_COLSUM_GROUPS), 32 columns: thread (x, y) sums
+// chunks y, y + DQ_COLSUM_GROUPS, ... (several loads in flight), then the groups' sums in order.
+static constexpr int DQ_COLSUM_GROUPS = 16;
+static __global__ void __launch_bounds__(32 * DQ_COLSUM_GROUPS)
     flash2_backward_ws_dq_colsum_kernel(__nv_bfloat16* dq_colsum, const float* partials, int chunks, int cols,
                                         int accumulate) {
-    __shared__ float group_sums[COLSUM_GROUPS][32];
+    __shared__ float group_sums[DQ_COLSUM_GROUPS][32];
     const int o = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     if (o < cols) {
 #pragma unroll 8
-        for (int c = threadIdx.y; c < chunks; c += COLSUM_GROUPS) s += partials[(long)c * cols + o];
+        for (int c = threadIdx.y; c < chunks; c += DQ_COLSUM_GROUPS) s += partials[(long)c * cols + o];
     }
     group_sums[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y != 0 || o >= cols) return;
     s = 0.f;
-    for (int y = 0; y < COLSUM_GROUPS; y++) s += group_sums[y][threadIdx.x];
+    for (int y = 0; y < DQ_COLSUM_GROUPS; y++) s += group_sums[y][threadIdx.x];
     if (accumulate) s += __bfloat162float(dq_colsum[o]);
     dq_colsum[o] = __float2bfloat16(s);
 }
@@ -747,7 +747,7 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     CUDA_CHECK(cudaGetLastError());
     if (col_partials) {
         const int cols = p->NH * HD;
-        flash2_backward_ws_dq_colsum_kernel<<<(cols + 31) / 32, dim3(32, COLSUM_GROUPS), 0, stream>>>(
+        flash2_backward_ws_dq_colsum_kernel<<<(cols + 31) / 32, dim3(32, DQ_COLSUM_GROUPS), 0, stream>>>(
             p->dq_colsum, col_partials, B * m_blocks, cols, p->dq_colsum_accumulate);
         CUDA_CHECK(cudaGetLastError());
     }
