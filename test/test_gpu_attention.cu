@@ -672,6 +672,17 @@ static void cpu_cases(void) {
         test_report(name, bad[0] == 0, "%s", bad);
     }
     {
+        // Only flash2 (its Hopper backward) sums dq's columns; the others must never claim to.
+        const char* name = "attention_sums_dq_columns_only_flash2";
+        char bad[256] = "";
+        const AttentionBackend others[] = {ATTN_NAIVE, ATTN_NAIVE_RECOMPUTE, ATTN_FLASH1};
+        const AttentionShape s = shape_of(2, 64, 4, 128, 1);
+        for (size_t i = 0; i < COUNT(others); i++)
+            if (attention_sums_dq_columns(others[i], &s))
+                add_problem(bad, sizeof(bad), "%s says it sums them", attention_backend_name(others[i]));
+        test_report(name, bad[0] == 0, "%s", bad);
+    }
+    {
         const char* name = "attention_backend_names_round_trip";
         char bad[256] = "";
         const char* names[] = {"naive", "flash1", "flash2", "naive-recompute"};
