@@ -984,11 +984,12 @@ static void trainer_destroy(Trainer* t) {
 // goes. The host waits on the GPU once, for the loss at the end, so it queues the next micro step
 // while the GPU runs this one. Returns this rank's mean loss.
 static double forward_backward(Plan* p, Trainer* t) {
+    // each micro step's loss gradient is scaled to the mean over the whole step's tokens
+    const float grad_scale = 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps);
     gpt_model_zero_grad(&t->model);
     for (long long micro = 0; micro < p->accumulation_steps; micro++) {
         next_batch_or_exit(&p->train, "training");
         upload_batch(t, &p->train);
-        const float grad_scale = 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps);
         gpt_model_forward_train(&t->model, t->inputs, t->targets, grad_scale);
         gpt_model_add_mean_loss(&t->model, t->step_loss, 1.0f / (float)p->accumulation_steps, micro == 0);
         if (t->mg) multi_gpu_arm_hook(t->mg, &t->model, micro == p->accumulation_steps - 1);
