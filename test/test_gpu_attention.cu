@@ -24,13 +24,13 @@
 //   ~1.5e-3 bf16 error of O alone moves dQ and dK by up to ~1.6e-2 relative at s = 8 (near one-hot
 //   rows, where dP − D cancels), so a correct kernel would fail at random; checked this way, a
 //   correct bf16 kernel stays near 3e-3;
-// - relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for O, LSE, dQ, dK and dV, all printed for every case;
-// - where the backend sums dq's columns (AttentionArgs.dq_colsum: flash2 on Hopper), those sums
-//   against the fp64 column sums of the dq the call wrote ("dQsum"), written over poison at even T
-//   and added to nonzero starting values at odd T, guards untouched.
+// - relative error ‖x − ref‖/‖ref‖ ≤ 1e-2 for O, LSE, dQ, dK and dV, all printed for every case.
 //   Where the reference is (nearly) zero (T = 1: a softmax over one key has zero gradient for q and
 //   k) the denominator is floored at an rms of 1e-3, i.e. ‖x − ref‖ / max(‖ref‖, 1e-3·√n), and the
 //   error is marked with *;
+// - where the backend sums dq's columns (AttentionArgs.dq_colsum: flash2 on Hopper), those sums
+//   against the fp64 column sums of the dq the call wrote ("dQsum"), written over poison at even T
+//   and added to nonzero starting values at odd T, guards untouched;
 // - outputs are poisoned with NaN (0xFF bytes) before every run, as are saved and workspace, and
 //   every output element must be written: in the packed layout the q, k and v slots of dqkv tile
 //   the buffer, so every element of it must be written; around every output region a guard of

@@ -15,8 +15,8 @@
 // - encoder forward and backward: N in {1, 37, 1000}, C in {64, 768, 2048, 2560}, V = 1000 (Vp = 1024),
 //   tokens uniform or skewed (60% one token, so its run spans many sort chunks; the last real token
 //   id appears); plus V = 50257 (Vp = 50304) at C = 64. The backward runs twice: bit-identical.
-// - layernorm forward and backward (run twice:
-//   bit-identical), same N and C; rows offset from zero so the variance is not E[x²].
+// - layernorm forward and backward (the backward run twice: bit-identical), same N and C; rows
+//   offset from zero so the variance is not E[x²].
 // - gelu forward, backward, backward in place, and an unaligned (scalar path) slice.
 // - cross-entropy: N in {1, 37, 1000}, (V, Vp) in {(1000, 1024), (50257, 50304)}: validation (losses
 //   only, logits untouched) and training (losses, dlogits in place); padding columns hold NaN on
