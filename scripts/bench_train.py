@@ -32,12 +32,19 @@ Method, the same for both:
               ("mem_source" says which)
   data        --train-data (default: Tiny Shakespeare, `make train`); a random-token shard when no file
               matches (the speed does not depend on the tokens)
+  power       with nvidia-ml-py installed (scripts/requirements.txt): over the timed steps (from the log line of
+              the last warm-up step to the last step's), the board's mean power from its energy counter, the
+              mean SM clock and the share of 50 ms samples in which the power cap held the clocks back
+              (scripts/power_poller.py); joules per step = that power x the step time. A run at the power
+              limit (700 W on an H100 SXM) is as fast as its joules per step allow, so there the speed ratio
+              of two trainers is close to the inverse ratio of their joules per step.
 A PyTorch or train_gpt failure (out of memory, a crash, a time-out) becomes a record with its status and
 the last lines of its output; the other configs still run.
 
 Writes <results-dir>/train_<gpu>.json (records: impl, model, seqlen, micro_batch, attn, tokens_per_s,
-tflops_per_gpu, mfu, peak_mem_gb, ... with the device, date, commit and command) and .md (the table with
-the train_gpt/torch ratios of TFLOP/s and memory), rewritten after every run. Records of an existing file
+tflops_per_gpu, mfu, peak_mem_gb, power_w, sm_mhz, power_capped, joules_per_step, ... with the device, date,
+commit and command) and .md (the table with the train_gpt/torch ratios of TFLOP/s and memory, and the power
+table where power was measured), rewritten after every run. Records of an existing file
 of the same device are kept unless this run measures the same (impl, model, seqlen, micro_batch, attn):
 several invocations with different --configs build one table. Logs of the children go to --out.
 Prints the table last; exits 1 when a run failed.
@@ -63,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_common  # noqa: E402  (device, commit, peak, results files)
 import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch itself runs in the child)
 import train_runs  # noqa: E402  (running a child, its memory, its log)
+from power_poller import PowerPoller  # noqa: E402  (power, clock and energy of the timed steps)
 
 REPO_ROOT = results_common.REPO_ROOT
 CONFIGS = {  # name: (model, seq len, micro batch)
@@ -163,6 +171,7 @@ def base_record(impl, args, name, model, seqlen, micro, cmd, log_path):
             "grad_accum": args.total_batch_tokens // (seqlen * micro), "total_batch_tokens": args.total_batch_tokens,
             "status": "ok", "note": "", "step_ms": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None,
             "peak_mem_gb": None, "mem_source": None, "gpu_mem_gb": None, "step_ms_all": [], "wall_s": None,
+            "power_w": None, "sm_mhz": None, "power_capped": None, "joules_per_step": None, "power_note": None,
             "command": shlex.join(cmd), "log": os.path.relpath(log_path, REPO_ROOT)}
 
 
@@ -189,8 +198,27 @@ def record_throughput(record, step_ms, warmup, timed, cfg, sequences_per_step, p
     return True
 
 
-def finish_record(record, step_ms, args, cfg, peak, poller, wall_s):
-    """Fills in throughput (median of the timed steps) and memory."""
+def is_train_gpt_step(line):
+    return '"loss":' in line  # a JSONL step record (validation records have "val_loss")
+
+
+def is_torch_step(line):
+    return line.startswith("step ") and "| loss" in line
+
+
+def record_power(record, power, warmup):
+    """record's power_w, sm_mhz, power_capped and joules_per_step over the timed steps (PowerPoller); left
+    None where they were not measured, with the reason in power_note."""
+    power.stop()
+    measured = power.timed_steps(warmup, record["step_ms"]) if record["step_ms"] else None
+    if measured:
+        record.update(measured)
+    else:
+        record["power_note"] = power.error or "power not measured: too few samples in the timed steps"
+
+
+def finish_record(record, step_ms, args, cfg, peak, poller, wall_s, power):
+    """Fills in throughput (median of the timed steps), memory and power."""
     record["wall_s"] = round(wall_s, 1)
     record["step_ms_all"] = [round(ms, 3) for ms in step_ms]
     record_memory(record, poller, "peak_mem_gb")
@@ -199,6 +227,7 @@ def finish_record(record, step_ms, args, cfg, peak, poller, wall_s):
     if record["status"] == "ok" and record_throughput(record, step_ms, args.warmup, args.timed, cfg,
                                                       args.total_batch_tokens / record["seqlen"], peak):
         record["tokens_per_s"] = args.total_batch_tokens / (record["step_ms"] / 1e3)
+    record_power(record, power, args.warmup)
     return record
 
 
@@ -216,6 +245,7 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
     record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(jsonl):
         os.unlink(jsonl)
+    power = PowerPoller(results_common.gpu_index(), jsonl, is_train_gpt_step)
     rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout)
     step_ms = [float(rec["ms"]) for rec in train_runs.read_step_records(jsonl)]
     if rc != 0:
@@ -224,7 +254,7 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
         record["status"] = "timeout" if rc == "timeout" else "oom" if oom else "error"
         record["note"] = (f"stopped after {args.timeout:g} s" if rc == "timeout" else f"exit {rc}") + f": {text}"
     cfg = tg.gpt_config(model, seq_len=seqlen, kv_heads=args.kv_heads)
-    return finish_record(record, step_ms, args, cfg, peak, poller, wall)
+    return finish_record(record, step_ms, args, cfg, peak, poller, wall, power)
 
 
 def run_torch(args, name, model, seqlen, micro, data, peak):
@@ -242,6 +272,7 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
     record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path)
     if os.path.exists(result_path):
         os.unlink(result_path)
+    power = PowerPoller(results_common.gpu_index(), log_path, is_torch_step)
     rc, wall, poller = train_runs.run_child(cmd, log_path, args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     result = {}
     try:
@@ -259,7 +290,7 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
         if key in result:
             record[key] = result[key]
     cfg = tg.gpt_config(model, seq_len=seqlen, kv_heads=args.kv_heads)
-    return finish_record(record, step_ms, args, cfg, peak, poller, wall)
+    return finish_record(record, step_ms, args, cfg, peak, poller, wall, power)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,17 +302,27 @@ def merge(records, new):
     return results_common.merge(records, new, RECORD_KEY, {"kv_heads": 0})
 
 
-def table_rows(records):
-    """One row per (model, seqlen, micro_batch): train_gpt and torch side by side, with ratios ours/torch.
-    A failed run shows its status (OOM, ERROR, TIMEOUT) instead of numbers; ratios need both runs ok."""
+def grouped(records):
+    """[((model, seqlen, micro_batch), train_gpt's record or None, torch's or None)] in CONFIGS' order."""
     order = {shape: i for i, shape in enumerate(CONFIGS.values())}
     groups = {}
     for r in records:
         model = r["model"] + (f"/kv{r['kv_heads']}" if r.get("kv_heads") else "")
         groups.setdefault((model, r["seqlen"], r["micro_batch"]), {})[r["impl"]] = r
+    return [(key, groups[key].get("train_gpt"), groups[key].get("torch"))
+            for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k))]
+
+
+def shape_cells(key, accum):
+    model, seqlen, micro = key
+    return [model, f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen), f"{micro} x {accum}"]
+
+
+def table_rows(records):
+    """One row per (model, seqlen, micro_batch): train_gpt and torch side by side, with ratios ours/torch.
+    A failed run shows its status (OOM, ERROR, TIMEOUT) instead of numbers; ratios need both runs ok."""
     rows = []
-    for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k)):
-        ours, theirs = groups[key].get("train_gpt"), groups[key].get("torch")
+    for key, ours, theirs in grouped(records):
         both_ok = ours is not None and theirs is not None and ours["status"] == theirs["status"] == "ok"
 
         def cells(field, form):
@@ -291,13 +332,34 @@ def table_rows(records):
         def ratio(field):
             return f"{ours[field] / theirs[field]:.2f}x" if both_ok and ours[field] and theirs[field] else "-"
 
-        model, seqlen, micro = key
-        accum = (ours or theirs)["grad_accum"]
         mem = cells("peak_mem_gb", lambda v: "-" if v is None else f"{v:.1f}")
-        rows.append([model, f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen), f"{micro} x {accum}",
+        rows.append([*shape_cells(key, (ours or theirs)["grad_accum"]),
                      *cells("tflops_per_gpu", lambda v: f"{v:.0f}"), ratio("tflops_per_gpu"),
                      *cells("mfu", lambda v: f"{100 * v:.1f}%"), *cells("tokens_per_s", lambda v: f"{v:.0f}"),
                      *mem, ratio("peak_mem_gb")])
+    return rows
+
+
+POWER_HEADER = ["model", "seq", "micro x accum", "ours W", "torch W", "ours SM MHz", "torch SM MHz", "ours J/step",
+                "torch J/step", "torch J / ours J", "power-capped ours / torch"]
+
+
+def power_rows(records):
+    """One row per shape where a run's power was measured: mean board power, SM clock and joules per step
+    over the timed steps, and the share of samples the power cap held the clocks."""
+    rows = []
+    for key, ours, theirs in grouped(records):
+        runs = [r if r is not None and r.get("power_w") else None for r in (ours, theirs)]
+        if runs == [None, None]:
+            continue
+
+        def cells(field, form):
+            return ["-" if r is None else form(r[field]) for r in runs]
+
+        ratio = f"{runs[1]['joules_per_step'] / runs[0]['joules_per_step']:.2f}x" if None not in runs else "-"
+        rows.append([*shape_cells(key, (ours or theirs)["grad_accum"]), *cells("power_w", lambda v: f"{v:.0f}"),
+                     *cells("sm_mhz", lambda v: f"{v:.0f}"), *cells("joules_per_step", lambda v: f"{v:.0f}"), ratio,
+                     " / ".join(cells("power_capped", lambda v: f"{100 * v:.0f}%"))])
     return rows
 
 
@@ -325,6 +387,12 @@ def write_results(meta, records, json_path, md_path, attn="flash2"):
           f"- method: {meta['method']}", f"- FLOPs: {meta['flops']}", f"- memory: {meta['memory']}", "",
           "| " + " | ".join(HEADER) + " |", "|---|---|---|" + "---:|" * (len(HEADER) - 3)]
     md += ["| " + " | ".join(r) + " |" for r in table_rows(records)]
+    power = power_rows(records)
+    if power:
+        md += ["", "Power over the timed steps (NVML: the board's energy counter, SM clock samples every 50 ms, "
+               "and the share of them in which the software power cap held the clocks back):", "",
+               "| " + " | ".join(POWER_HEADER) + " |", "|---|---|---|" + "---:|" * (len(POWER_HEADER) - 3)]
+        md += ["| " + " | ".join(r) + " |" for r in power]
     md += results_common.runs_and_notes(records, notes(records))
     results_common.write_text(md_path, "\n".join(md) + "\n")
 
@@ -334,8 +402,10 @@ def summary_line(r):
     if r["status"] != "ok":
         return f"{where} {r['status'].upper()}: {r['note']}"
     mem = f"{r['peak_mem_gb']:.1f} GiB ({r['mem_source']})" if r["peak_mem_gb"] is not None else "memory not measured"
+    power = (f"{r['power_w']:.0f} W, SM {r['sm_mhz']:.0f} MHz, {r['joules_per_step']:.0f} J/step, power-capped "
+             f"{100 * r['power_capped']:.0f}%" if r.get("power_w") else r.get("power_note") or "power not measured")
     return (f"{where} {r['step_ms']:9.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  {r['tflops_per_gpu']:6.1f} TFLOP/s  "
-            f"MFU {100 * r['mfu']:4.1f}%  peak {mem}  (wall {r['wall_s']:.0f} s)")
+            f"MFU {100 * r['mfu']:4.1f}%  peak {mem}  {power}  (wall {r['wall_s']:.0f} s)")
 
 
 def peak_for(peak_tflops, device):
@@ -388,7 +458,9 @@ def main():
             "flops": "6*s*P + 12*L*h*s^2 per sequence of s tokens, P all parameters (padded wte and wpe included); "
                      f"MFU against {peak:g} TFLOP/s",
             "memory": "peak GPU memory of the process (nvidia-smi --query-compute-apps, polled every 0.2 s; "
-                      "'whole GPU' where the pid is not listed), GiB"})
+                      "'whole GPU' where the pid is not listed), GiB",
+            "power": "over the timed steps: the board's mean power (NVML energy counter), the mean SM clock and the "
+                     "share of 50 ms samples held back by the software power cap; J/step = power x step time"})
     records = results_common.load_previous(json_path, device, args.fresh)
     print(f"{device}; MFU peak {peak:g} TFLOP/s; commit {commit}; {args.total_batch_tokens} tokens per step, "
           f"{args.warmup} + {args.timed} steps; logs in {args.out}", flush=True)
@@ -411,6 +483,10 @@ def main():
     print(f"{device}: TFLOP/s per GPU (6*s*P + 12*L*h*s^2), MFU of {peak:g}, peak GPU memory in GiB; "
           "ours = train_gpt, torch = PyTorch + torch.compile + SDPA flash")
     print(text_table(table_rows(records)))
+    power = power_rows(records)
+    if power:
+        print("\npower over the timed steps (NVML):")
+        print(results_common.text_table(POWER_HEADER, power))
     return 1 if failed else 0
 
 

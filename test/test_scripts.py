@@ -1,7 +1,9 @@
-"""test_scripts.py: the helpers the benchmark scripts share (scripts/results_common.py, scripts/train_runs.py).
+"""test_scripts.py: the helpers the benchmark scripts share (scripts/results_common.py, scripts/train_runs.py,
+scripts/power_poller.py).
 
 CPU only: the GPU peak table against layers/gpt_config.h's (a small C program compiled here), GPU name
-tags, results files written whole, and running a child with its log and step records.
+tags, results files written whole, running a child with its log and step records, and the power poller's
+step clock and window arithmetic (NVML itself needs a GPU).
 """
 import json
 import os
@@ -14,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 import harness  # noqa: E402
+import power_poller  # noqa: E402
 import results_common  # noqa: E402
 import train_runs  # noqa: E402
 
@@ -112,6 +115,68 @@ def test_run_child_logs_output_and_status():
     assert text.startswith("$ ") and "hello" in text, text
     rc, _, _ = train_runs.run_child([sys.executable, "-c", "import time; time.sleep(30)"], log, 1)
     assert rc == "timeout", rc
+
+
+def test_step_line_clock_times_new_step_lines_once():
+    import bench_train
+    path = os.path.join(WORK, "steps.jsonl")
+    clock = power_poller.StepLineClock(path, bench_train.is_train_gpt_step)
+    clock.poll(1.0)  # no file yet
+    with open(path, "w") as f:
+        f.write('{"step": 1, "loss": 10.5, "ms": 4.0}\n{"step": 1, "val_loss": 10.4}\n{"step": 2, "lo')
+    clock.poll(2.0)
+    with open(path, "a") as f:
+        f.write('ss": 9.5, "ms": 2.0}\n')
+    clock.poll(3.0)
+    clock.poll(4.0)
+    assert clock.times == [2.0, 3.0], clock.times
+    torch_clock = power_poller.StepLineClock(os.path.join(WORK, "torch.log"), bench_train.is_torch_step)
+    with open(torch_clock.path, "w") as f:
+        f.write("$ python3 torch_gpt.py\ntorch 2.11: gpt3-1.3b\nstep     1/6 | loss 11.2 | 2293.8 ms\n")
+    torch_clock.poll(5.0)
+    assert torch_clock.times == [5.0], torch_clock.times
+
+
+def test_power_window_covers_the_timed_steps():
+    """summarize(): power from the energy counter over the samples between the end of the last warm-up
+    step and the end of the last step; clock and cap share as means of those samples."""
+    def joules(t):  # 100 W until 2 s, 700 W after
+        return 100.0 * t if t < 2.0 else 200.0 + 700.0 * (t - 2.0)
+
+    samples = [(t / 10, joules(t / 10) * 1e3, 1500 + t, t >= 20) for t in range(61)]  # every 0.1 s for 6 s
+    step_times = [1.0, 2.0, 4.0, 6.0]  # the ends of steps 1-4
+    got = power_poller.summarize(samples, step_times, 2, 2000.0)
+    assert abs(got["power_w"] - 700.0) < 1e-6, got
+    assert abs(got["joules_per_step"] - 1400.0) < 1e-6 and got["power_capped"] == 1.0, got
+    assert abs(got["sm_mhz"] - (1500 + 40)) < 1e-9, got  # the mean of the samples from 2 s to 6 s
+    assert power_poller.summarize(samples, step_times, 0, 2000.0) is None  # no end of a warm-up to start from
+    assert power_poller.summarize(samples, step_times, 4, 2000.0) is None  # no timed step
+    assert power_poller.summarize(samples[:1], step_times, 2, 2000.0) is None
+
+
+def test_power_poller_without_nvml_says_why():
+    saved = power_poller.pynvml
+    power_poller.pynvml = None
+    try:
+        poller = power_poller.PowerPoller("0", os.path.join(WORK, "none.jsonl"), lambda line: True)
+        poller.stop()
+        assert poller.timed_steps(2, 100.0) is None and "nvidia-ml-py" in poller.error, poller.error
+    finally:
+        power_poller.pynvml = saved
+
+
+def test_bench_train_power_table():
+    import bench_train
+    base = {"model": "gpt3-1.3b", "seqlen": 2048, "micro_batch": 8, "kv_heads": 0, "grad_accum": 8, "status": "ok"}
+    ours = {**base, "impl": "train_gpt", "power_w": 700.0, "sm_mhz": 1470.0, "joules_per_step": 1300.0,
+            "power_capped": 1.0}
+    theirs = {**base, "impl": "torch", "power_w": 705.0, "sm_mhz": 1690.0, "joules_per_step": 1625.0,
+              "power_capped": 0.98}
+    [row] = bench_train.power_rows([ours, theirs])
+    assert row == ["gpt3-1.3b", "2k", "8 x 8", "700", "705", "1470", "1690", "1300", "1625", "1.25x", "100% / 98%"], row
+    assert bench_train.power_rows([{**ours, "power_w": None}, {**theirs, "power_w": None}]) == []
+    [row] = bench_train.power_rows([ours, {**theirs, "power_w": None}])
+    assert row[4] == "-" and row[9] == "-", row
 
 
 def test_bench_long_context_runs_and_records():
