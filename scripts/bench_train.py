@@ -32,21 +32,21 @@ Method, the same for both:
               ("mem_source" says which)
   data        --train-data (default: Tiny Shakespeare, `make train`); a random-token shard when no file
               matches (the speed does not depend on the tokens)
-  power       with nvidia-ml-py installed (scripts/requirements.txt): over the timed steps (from the log line of
-              the last warm-up step to the last step's), the board's mean power from its energy counter, the
-              mean SM clock and the share of 50 ms samples in which the power cap held the clocks back
-              (scripts/power_poller.py); joules per step = that power x the step time. A run at the power
-              limit (700 W on an H100 SXM) is as fast as its joules per step allow, so there the speed ratio
-              of two trainers is close to the inverse ratio of their joules per step.
+  power       with nvidia-ml-py installed (scripts/requirements.txt), over the timed steps (from the log
+              line of the last warm-up step to the last step's): the board's mean power from its energy
+              counter, the mean SM clock and the share of 50 ms samples in which the power cap held the
+              clocks back (scripts/power_poller.py); joules per step = that power x the step time. A run
+              at the power limit (700 W on an H100 SXM) is as fast as its joules per step allow, so there
+              the speed ratio of two trainers is close to the inverse ratio of their joules per step.
 A PyTorch or train_gpt failure (out of memory, a crash, a time-out) becomes a record with its status and
 the last lines of its output; the other configs still run.
 
 Writes <results-dir>/train_<gpu>.json (records: impl, model, seqlen, micro_batch, attn, tokens_per_s,
-tflops_per_gpu, mfu, peak_mem_gb, power_w, sm_mhz, power_capped, joules_per_step, ... with the device, date,
-commit and command) and .md (the table with the train_gpt/torch ratios of TFLOP/s and memory, and the power
-table where power was measured), rewritten after every run. Records of an existing file
-of the same device are kept unless this run measures the same (impl, model, seqlen, micro_batch, attn):
-several invocations with different --configs build one table. Logs of the children go to --out.
+tflops_per_gpu, mfu, peak_mem_gb, power_w, sm_mhz, power_capped, joules_per_step, ... with the device,
+date, commit and command) and .md (the table with the train_gpt/torch ratios of TFLOP/s and memory, and
+the power table where power was measured), rewritten after every run. Records of an existing file of the
+same device are kept unless this run measures the same (impl, model, seqlen, micro_batch, attn): several
+invocations with different --configs build one table. Logs of the children go to --out.
 Prints the table last; exits 1 when a run failed.
 
 Usage (from the repository root on a GPU machine, after `make train_gpt`):
@@ -203,14 +203,16 @@ def is_train_gpt_step(line):
 
 
 def is_torch_step(line):
-    return line.startswith("step ") and "| loss" in line
+    return line.startswith("step ") and "| loss" in line  # torch_gpt.py's "step     3/6 | loss ..." lines
 
 
 def record_power(record, power, warmup):
     """record's power_w, sm_mhz, power_capped and joules_per_step over the timed steps (PowerPoller); left
     None where they were not measured, with the reason in power_note."""
     power.stop()
-    measured = power.timed_steps(warmup, record["step_ms"]) if record["step_ms"] else None
+    if not record["step_ms"]:  # the run failed: nothing to measure over
+        return
+    measured = power.timed_steps(warmup, record["step_ms"])
     if measured:
         record.update(measured)
     else:

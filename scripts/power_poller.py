@@ -79,6 +79,10 @@ class PowerPoller:
             self._sample()
         except pynvml.NVMLError as e:
             self.error, self._handle = f"power not measured: NVML: {e}", None
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:  # nvmlInit itself failed
+                pass
             return
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
