@@ -98,18 +98,23 @@ $(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
 		-lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
-$(BUILD)/%.o: attention/%.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fPIC -MD -MF $(BUILD)/$*.d -c -o $@ $<
+# Every attention source folder compiles to build/ (object names are unique across the folders).
+ATTN_SRC_DIRS := attention attention/naive attention/flash1 attention/flash2 attention/decode attention/tools
+define attention_object_rule
+$$(BUILD)/%.o: $(1)/%.cu | $$(BUILD)
+	$$(NVCC) $$(NVCC_FLAGS) -Xcompiler -fPIC -MD -MF $$(BUILD)/$$*.d -c -o $$@ $$<
+endef
+$(foreach dir,$(ATTN_SRC_DIRS),$(eval $(call attention_object_rule,$(dir))))
 
-$(BUILD)/attention_tool: attention/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
+$(BUILD)/attention_tool: attention/tools/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/attention_tool.d -o $@ $< $(ATTN_OBJS) -lcublas
 
 # Times candidate flash2 block shapes (a development tool; built so that it keeps compiling).
-$(BUILD)/flash2_tune: attention/flash2_tune.cu | $(BUILD)
+$(BUILD)/flash2_tune: attention/tools/flash2_tune.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/flash2_tune.d -o $@ $<
 
 # The GEMM and copy ceilings scripts/profile_step.py compares the step's kernels against.
-$(BUILD)/gpu_ceilings: layers/gpu_ceilings.cu | $(BUILD)
+$(BUILD)/gpu_ceilings: layers/tools/gpu_ceilings.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/gpu_ceilings.d -o $@ $< -lcublasLt
 
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
@@ -127,7 +132,7 @@ $(BUILD)/test_cpu_reference: $(BUILD)/test_cpu_reference.o $(BUILD)/cpu_referenc
 	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm
 
 # The reference model as a shared library, for the Python checks (no sanitizers: Python loads it).
-$(BUILD)/libcpu_gpt.so: test/cpu_reference.c test/cpu_gpt.c test/cpu_reference.h test/cpu_gpt.h layers/gpt_config.h | $(BUILD)
+$(BUILD)/libcpu_gpt.so: test/cpu_reference.c test/cpu_gpt.c test/cpu_reference.h test/cpu_gpt.h data/gpt_config.h | $(BUILD)
 	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I. -o $@ test/cpu_reference.c test/cpu_gpt.c -lm
 
 $(BUILD)/test_%: $(BUILD)/test_%.o

@@ -3,19 +3,19 @@
 // main() reads the options, makes the plan (model, batch, data, resume; every bad input stops here
 // with a message, before any GPU work), prints it, and runs it: on one GPU, or data parallel on
 // several (one process per GPU, launched by mpirun, srun or torchrun-style environment variables;
-// layers/launcher.h, layers/multi_gpu.cuh; optional ZeRO-1 optimizer sharding).
+// layers/multi_gpu/launcher.h, layers/multi_gpu/multi_gpu.cuh; optional ZeRO-1 optimizer sharding).
 // The training step (train() below) is a recipe: next batch → forward and backward over the micro
 // steps (gradients reduced over the GPUs as the backward goes) → global gradient norm → clip and
 // AdamW → log, validate, checkpoint.
 //
 // Where the rest lives:
-//   layers/gpt_config.h    the shape, the table of parameter tensors, FLOPs
-//   layers/gpt_model.cuh   the model on the GPU: parameters, activations, forward, backward
-//   layers/optimizer.cuh   fp32 master weights, AdamW, clipping, the ZeRO-1 shard, GPT-2 init
-//   data/train_state.cuh   checkpoints (format: data/checkpoint.h) and llm.c weight files
+//   data/gpt_config.h    the shape, the table of parameter tensors, FLOPs
+//   layers/model/gpt_model.cuh   the model on the GPU: parameters, activations, forward, backward
+//   layers/optimizer/optimizer.cuh   fp32 master weights, AdamW, clipping, the ZeRO-1 shard, GPT-2 init
+//   layers/training/train_state.cuh   checkpoints (format: data/checkpoint.h) and llm.c weight files
 //   data/dataloader.h      token shards
 //   attention/attention.h  the attention backends (--attn)
-//   layers/gpt_generate.cuh --generate and the samples of --sample-every (KV cache: layers/gpt_decode.cuh)
+//   layers/generate/gpt_generate.cuh --generate and the samples of --sample-every (KV cache: layers/generate/gpt_decode.cuh)
 //
 // Sections, top to bottom: options, plan, training, generation, main.
 #include <errno.h>
@@ -32,18 +32,18 @@
 #include <cuda_profiler_api.h>
 
 #include "attention/attention.h"
-#include "data/batch_upload.h"
+#include "layers/training/batch_upload.h"
 #include "data/checkpoint.h"
 #include "data/dataloader.h"
-#include "data/train_state.cuh"
+#include "layers/training/train_state.cuh"
 #include "layers/cuda_common.h"
-#include "layers/gpt_config.h"
-#include "layers/gpt_generate.cuh"
-#include "layers/gpt_model.cuh"
-#include "layers/launcher.h"
-#include "layers/multi_gpu.cuh"
-#include "layers/optimizer.cuh"
-#include "layers/stop_signal.h"
+#include "data/gpt_config.h"
+#include "layers/generate/gpt_generate.cuh"
+#include "layers/model/gpt_model.cuh"
+#include "layers/multi_gpu/launcher.h"
+#include "layers/multi_gpu/multi_gpu.cuh"
+#include "layers/optimizer/optimizer.cuh"
+#include "layers/multi_gpu/stop_signal.h"
 
 // ---------------------------------------------------------------------------------------------
 // Options: each flag is one row of OPTIONS below (its field, default, help); getopt_long parses
@@ -55,7 +55,7 @@ typedef struct {
     int kv_heads;                 // key/value heads (grouped-query attention); 0 = the number of heads
     AttentionBackend attn;
     int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
-    RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/gpt_model.cuh)
+    RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/model/gpt_model.cuh)
     const char* train_data;       // shard path or glob
     const char* val_data;         // shard path or glob; "" = no validation
     int shuffle;
@@ -208,7 +208,7 @@ static const OptionSpec OPTIONS[] = {
          "    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 ./train_gpt --zero 1 ...\n"
          "    RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=29500 ./train_gpt ...   (one per GPU)\n"
          "    srun --ntasks-per-node=8 --gpus-per-node=8 ./train_gpt ...\n"),
-    SECTION("generation (layers/gpt_generate.cuh)"),
+    SECTION("generation (layers/generate/gpt_generate.cuh)"),
     {"generate", 0, OPT_INT, FIELD(generate), NULL, "M", 1, 1 << 20,
      "instead of training, continue the prompt by M tokens with a KV cache, from --resume CKPT or --init-from "
      "FILE (the model's shape comes from that file), and print the text and tokens/s"},
@@ -429,14 +429,14 @@ static Options parse_options(int argc, char** argv) {
 
 typedef struct {
     const Options* opt;
-    LaunchInfo launch;               // which process of how many (layers/launcher.h)
+    LaunchInfo launch;               // which process of how many (layers/multi_gpu/launcher.h)
     int rank, world;
     GPTConfig config;
     DataLoader train, val;
     int have_val;
     long long tokens_per_micro_step;  // B·T, per GPU
     long long accumulation_steps, total_batch_tokens, steps, micro_batches_per_epoch;
-    size_t num_params, padded_params;  // padded: split evenly over the GPUs (layers/optimizer.cuh)
+    size_t num_params, padded_params;  // padded: split evenly over the GPUs (layers/optimizer/optimizer.cuh)
     size_t state_offset, state_elems;  // the optimizer state's part of the flat parameters (ZeRO-1: a shard)
     CheckpointHeader header;           // this run's description; step and data position are set when saving
     char resume_path[CHECKPOINT_PATH_MAX];  // "" = a fresh run
@@ -1241,7 +1241,7 @@ static void run(Plan* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Generation: --generate M continues a prompt (layers/gpt_generate.cuh) instead of training.
+// Generation: --generate M continues a prompt (layers/generate/gpt_generate.cuh) instead of training.
 
 static int generate(const Options* opt) {
     GenerateRun g;

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backends.h"
+#include "attention/backends.h"
 
 static const char* BACKEND_NAMES[] = {"naive", "flash1", "flash2", "naive-recompute"};
 

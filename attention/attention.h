@@ -97,7 +97,7 @@ size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape*
 // 1 when the backend's backward can fill AttentionArgs.dq_colsum for `shape` on this GPU, else 0.
 int attention_sums_dq_columns(AttentionBackend backend, const AttentionShape* shape);
 // Enqueue the forward or backward pass on `stream`. The shape must have passed attention_check.
-// Errors from CUDA or cuBLAS exit with a message (layers/cuda_common.h).
+// Errors from CUDA or cuBLAS exit with a message (attention/common/cuda_check.h).
 void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
                        cudaStream_t stream);
 void attention_backward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,

@@ -3,7 +3,7 @@
 #ifndef ATTENTION_BACKENDS_H
 #define ATTENTION_BACKENDS_H
 
-#include "attention.h"
+#include "attention/attention.h"
 
 // naive (attention_naive.cu): S and P materialized with cuBLAS strided-batched GEMMs.
 size_t naive_attention_saved_bytes(const AttentionShape* shape);

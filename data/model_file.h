@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../layers/gpt_config.h"
+#include "data/gpt_config.h"
 
 #define MODEL_FILE_MAGIC 20240326
 #define MODEL_FILE_FP32 3

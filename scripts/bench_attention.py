@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_attention.py: time our attention backends against PyTorch SDPA in the same process.
 
-Our backends are called through build/libattention.so (ctypes, attention/attention_flat_api.cu);
+Our backends are called through build/libattention.so (ctypes, attention/tools/attention_flat_api.cu);
 PyTorch's are scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION) ("torch-flash",
 FlashAttention-2) and sdpa_kernel(CUDNN_ATTENTION) ("torch-cudnn"). Everyone gets the trainer's layout:
 one packed bf16 activation qkv (B, T, NH + 2*NKV, HD) of random normal values (NKV = NH: (B, T, 3, NH, HD)).

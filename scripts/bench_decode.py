@@ -3,7 +3,7 @@
 
 One new query token per sequence against a full KV cache of T keys, bf16, softmax scale 1/sqrt(HD).
 Implementations:
-  ours             attention/flash2_decode.cu through build/libdecode.so (ctypes), split-KV with the
+  ours             attention/decode/flash2_decode.cu through build/libdecode.so (ctypes), split-KV with the
                    number of splits it picks; cache (B, T, NKV, HD), as the model keeps it
   torch-flash      F.scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION)
   torch-efficient  the same under EFFICIENT_ATTENTION

@@ -2,7 +2,7 @@
 
 Our weights and Hugging Face's GPT-2
   train_gpt's model is GPT-2's architecture, so `transformers.GPT2LMHeadModel` holds it exactly. The
-  16 tensors of layers/gpt_config.h map to GPT-2's names as below (l = layer; per-layer tensors of ours
+  16 tensors of data/gpt_config.h map to GPT-2's names as below (l = layer; per-layer tensors of ours
   are stacked over L). Our linear weights are (out, in), row-major (nn.Linear); GPT-2's are Conv1D,
   (in, out): each of the four matrices is transposed. Our qkv output is (3, NH, HD), q then k then v,
   which is the order GPT-2 splits c_attn's output in.
@@ -47,7 +47,7 @@ import tempfile
 import numpy as np
 
 # ---------------------------------------------------------------------------------------------
-# The model's shapes (layers/gpt_config.h). scripts/torch_gpt.py has the same definitions, but it imports
+# The model's shapes (data/gpt_config.h). scripts/torch_gpt.py has the same definitions, but it imports
 # PyTorch when that is installed, seconds per call on a GPU machine; test/test_hf_export.py checks that the
 # two agree.
 
@@ -58,7 +58,7 @@ MODEL_VERSION_FP32, MODEL_VERSION_BF16 = 3, 5
 MODEL_HEADER_INTS = 256
 PARAM_NAMES = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
-NAMED_SHAPES = {  # name: (layers, hidden, heads), as NAMED_GPT_SHAPES in layers/gpt_config.h
+NAMED_SHAPES = {  # name: (layers, hidden, heads), as NAMED_GPT_SHAPES in data/gpt_config.h
     "gpt2-124m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-774m": (36, 1280, 20),
     "gpt2-1558m": (48, 1600, 25), "gpt3-1.3b": (24, 2048, 16), "gpt3-2.7b": (32, 2560, 32),
     "gpt3-2.7b-d128": (32, 2560, 20),
@@ -105,7 +105,7 @@ def bf16_bits_to_fp32(bits):
 
 LAYERNORM_EPS = 1e-5
 EOT_TOKEN = 50256
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)  # layers/gpt_config.h: what train_gpt's attention kernels are built for
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)  # data/gpt_config.h: what train_gpt's attention kernels are built for
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # transformers' names of GELU's tanh approximation
 
 CHECKPOINT_MAGIC = b"GPTCKPT\0"
@@ -134,7 +134,7 @@ class FormatError(ValueError):
 
 @dataclasses.dataclass
 class Weights:
-    """The 16 tensors of layers/gpt_config.h in their shapes: float32 arrays (dtype "fp32") or bf16 bit
+    """The 16 tensors of data/gpt_config.h in their shapes: float32 arrays (dtype "fp32") or bf16 bit
     patterns as uint16 arrays (dtype "bf16"); possibly read-only memory maps."""
     cfg: GPTConfig
     dtype: str

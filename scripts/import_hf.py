@@ -10,7 +10,7 @@ the 124M model; in the Hugging Face cache it is models--gpt2/snapshots/<hash>/).
 without GPT2LMHeadModel's "transformer." prefix are read; the attention-mask buffers of old files
 (attn.bias, attn.masked_bias) are skipped; an lm_head.weight must equal wte (the head is tied).
 
-The file gets the 16 tensors of layers/gpt_config.h: GPT-2's Conv1D (in, out) matrices transposed to our
+The file gets the 16 tensors of data/gpt_config.h: GPT-2's Conv1D (in, out) matrices transposed to our
 (out, in), the per-layer tensors stacked, wte padded from 50257 to 50304 rows with zeros, wpe with all
 n_positions rows (train_gpt takes the first --seq-len of them). --dtype: fp32 or bf16; default the
 folder's (bf16 for bf16 weights, else fp32; F16 is widened exactly); fp32 -> bf16 rounds to nearest even.

@@ -181,7 +181,7 @@ def gemm_launches_of(kernels):
     """[name, ms] per GEMM launch, in order, each with the helper kernels right after it (cuBLASLt's
     bias-gradient and split-K kernels, the matmul layer's GELU and dbias kernels). Those kernels join
     only a GEMM they directly follow: the qkv bias gradient's column sums come after the attention
-    backward (layers/qkv_bias.cuh) and belong to no GEMM."""
+    backward (layers/model/qkv_bias.cuh) and belong to no GEMM."""
     launches, joinable = [], False
     for name, ms, _ in kernels:
         kind = kind_of(name)

@@ -7,7 +7,7 @@ import PyTorch when called.
 
   gpu_name()          the GPU the children use (first of CUDA_VISIBLE_DEVICES), by nvidia-smi
   gpu_slug(name)      a short tag for file names: "NVIDIA H100 80GB HBM3" -> "h100"
-  peak_tflops(name)   dense bf16 peak by GPU name, the same table as layers/gpt_config.h's
+  peak_tflops(name)   dense bf16 peak by GPU name, the same table as data/gpt_config.h's
                       gpu_peak_bf16_tflops (test/test_scripts.py checks that they agree); 0 when unknown
   git_commit()        $GIT_COMMIT, else git rev-parse HEAD (+ "-dirty" with uncommitted changes)
   run_metadata()      {device, date, commit, command}: what every results file records
@@ -80,7 +80,7 @@ def gpu_slug(name):
 
 def peak_tflops(name):
     """Dense bf16 tensor-core peak in TFLOP/s by CUDA device name (SXM parts; PCIe and NVL run lower
-    clocks), as layers/gpt_config.h's gpu_peak_bf16_tflops; 0.0 when the name is not known."""
+    clocks), as data/gpt_config.h's gpu_peak_bf16_tflops; 0.0 when the name is not known."""
     if "H100" in name or "H200" in name:
         return 756.0 if "PCIe" in name else 835.0 if "NVL" in name else 989.4
     return 312.0 if "A100" in name else 0.0

@@ -38,7 +38,7 @@ import results_common  # noqa: E402
 
 REPO = results_common.REPO_ROOT
 TRAIN_GPT = os.path.join(REPO, "train_gpt")
-EXIT_STOPPED = 75  # layers/stop_signal.h
+EXIT_STOPPED = 75  # layers/multi_gpu/stop_signal.h
 
 
 def parse_args():

@@ -2,7 +2,7 @@
 """torch_gpt.py: the PyTorch reference of our GPT, and what the checks and benchmarks share with train_gpt.
 
 Shared helpers (numpy only; usable without PyTorch):
-  configs      the named shapes of layers/gpt_config.h, overrides, parameter shapes and counts, and the
+  configs      the named shapes of data/gpt_config.h, overrides, parameter shapes and counts, and the
                FLOPs formula of the FlashAttention-2 paper's Table 1 (6·s·P + 12·L·h·s² per sequence,
                P all parameters)
   model files  llm.c's format, which `train_gpt --init-from PATH` reads and `--dump-grads PATH` writes:
@@ -25,7 +25,7 @@ SDPA with enable_gqa=True (query head h reads K/V head h // (NH / NKV), as train
 
 The optimizer mirrors train_gpt: AdamW (β1 0.9, β2 0.95, eps 1e-8, decoupled weight decay on the 2-D
 tensors wte, wpe, qkvw, attprojw, fcw, fcprojw only), global-norm clipping (clip_grad_norm_, the same
-min(1, max_norm / (norm + 1e-6)) factor as layers/global_norm.cuh), and gradient accumulation with each
+min(1, max_norm / (norm + 1e-6)) factor as layers/optimizer/global_norm.cuh), and gradient accumulation with each
 micro step's mean loss divided by the number of micro steps.
 
 Command line: the PyTorch side of scripts/bench_train.py, the reference a PyTorch user would run (fp32
@@ -64,14 +64,14 @@ except ImportError:  # configs, model files, batches and the schedule need numpy
     _Module = object
 
 # ---------------------------------------------------------------------------------------------
-# Configs (layers/gpt_config.h)
+# Configs (data/gpt_config.h)
 
 VOCAB_SIZE = 50257
 VOCAB_PAD_MULTIPLE = 128
 PADDED_VOCAB_SIZE = (VOCAB_SIZE + VOCAB_PAD_MULTIPLE - 1) // VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE  # 50304
 LAYERNORM_EPS = 1e-5
 
-NAMED_SHAPES = {  # name: (layers, hidden, heads), as NAMED_GPT_SHAPES in layers/gpt_config.h
+NAMED_SHAPES = {  # name: (layers, hidden, heads), as NAMED_GPT_SHAPES in data/gpt_config.h
     "gpt2-124m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-774m": (36, 1280, 20),
     "gpt2-1558m": (48, 1600, 25), "gpt3-1.3b": (24, 2048, 16), "gpt3-2.7b": (32, 2560, 32),
     "gpt3-2.7b-d128": (32, 2560, 20),

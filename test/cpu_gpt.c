@@ -6,13 +6,13 @@
 //   ln2 = LN(residual2); fch = ln2·fcwᵀ + fcb;  fch_gelu = GELU(fch)
 //   residual3 = residual2 + fch_gelu·fcprojwᵀ + fcprojb
 // then lnf = LN(residual3[L-1]), logits = lnf·wteᵀ (tied LM head, no bias), mean cross-entropy.
-#include "cpu_gpt.h"
+#include "test/cpu_gpt.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_reference.h"
+#include "test/cpu_reference.h"
 
 // Parameter tensor indices, in gpt_config.h's order.
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB };

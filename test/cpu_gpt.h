@@ -1,12 +1,12 @@
 // cpu_gpt.h: the whole GPT on the CPU in fp64, forward and backward, built from the layers of
-// cpu_reference.h with the parameter layout of layers/gpt_config.h. It is the oracle the GPU
+// cpu_reference.h with the parameter layout of data/gpt_config.h. It is the oracle the GPU
 // model is compared with, on the same weights.
 #ifndef CPU_GPT_H
 #define CPU_GPT_H
 
 #include <stddef.h>
 
-#include "../layers/gpt_config.h"
+#include "data/gpt_config.h"
 
 #ifdef __cplusplus
 extern "C" {

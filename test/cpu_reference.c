@@ -1,6 +1,6 @@
 // cpu_reference.c: fp64 forward and backward of every GPT layer (see cpu_reference.h for the
 // shapes and the += convention of the backward functions). Written for clarity, not speed.
-#include "cpu_reference.h"
+#include "test/cpu_reference.h"
 
 #include <math.h>
 #include <stdlib.h>

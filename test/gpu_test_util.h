@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../layers/cuda_common.h"
-#include "test_harness.h"
+#include "layers/cuda_common.h"
+#include "test/test_harness.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 

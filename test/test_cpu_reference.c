@@ -3,10 +3,10 @@
 // Each backward is compared with central finite differences of its forward in fp64: for a
 // random upstream gradient dout, the scalar f(x) = Σ dout·forward(x) has ∂f/∂x = backward(dout).
 // Each forward is checked on cases with a known answer. Sizes are small and odd on purpose.
-#include "../layers/gpt_config.h"
-#include "cpu_gpt.h"
-#include "cpu_reference.h"
-#include "test_harness.h"
+#include "data/gpt_config.h"
+#include "test/cpu_gpt.h"
+#include "test/cpu_reference.h"
+#include "test/test_harness.h"
 
 #define FD_STEP 1e-6       // central differences in fp64: error ~ step² + 1e-16 / step
 #define FD_TOLERANCE 1e-6  // relative error ‖analytic − numeric‖ / ‖numeric‖

@@ -1,6 +1,6 @@
 // test_gpt_config.c: model shapes, parameter counts, config checks and FLOP accounting.
-#include "../layers/gpt_config.h"
-#include "test_harness.h"
+#include "data/gpt_config.h"
+#include "test/test_harness.h"
 
 static GPTConfig named_config(const char* name, int T) {
     const NamedGPTShape* s = gpt_find_named_shape(name);

@@ -52,14 +52,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../attention/attention.h"
-#include "../attention/backends.h"
-#include "../attention/flash2_backward_hopper.cuh"
-#include "../attention/flash2_tiles.h"
-#include "../layers/cuda_common.h"
-#include "cpu_reference.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "attention/attention.h"
+#include "attention/backends.h"
+#include "attention/flash2/sm90/flash2_backward_hopper.cuh"
+#include "attention/flash2/flash2_tiles.h"
+#include "layers/cuda_common.h"
+#include "test/cpu_reference.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
 static int SEQ_LENS[8] = {1, 17, 64, 127, 1000};
@@ -97,7 +97,7 @@ static const char* LAYOUT_NAMES[] = {"packed", "plain"};
 static int plain_layout_case(int T, double scale) { return T == 127 && scale == 1.0; }
 
 // FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too, FLASH2_FORWARD_LONG_T=1 its
-// forward's long-sequence shape at every length (attention/flash2_tiles.h); the case names say
+// forward's long-sequence shape at every length (attention/flash2/flash2_tiles.h); the case names say
 // so, since run_tests.sh runs flash2 those ways too.
 static const char* backend_label(AttentionBackend backend) {
     if (backend == ATTN_FLASH2 && flash2_mma_sync_forced()) return "flash2-mma-sync";

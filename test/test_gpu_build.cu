@@ -4,8 +4,8 @@
 // Every case is skipped when no GPU is found.
 #include <cuda_bf16.h>
 
-#include "../layers/cuda_common.h"
-#include "test_harness.h"
+#include "layers/cuda_common.h"
+#include "test/test_harness.h"
 
 // out[i] = bits of bf16(in[i]), in (n) fp32, out (n) bf16 bit patterns.
 __global__ void float_to_bf16_kernel(uint16_t* out, const float* in, size_t n) {

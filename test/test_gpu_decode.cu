@@ -1,4 +1,4 @@
-// test_gpu_decode.cu: the split-KV decoding attention (attention/flash2_decode.h) against an fp64
+// test_gpu_decode.cu: the split-KV decoding attention (attention/decode.h) against an fp64
 // CPU reference, through its public interface only.
 //
 //   build/test_gpu_decode
@@ -27,10 +27,10 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
-#include "../attention/flash2_decode.h"
-#include "../layers/cuda_common.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "attention/decode.h"
+#include "layers/cuda_common.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 #define OUT_TOLERANCE 1e-2
 #define LSE_TOLERANCE 1e-3

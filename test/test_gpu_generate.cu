@@ -1,4 +1,4 @@
-// test_gpu_generate.cu: generation (layers/gpt_decode.cuh, layers/gpt_generate.cuh): the cached decode
+// test_gpu_generate.cu: generation (layers/generate/gpt_decode.cuh, layers/generate/gpt_generate.cuh): the cached decode
 // against the full forward, reproducible sampling, the sampler and the token table reader.
 //
 // A tiny GPT (L = 2, C = 128, NH = 2 so HD = 64, V = 200 padded to Vp = 256, maxT = 160) with GPT-2-like
@@ -24,10 +24,10 @@
 // The seed comes from the clock unless TEST_SEED is set, and is printed.
 #include <cuda_bf16.h>
 
-#include "../layers/gpt_generate.cuh"
-#include "cpu_gpt.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "layers/generate/gpt_generate.cuh"
+#include "test/cpu_gpt.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 #define TOL_LOGITS 2e-2
 

@@ -1,4 +1,4 @@
-// test_gpu_gpt.cu: the whole GPU model (layers/gpt_model.cuh) against the fp64 CPU model
+// test_gpu_gpt.cu: the whole GPU model (layers/model/gpt_model.cuh) against the fp64 CPU model
 // (test/cpu_gpt.h), forward and backward, with every attention backend.
 //
 // A tiny GPT (L = 2, C = 128, NH = 2 so HD = 64, V = 200 padded to Vp = 256, maxT = 64) on a batch
@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../layers/gpt_model.cuh"
-#include "cpu_gpt.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "layers/model/gpt_model.cuh"
+#include "test/cpu_gpt.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 #define TOL_LOGITS 2e-2
 #define TOL_LOSS 1e-2
@@ -108,7 +108,7 @@ static size_t download_bf16(double* out, const __nv_bfloat16* dev, size_t n) {
     return bad;
 }
 
-// The qkv bias gradient part by part (layers/qkv_bias.cuh makes the v part from the attention
+// The qkv bias gradient part by part (layers/model/qkv_bias.cuh makes the v part from the attention
 // projection's bias gradient and sets the k part to zero): q and v each against the reference, and
 // the k part, ours and the reference's, ~0 next to the q and v parts (it is 0 in exact arithmetic).
 static void check_qkv_bias_parts(const Problem* pb, const double* g, const double* ref, const char* label,

@@ -1,4 +1,4 @@
-// test_gpu_layers.cu: the non-GEMM GPU layers (layers/encoder.cuh, layernorm.cuh, gelu.cuh,
+// test_gpu_layers.cu: the non-GEMM GPU layers (layers/model/encoder.cuh, layernorm.cuh, gelu.cuh,
 // classifier.cuh, adamw.cuh, global_norm.cuh) against the fp64 CPU reference (test/cpu_reference.h).
 //
 // Every case draws fresh inputs (the seed comes from the clock unless TEST_SEED is set, and is
@@ -35,17 +35,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../layers/adamw.cuh"
-#include "../layers/classifier.cuh"
-#include "../layers/encoder.cuh"
-#include "../layers/gelu.cuh"
-#include "../layers/global_norm.cuh"
-#include "../layers/init_weights.cuh"
-#include "../layers/gpt_config.h"
-#include "../layers/layernorm.cuh"
-#include "cpu_reference.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "layers/optimizer/adamw.cuh"
+#include "layers/model/classifier.cuh"
+#include "layers/model/encoder.cuh"
+#include "layers/model/gelu.cuh"
+#include "layers/optimizer/global_norm.cuh"
+#include "layers/model/init_weights.cuh"
+#include "data/gpt_config.h"
+#include "layers/model/layernorm.cuh"
+#include "test/cpu_reference.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-4

@@ -1,4 +1,4 @@
-// test_gpu_matmul.cu: the cuBLASLt linear layers (layers/matmul.cuh) against the fp64 CPU reference
+// test_gpu_matmul.cu: the cuBLASLt linear layers (layers/model/matmul.cuh) against the fp64 CPU reference
 // (test/cpu_reference.h: ref_matmul_forward/backward, ref_gelu_forward/backward).
 //
 // Tensors (row-major): inp (N, IC), weight (OC, IC), bias (OC), out and gelu_pre (N, OC) in the
@@ -43,10 +43,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../layers/matmul.cuh"
-#include "cpu_reference.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "layers/model/matmul.cuh"
+#include "test/cpu_reference.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 typedef struct {
     int IC, OC;

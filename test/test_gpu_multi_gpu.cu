@@ -1,4 +1,4 @@
-// test_gpu_multi_gpu.cu: layers/multi_gpu.cuh on ONE GPU, through a real NCCL communicator of one
+// test_gpu_multi_gpu.cu: layers/multi_gpu/multi_gpu.cuh on ONE GPU, through a real NCCL communicator of one
 // rank (what a single-GPU machine allows; the two-GPU checks are scripts/run_multigpu_on_gpu.sh):
 //   - the non-blocking communicator comes up (ncclCommInitRankConfig, blocking = 0, ncclInProgress
 //     waited for by the watchdog) and multi_gpu_sum goes through the watched wait;
@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../layers/multi_gpu.cuh"
-#include "test_harness.h"
+#include "layers/multi_gpu/multi_gpu.cuh"
+#include "test/test_harness.h"
 
 static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_never_completes",
                               "multi_gpu_nonblocking_communicator_and_watched_sum",

@@ -1,5 +1,5 @@
 // test_gpu_recompute.cu: activation recomputation (--recompute selective, full) and the chunked LM head of
-// layers/gpt_model.cuh give the loss and gradients of the plain model.
+// layers/model/gpt_model.cuh give the loss and gradients of the plain model.
 //
 // A small GPT (L = 3, C = 128, NH = 2 so HD = 64, V = 200 padded to Vp = 256, maxT = 96) on B = 2, T = 67
 // (odd, N = 134 rows, not a multiple of any tile). Parameters are drawn GPT-2-like and rounded to bf16,
@@ -25,10 +25,10 @@
 // is found.
 #include <cuda_bf16.h>
 
-#include "../layers/gpt_model.cuh"
-#include "cpu_gpt.h"
-#include "gpu_test_util.h"
-#include "test_harness.h"
+#include "layers/model/gpt_model.cuh"
+#include "test/cpu_gpt.h"
+#include "test/gpu_test_util.h"
+#include "test/test_harness.h"
 
 #define TOL_LOSSES 1e-3
 #define TOL_GRAD 1e-2

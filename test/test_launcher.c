@@ -1,4 +1,4 @@
-// test_launcher.c: tests of layers/launcher.h on the CPU: the launcher environments (torchrun,
+// test_launcher.c: tests of layers/multi_gpu/launcher.h on the CPU: the launcher environments (torchrun,
 // mpirun, srun, none, and bad values), and the TCP rendezvous between processes forked here on
 // 127.0.0.1 and a free port: matching ranks all receive rank 0's 128-byte payload; a world-size
 // mismatch, a duplicate rank, different options, a missing rank and an unreachable rank 0 all fail
@@ -10,7 +10,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "layers/launcher.h"
+#include "layers/multi_gpu/launcher.h"
 #include "test/test_harness.h"
 #include "test/test_ports.h"
 

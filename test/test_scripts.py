@@ -1,7 +1,7 @@
 """test_scripts.py: the helpers the benchmark scripts share (scripts/results_common.py, scripts/train_runs.py,
 scripts/power_poller.py).
 
-CPU only: the GPU peak table against layers/gpt_config.h's (a small C program compiled here), GPU name
+CPU only: the GPU peak table against data/gpt_config.h's (a small C program compiled here), GPU name
 tags, results files written whole, running a child with its log and step records, and the power poller's
 step clock and window arithmetic (NVML itself needs a GPU).
 """
@@ -31,7 +31,7 @@ def test_peak_tflops_agrees_with_the_c_table():
         raise harness.Skip("no C compiler")
     src, exe = os.path.join(WORK, "peaks.c"), os.path.join(WORK, "peaks")
     with open(src, "w") as f:
-        f.write('#include "layers/gpt_config.h"\n'
+        f.write('#include "data/gpt_config.h"\n'
                 'int main(int argc, char** argv) {\n'
                 '    for (int i = 1; i < argc; i++) printf("%.1f\\n", gpu_peak_bf16_tflops(argv[i]));\n'
                 '    return 0;\n}\n')

@@ -1,4 +1,4 @@
-// test_stop_signal.c: layers/stop_signal.h in forked processes: a stop signal is recorded (the
+// test_stop_signal.c: layers/multi_gpu/stop_signal.h in forked processes: a stop signal is recorded (the
 // child finishes its "step" and exits as train_gpt does), each of SIGTERM, SIGINT and SIGUSR1
 // counts, and a second signal ends the process at once with 128 + its number.
 #define _POSIX_C_SOURCE 200809L  // sigaction, kill under -std=c11
@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "layers/stop_signal.h"
+#include "layers/multi_gpu/stop_signal.h"
 #include "test/test_harness.h"
 
 static void sleep_ms(int ms) {

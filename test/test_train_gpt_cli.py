@@ -90,7 +90,7 @@ def test_plan_flops_and_accumulation():
     assert f"model FLOPs  {flops:.3f} TFLOP" in r.stdout, (flops, r.stdout)
 
 
-# ---- --recompute and the chunked LM head (layers/gpt_model.cuh) ------------------------------------
+# ---- --recompute and the chunked LM head (layers/model/gpt_model.cuh) ------------------------------------
 
 LM_HEAD_CHUNK_ROWS = 16384  # GPT_LM_HEAD_CHUNK_ROWS
 
@@ -693,7 +693,7 @@ def test_gpu_failing_checkpoint_write_is_reported_and_the_run_goes_on():
         assert "Permission denied" in r.stderr and "bytes" in r.stderr, r.stderr
 
 
-# ---- generation (layers/gpt_generate.cuh) -----------------------------------------------------------------
+# ---- generation (layers/generate/gpt_generate.cuh) -----------------------------------------------------------------
 
 def test_generation_flags_are_checked():
     weights = os.path.join(WORK, "gen_weights.bin")

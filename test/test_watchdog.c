@@ -1,6 +1,6 @@
-// test_watchdog.c: layers/watchdog.h driven by a simulated collective (a fake clock; completion, NCCL
-// async errors, heartbeats and rank 0's verdict scripted in time), and layers/heartbeat.h over real
-// sockets between forked processes, kept open after a real TCP rendezvous (layers/launcher.h):
+// test_watchdog.c: layers/multi_gpu/watchdog.h driven by a simulated collective (a fake clock; completion, NCCL
+// async errors, heartbeats and rank 0's verdict scripted in time), and layers/multi_gpu/heartbeat.h over real
+// sockets between forked processes, kept open after a real TCP rendezvous (layers/multi_gpu/launcher.h):
 // a killed rank is seen at once, a clean BYE is not a failure, the verdict reaches the other rank,
 // and a wait on a collective that never completes ends within the timeout with one line naming the
 // step, the collective and the suspect.
@@ -9,9 +9,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "layers/heartbeat.h"
-#include "layers/launcher.h"
-#include "layers/watchdog.h"
+#include "layers/multi_gpu/heartbeat.h"
+#include "layers/multi_gpu/launcher.h"
+#include "layers/multi_gpu/watchdog.h"
 #include "test/test_harness.h"
 #include "test/test_ports.h"
 

@@ -1,0 +1,128 @@
+// flash2_forward.cu: picks the flash2 forward kernel and its tiles per head dim and launches it: on
+// Hopper (compute capability 9.x) the warp-specialized TMA kernel of flash2_forward_hopper.cuh, its
+// tiles from flash2_tiles.h; elsewhere the mma.sync kernel of flash2_forward_kernel.cuh, shapes below.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/backends.h"
+#include "attention/flash2/sm90/flash2_forward_hopper.cuh"
+#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/flash2/flash2_tiles.h"
+
+// Other GPUs, or FLASH2_MMA_SYNC=1 in the environment (to test or time them on Hopper), use the
+// mma.sync kernels; so does a Hopper GPU whose code in this binary was built without sm_90a (e.g.
+// GPU_ARCH="80 90"): wgmma, TMA's kernels and setmaxnreg exist only there, and the Hopper kernels
+// would trap. A one-thread probe kernel tells which code runs here. mma.sync block shapes: (query
+// rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune.
+__global__ void flash2_wgmma_probe(int* built) { *built = WGMMA_AVAILABLE; }
+
+static int wgmma_built_for_this_gpu(void) {
+    int *built_dev, built = 0;
+    ATTN_CUDA_CHECK(cudaMalloc(&built_dev, sizeof(int)));
+    flash2_wgmma_probe<<<1, 1>>>(built_dev);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    ATTN_CUDA_CHECK(cudaMemcpy(&built, built_dev, sizeof(int), cudaMemcpyDeviceToHost));
+    ATTN_CUDA_CHECK(cudaFree(built_dev));
+    return built;
+}
+
+int flash2_mma_sync_forced(void) {
+    const char* force = getenv("FLASH2_MMA_SYNC");
+    return force && force[0] != '\0' && strcmp(force, "0") != 0;
+}
+
+int flash2_use_wgmma(void) {
+    static int use = -1;  // one device per process (the trainer runs one process per GPU)
+    if (use < 0) {
+        int device = 0, major = 0;
+        ATTN_CUDA_CHECK(cudaGetDevice(&device));
+        ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        use = major == 9 && !flash2_mma_sync_forced();
+        if (use && !wgmma_built_for_this_gpu()) {
+            fprintf(stderr, "flash2: this binary has no sm_90a code, so flash2 runs its mma.sync kernels on this "
+                            "Hopper GPU; rebuild with GPU_ARCH including 90a (make GPU_ARCH=\"80 90a\") for the "
+                            "faster wgmma kernels\n");
+            use = 0;
+        }
+    }
+    return use;
+}
+
+template <int HD, bool CAUSAL>
+static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
+    typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
+    if constexpr (Tiles::LONG_T > 0) {
+        if (flash2_forward_long_shape(Tiles::LONG_T, p->T)) {
+            launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
+            return;
+        }
+    }
+    launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
+}
+
+template <bool CAUSAL>
+static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
+    if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
+        switch (HD) {
+            case 64: launch_forward_hopper_tiles<64, CAUSAL>(p, B, stream); break;
+            case 80: launch_forward_hopper_tiles<80, CAUSAL>(p, B, stream); break;
+            case 96: launch_forward_hopper_tiles<96, CAUSAL>(p, B, stream); break;
+            case 128: launch_forward_hopper_tiles<128, CAUSAL>(p, B, stream); break;
+        }
+        return;
+    }
+    switch (HD) {
+        case 64: launch_forward<64, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
+        case 80: launch_forward<80, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
+        case 96: launch_forward<96, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
+        case 128: launch_forward<128, 128, 64, 4, 2, CAUSAL>(p, B, stream); break;
+    }
+}
+
+int flash2_supports_head_dim(int head_dim) {
+    return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
+
+// cp.async and TMA move rows in 16-byte pieces: every row must start 16-byte aligned.
+void flash2_require_aligned(const void* ptr, long stride, const char* what) {
+    if ((uintptr_t)ptr % 16 != 0 || stride % 8 != 0) {
+        fprintf(stderr,
+                "error: flash2 needs %s 16-byte aligned with a row stride that is a multiple of 8 values "
+                "(pointer %p, stride %ld); allocate tensors with cudaMalloc and use head dims that are "
+                "multiples of 8\n",
+                what, ptr, stride);
+        exit(EXIT_FAILURE);
+    }
+}
+
+void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
+    const AttentionShape* s = &args->shape;
+    flash2_require_aligned(args->q, args->qkv_stride, "q");
+    flash2_require_aligned(args->k, attention_kv_stride(args), "k");
+    flash2_require_aligned(args->v, attention_kv_stride(args), "v");
+    flash2_require_aligned(args->out, args->out_stride, "out");
+    Flash2ForwardParams p;
+    p.q = args->q;
+    p.k = args->k;
+    p.v = args->v;
+    p.out = args->out;
+    p.lse = args->lse;
+    p.qkv_stride = args->qkv_stride;
+    p.kv_stride = attention_kv_stride(args);
+    p.out_stride = args->out_stride;
+    p.T = s->T;
+    p.NH = s->NH;
+    p.NKV = s->NKV;
+    p.scale_log2 = FLASH2_LOG2E / sqrtf((float)s->HD);
+    // the causal Hopper forward's tile order: 8 bytes of the workspace (a 64-bit atomic needs them aligned)
+    if (s->causal && args->workspace && (uintptr_t)args->workspace % 8 != 0) {
+        fprintf(stderr, "error: flash2 needs the attention workspace 8-byte aligned (got %p); allocate it with "
+                        "cudaMalloc\n", args->workspace);
+        exit(EXIT_FAILURE);
+    }
+    p.tile_counter = s->causal ? (unsigned long long*)args->workspace : NULL;
+    p.tile_epoch = 0;  // the launch sets it
+    if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);
+    else dispatch_forward<false>(&p, s->B, s->HD, stream);
+}

@@ -1,0 +1,400 @@
+// multi_gpu.cuh: data-parallel training over NCCL, one process per GPU, with optional ZeRO-1.
+//
+// Setup: launcher.h says who this process is (rank, world, local rank) from mpirun / srun / torchrun
+// environment variables; multi_gpu_init picks the GPU (local rank), rank 0 makes NCCL's unique id,
+// launcher_rendezvous_keep hands it to every rank over TCP (MASTER_ADDR:MASTER_PORT, the sockets
+// kept as the heartbeat, layers/multi_gpu/heartbeat.h) or through a shared file (--rendezvous file:PATH), and
+// every rank joins the communicator. World 1 never comes here: the single-GPU path has no NCCL at all.
+//
+// The watchdog (layers/multi_gpu/watchdog.h): the communicator is non-blocking (ncclConfig_t.blocking = 0), so
+// no NCCL call can hang the host; a call that answers ncclInProgress is waited for. Every point where
+// the host waits for collectives (the step's gradient reduction and (norm, loss, stop) all-reduce,
+// ZeRO-1's all-gather, multi_gpu_sum) records a CUDA event after them and polls it (cudaEventQuery)
+// together with ncclCommGetAsyncError and the heartbeat, up to --nccl-timeout seconds. On a timeout,
+// an async error or a dead peer, every rank prints one line (step, collective, suspected rank),
+// aborts the communicator (ncclCommAbort, which also ends NCCL's kernels) and exits with status 1.
+//
+// The flat parameter vector (the model's params / grads allocations, num_params padded with zeros
+// to P' = world · S, S a multiple of 1024: layers/optimizer/optimizer.cuh) is cut into world contiguous
+// shards: rank r owns elements [r·S, (r+1)·S).
+//
+// Gradients: on the last micro step of an optimizer step the model's backward hook
+// (GPTModel.grads_ready) calls multi_gpu_grads_ready for each layer as soon as its gradients are
+// final; it records an event on the compute stream, the communication stream waits for it and
+// reduces that layer's slices of the per-layer tensors (gpt_config.h's table; not contiguous: the
+// layout is per tensor, all layers together) in one NCCL group, while the backward goes on with the
+// layers below. The last bucket (l = −1) holds the other tensors: wte, wpe, lnfw, lnfb. Earlier
+// micro steps only accumulate (as DDP's no_sync).
+//   --zero 0: ncclAllReduce(avg) in place: every rank ends with the mean gradient (bf16).
+//   --zero 1: ncclReduce(avg) of each slice's intersection with each rank's shard to that rank
+//             (a reduce-scatter over the non-contiguous slices): only the owned shard is valid.
+// multi_gpu_wait_grads makes the compute stream wait for the communication stream before the norm.
+// The norm: every rank sums the squares of its shard (global_norm_squared), one all-reduce of
+// (Σ g², loss, stop) gives the global norm, the mean loss and whether any rank got a stop signal
+// (SIGTERM on one rank stops every rank after the same step) on every rank. ZeRO-1's AdamW updates only
+// the shard (the caller), then multi_gpu_all_gather_params gathers the bf16 weights in place.
+#ifndef MULTI_GPU_CUH
+#define MULTI_GPU_CUH
+
+#ifdef TRAIN_GPT_NO_NCCL
+// A build without NCCL (the Makefile found none, or make NCCL=0): one GPU only. MultiGpu and the calls
+// exist so the trainer compiles unchanged; the plan refuses a launch of several processes
+// (MULTI_GPU_AVAILABLE), so none of these runs.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "layers/model/gpt_model.cuh"
+#include "layers/multi_gpu/launcher.h"
+
+#define MULTI_GPU_AVAILABLE 0
+
+typedef struct {
+    int rank, world, zero;
+    float* scalars;
+} MultiGpu;
+
+static void multi_gpu_unavailable(void) {
+    fprintf(stderr, "error: this train_gpt was built without NCCL: it trains on one GPU only\n");
+    exit(2);
+}
+static void multi_gpu_init(MultiGpu*, const LaunchInfo*, int, int, uint64_t, double, const char*, double) {
+    multi_gpu_unavailable();
+}
+static void multi_gpu_set_step(MultiGpu*, long long) {}
+static void multi_gpu_attach(MultiGpu*, const GPTModel*) { multi_gpu_unavailable(); }
+static void multi_gpu_arm_hook(MultiGpu*, GPTModel*, int) { multi_gpu_unavailable(); }
+static void multi_gpu_wait_grads(MultiGpu*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_norm_and_loss(MultiGpu*, float*, double, int, float*, float*, int*, cudaStream_t) {
+    multi_gpu_unavailable();
+}
+static void multi_gpu_all_gather_params(MultiGpu*, __nv_bfloat16*, cudaStream_t) { multi_gpu_unavailable(); }
+static double multi_gpu_sum(MultiGpu*, double, cudaStream_t, const char*) {
+    multi_gpu_unavailable();
+    return 0.0;
+}
+static void multi_gpu_destroy(MultiGpu*) {}
+
+#else  // NCCL
+
+#define MULTI_GPU_AVAILABLE 1
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "layers/cuda_common.h"
+#include "layers/optimizer/global_norm.cuh"
+#include "layers/model/gpt_model.cuh"
+#include "layers/multi_gpu/heartbeat.h"
+#include "layers/multi_gpu/launcher.h"
+#include "layers/multi_gpu/watchdog.h"
+
+// Exits with file, line, NCCL's message and what to check when an NCCL call fails.
+static inline void nccl_check(ncclResult_t r, const char* file, int line) {
+    if (r == ncclSuccess) return;
+    const char* last = ncclGetLastError(NULL);
+    fprintf(stderr, "error: NCCL call failed at %s:%d: %s%s%s\n", file, line, ncclGetErrorString(r),
+            last && *last ? ": " : "", last ? last : "");
+    const char* hint = "rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) to see which rank and transport "
+                       "failed";
+    switch (r) {
+        case ncclUnhandledCudaError:
+            hint = "a CUDA call inside NCCL failed: check that every rank sees its own GPU (LOCAL_RANK, "
+                   "CUDA_VISIBLE_DEVICES) and rerun with NCCL_DEBUG=INFO";
+            break;
+        case ncclSystemError:
+            hint = "a system call (sockets, shared memory) failed: check /dev/shm space and the network interface "
+                   "(NCCL_SOCKET_IFNAME), and rerun with NCCL_DEBUG=INFO";
+            break;
+        case ncclRemoteError:
+            hint = "another rank failed or exited: look at its error first";
+            break;
+        case ncclInvalidArgument:
+        case ncclInvalidUsage:
+            hint = "NCCL was called wrongly (a bug in train_gpt, or ranks disagree on sizes): report it with the "
+                   "command lines of every rank";
+            break;
+        default: break;
+    }
+    fprintf(stderr, "hint: %s\n", hint);
+    exit(EXIT_FAILURE);
+}
+#define NCCL_CHECK(call) nccl_check((call), __FILE__, __LINE__)
+
+enum { MG_WAIT_EVENTS, MG_WAIT_COMM };  // what a watched wait polls
+
+typedef struct {
+    int rank, world, device, zero;
+    ncclComm_t comm;
+    cudaStream_t comm_stream;   // gradient reduction, overlapped with the backward
+    cudaEvent_t ready, done;    // compute -> comm (a layer's gradients), comm -> compute (all reduced)
+    cudaEvent_t scalars_done;   // after the (norm, loss, stop) all-reduce and its copy to the host
+    cudaEvent_t finished;       // after the other watched collectives (all-gather, multi_gpu_sum)
+    float* scalars;             // (3) device: Σ g², the loss and the stop flag for one all-reduce
+    float* pinned;              // (3) host, pinned: with pageable memory cudaMemcpyAsync would wait for
+                                // the stream on the host, where a hung collective would hang it too
+    size_t shard_offset, shard_size;  // this rank's elements of the padded flat parameter vector
+    const GPTModel* model;      // for the backward hook
+    // the watchdog
+    Watchdog wd;
+    WatchdogPeer* peers;        // (world)
+    Heartbeat hb;
+    int have_heartbeat;         // TCP rendezvous: yes; file rendezvous: no channel
+    int wait_kind;              // MG_WAIT_*
+    cudaEvent_t wait_events[2];
+    int num_wait_events;
+} MultiGpu;
+
+// ---- the watchdog's view of NCCL and CUDA (layers/multi_gpu/watchdog.h) ------------------------------------
+
+static double mg_now(void*) { return launcher_now(); }
+static void mg_pause(void*, double seconds) {
+    if (seconds <= 0) return;
+    struct timespec ts = {0, (long)(seconds * 1e9)};
+    nanosleep(&ts, NULL);
+}
+static int mg_done(void* user) {
+    MultiGpu* mg = (MultiGpu*)user;
+    if (mg->wait_kind == MG_WAIT_COMM) {
+        ncclResult_t state = ncclSuccess;
+        return ncclCommGetAsyncError(mg->comm, &state) != ncclSuccess || state != ncclInProgress;
+    }
+    for (int i = 0; i < mg->num_wait_events; i++) {
+        const cudaError_t e = cudaEventQuery(mg->wait_events[i]);
+        if (e == cudaErrorNotReady) return 0;
+        CUDA_CHECK(e);
+    }
+    return 1;
+}
+static int mg_async_error(void* user, char* text, size_t len) {
+    MultiGpu* mg = (MultiGpu*)user;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(mg->comm, &state);
+    if (r != ncclSuccess) state = r;
+    if (state == ncclSuccess || state == ncclInProgress) return 0;
+    const char* last = ncclGetLastError(mg->comm);
+    snprintf(text, len, "%s%s%s", ncclGetErrorString(state), last && *last ? ": " : "", last ? last : "");
+    return 1;
+}
+static void mg_arrive(void* user, long long seq) { heartbeat_arrive(&((MultiGpu*)user)->hb, seq); }
+static void mg_peers(void* user, WatchdogPeer* peers, WatchdogVerdict* v) { heartbeat_poll(&((MultiGpu*)user)->hb, peers, v); }
+static void mg_announce(void* user, const WatchdogVerdict* v) { heartbeat_announce(&((MultiGpu*)user)->hb, v); }
+// The step's wait covers two events: name the one still pending.
+static const char* mg_which(void* user, const char* given) {
+    MultiGpu* mg = (MultiGpu*)user;
+    if (mg->wait_kind == MG_WAIT_EVENTS && mg->num_wait_events == 2 && cudaEventQuery(mg->wait_events[0]) == cudaErrorNotReady)
+        return mg->zero ? "gradient reduce to the shard owners (ZeRO-1, the backward's buckets)"
+                        : "gradient all-reduce (the backward's buckets)";
+    return given;
+}
+
+// Waits as the watchdog does (see the top); on failure: the line, ncclCommAbort, exit(1).
+static void multi_gpu_watch(MultiGpu* mg, const char* collective, int counted) {
+    WatchdogOps ops = {mg, mg_now, mg_pause, mg_done, mg_async_error, NULL, NULL, NULL, mg_which};
+    if (mg->have_heartbeat) ops.arrive = mg_arrive, ops.peers = mg_peers, ops.announce = mg_announce;
+    if (watchdog_wait_counted(&mg->wd, &ops, collective, counted) == WATCHDOG_OK) return;
+    fprintf(stderr, "%s\n", mg->wd.line);
+    fflush(stderr);
+    alarm(60);  // should the abort itself hang, SIGALRM ends the process
+    ncclCommAbort(mg->comm);
+    exit(1);
+}
+
+// The host waits for everything enqueued on `stream` so far (watched).
+static void multi_gpu_watch_stream(MultiGpu* mg, cudaStream_t stream, const char* collective) {
+    CUDA_CHECK(cudaEventRecord(mg->finished, stream));
+    mg->wait_kind = MG_WAIT_EVENTS, mg->wait_events[0] = mg->finished, mg->num_wait_events = 1;
+    multi_gpu_watch(mg, collective, 1);
+}
+
+// An NCCL call on the non-blocking communicator: ncclInProgress means "still being set up": wait for it
+// (wait_now) or leave it to ncclGroupEnd (calls inside a group). Other errors exit as NCCL_CHECK does.
+static void nccl_call(MultiGpu* mg, ncclResult_t r, int wait_now, const char* what, const char* file, int line) {
+    if (r == ncclInProgress) {
+        if (!wait_now) return;
+        mg->wait_kind = MG_WAIT_COMM;
+        multi_gpu_watch(mg, what, 0);  // only this rank waits: not a numbered collective
+        char error[512];
+        if (mg_async_error(mg, error, sizeof(error))) {
+            fprintf(stderr, "error: NCCL failed at %s:%d (%s): %s\n", file, line, what, error);
+            ncclCommAbort(mg->comm);
+            exit(1);
+        }
+        return;
+    }
+    nccl_check(r, file, line);
+}
+#define NCCL_ENQUEUE(mg, call, what) nccl_call((mg), (call), 1, (what), __FILE__, __LINE__)
+#define NCCL_IN_GROUP(mg, call) nccl_call((mg), (call), 0, "", __FILE__, __LINE__)
+
+// The step number for the watchdog's messages.
+static void multi_gpu_set_step(MultiGpu* mg, long long step) { mg->wd.step = step; }
+
+// Joins the run's communicator on GPU `device` (already cudaSetDevice'd). `tag` hashes the options
+// every rank must share; rendezvous_file: NULL for TCP, else the shared file's path. Exits with a
+// message when the rendezvous or NCCL fails; the set-up is watched with nccl_timeout_s.
+static void multi_gpu_init(MultiGpu* mg, const LaunchInfo* li, int device, int zero, uint64_t tag,
+                           double timeout_s, const char* rendezvous_file, double nccl_timeout_s) {
+    memset(mg, 0, sizeof(*mg));
+    mg->rank = li->rank, mg->world = li->world, mg->device = device, mg->zero = zero;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    char err[2048];
+    int* sockets = (int*)malloc(sizeof(int) * (size_t)mg->world);
+    for (int r = 0; r < mg->world; r++) sockets[r] = -1;
+    if (launcher_rendezvous_keep(li, rendezvous_file, tag, &id, sizeof(id), timeout_s, sockets, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: rank %d of %d (%s): %s\n", mg->rank, mg->world, li->source, err);
+        exit(1);
+    }
+    mg->peers = (WatchdogPeer*)calloc((size_t)mg->world, sizeof(WatchdogPeer));
+    watchdog_init(&mg->wd, mg->rank, mg->world, nccl_timeout_s, mg->peers);
+    heartbeat_init(&mg->hb, mg->rank, mg->world, sockets);
+    mg->have_heartbeat = rendezvous_file == NULL;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // no NCCL call may block the host: the watchdog waits instead
+    const ncclResult_t r = ncclCommInitRankConfig(&mg->comm, mg->world, id, mg->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) nccl_check(r, __FILE__, __LINE__);
+    mg->wait_kind = MG_WAIT_COMM;
+    multi_gpu_watch(mg, "communicator set-up (ncclCommInitRankConfig)", 1);  // every rank: numbered
+    char error[512];
+    if (mg_async_error(mg, error, sizeof(error))) {
+        fprintf(stderr, "error: rank %d of %d: NCCL could not set up the communicator: %s\nhint: rerun with "
+                        "NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) to see which rank and transport failed\n",
+                mg->rank, mg->world, error);
+        exit(1);
+    }
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&mg->comm_stream, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->scalars_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->finished, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMalloc(&mg->scalars, 3 * sizeof(float)));
+    CUDA_CHECK(cudaMallocHost(&mg->pinned, 3 * sizeof(float)));
+}
+
+// Sets the shards from the model's padded parameter count and installs nothing yet (see
+// multi_gpu_arm_hook).
+static void multi_gpu_attach(MultiGpu* mg, const GPTModel* model) {
+    mg->model = model;
+    mg->shard_size = model->num_params_padded / (size_t)mg->world;
+    mg->shard_offset = (size_t)mg->rank * mg->shard_size;
+}
+
+// Reduces grads[off, off + n) (mean over ranks): everywhere (zero 0) or to the owners (zero 1).
+static void multi_gpu_reduce_range(MultiGpu* mg, __nv_bfloat16* grads, size_t off, size_t n) {
+    if (!mg->zero) {
+        NCCL_IN_GROUP(mg, ncclAllReduce(grads + off, grads + off, n, ncclBfloat16, ncclAvg, mg->comm, mg->comm_stream));
+        return;
+    }
+    const size_t S = mg->shard_size;
+    for (int q = (int)(off / S); q < mg->world && (size_t)q * S < off + n; q++) {
+        const size_t a = off > (size_t)q * S ? off : (size_t)q * S;
+        const size_t b = off + n < (size_t)(q + 1) * S ? off + n : (size_t)(q + 1) * S;
+        if (a < b)
+            NCCL_IN_GROUP(mg, ncclReduce(grads + a, grads + a, b - a, ncclBfloat16, ncclAvg, q, mg->comm, mg->comm_stream));
+    }
+}
+
+// The backward hook: layer l's gradient slices (l = -1: wte, wpe, lnfw, lnfb) are final on the
+// compute stream; reduce them on the communication stream.
+static void multi_gpu_grads_ready(void* user, int layer) {
+    MultiGpu* mg = (MultiGpu*)user;
+    const GPTModel* m = mg->model;
+    CUDA_CHECK(cudaEventRecord(mg->ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(mg->comm_stream, mg->ready, 0));
+    NCCL_IN_GROUP(mg, ncclGroupStart());
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {  // per-layer tensors: layer l's slice; the others at l = -1
+        const int per_layer = GPT_PARAMS[i].per_layer;
+        if (per_layer != (layer >= 0)) continue;
+        const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
+        multi_gpu_reduce_range(mg, m->grads, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
+    }
+    NCCL_ENQUEUE(mg, ncclGroupEnd(), "enqueueing the gradient reduction (ncclGroupEnd)");
+    if (layer < 0) CUDA_CHECK(cudaEventRecord(mg->done, mg->comm_stream));
+}
+
+// Installs (on = 1) or removes the hook: on only for the backward of a step's last micro step.
+static void multi_gpu_arm_hook(MultiGpu* mg, GPTModel* m, int on) {
+    m->grads_ready = on ? multi_gpu_grads_ready : NULL;
+    m->grads_ready_user = on ? (void*)mg : NULL;
+}
+
+// The compute stream waits until every gradient bucket of this step is reduced.
+static void multi_gpu_wait_grads(MultiGpu* mg, cudaStream_t stream) {
+    CUDA_CHECK(cudaStreamWaitEvent(stream, mg->done, 0));
+}
+
+static __global__ void multi_gpu_finish_kernel(float* scalars, float inv_world) {
+    scalars[0] = sqrtf(scalars[0]);
+    scalars[1] *= inv_world;
+}
+
+// After multi_gpu_wait_grads: scalars[0] = the global gradient norm (device; feed it to
+// global_norm_clip_scale), scalars[1] = the mean of every rank's `loss`; both also copied to host.
+// `stop`: this rank got a stop signal; *host_stop: some rank did (the flag rides in the same
+// all-reduce, so every rank sees it after the same step at no extra cost). The host's wait for the
+// step's collectives (gradients and this all-reduce) is the watchdog's.
+static void multi_gpu_norm_and_loss(MultiGpu* mg, float* norm_scratch, double loss, int stop, float* host_norm,
+                                    float* host_loss, int* host_stop, cudaStream_t stream) {
+    global_norm_squared(mg->scalars, norm_scratch, mg->model->grads + mg->shard_offset, mg->shard_size, stream);
+    float* host = mg->pinned;
+    host[0] = 0.0f, host[1] = (float)loss, host[2] = stop ? 1.0f : 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(mg->scalars + 1, host + 1, 2 * sizeof(float), cudaMemcpyHostToDevice, stream));
+    NCCL_ENQUEUE(mg, ncclAllReduce(mg->scalars, mg->scalars, 3, ncclFloat, ncclSum, mg->comm, stream),
+                 "enqueueing the (norm, loss, stop) all-reduce");
+    multi_gpu_finish_kernel<<<1, 1, 0, stream>>>(mg->scalars, 1.0f / (float)mg->world);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpyAsync(host, mg->scalars, 3 * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaEventRecord(mg->scalars_done, stream));
+    mg->wait_kind = MG_WAIT_EVENTS, mg->num_wait_events = 2;
+    mg->wait_events[0] = mg->done, mg->wait_events[1] = mg->scalars_done;
+    multi_gpu_watch(mg, "(grad norm, loss, stop) all-reduce", 1);
+    *host_norm = host[0];
+    *host_loss = host[1];
+    *host_stop = host[2] > 0.0f;
+}
+
+// ZeRO-1: every rank's updated shard of the bf16 weights to every rank (in place); the host waits
+// for it (watched).
+static void multi_gpu_all_gather_params(MultiGpu* mg, __nv_bfloat16* params, cudaStream_t stream) {
+    NCCL_ENQUEUE(mg, ncclAllGather(params + mg->shard_offset, params, mg->shard_size, ncclBfloat16, mg->comm, stream),
+                 "enqueueing the ZeRO-1 all-gather of the weights");
+    multi_gpu_watch_stream(mg, stream, "ZeRO-1 all-gather of the weights");
+}
+
+// The sum over ranks of `x` (blocking, watched; also a barrier). `what` names it for the watchdog.
+static double multi_gpu_sum(MultiGpu* mg, double x, cudaStream_t stream, const char* what) {
+    mg->pinned[0] = (float)x;
+    CUDA_CHECK(cudaMemcpyAsync(mg->scalars, mg->pinned, sizeof(float), cudaMemcpyHostToDevice, stream));
+    NCCL_ENQUEUE(mg, ncclAllReduce(mg->scalars, mg->scalars, 1, ncclFloat, ncclSum, mg->comm, stream), what);
+    CUDA_CHECK(cudaMemcpyAsync(mg->pinned, mg->scalars, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    multi_gpu_watch_stream(mg, stream, what);
+    return mg->pinned[0];
+}
+
+// A clean end, the same on every rank: tells the heartbeat (the closing sockets are no failure),
+// finalizes and frees the communicator.
+static void multi_gpu_destroy(MultiGpu* mg) {
+    if (!mg->comm) return;
+    CUDA_CHECK(cudaStreamSynchronize(mg->comm_stream));
+    heartbeat_goodbye(&mg->hb);
+    NCCL_ENQUEUE(mg, ncclCommFinalize(mg->comm), "communicator shutdown (ncclCommFinalize)");
+    NCCL_CHECK(ncclCommDestroy(mg->comm));
+    heartbeat_close(&mg->hb);
+    free(mg->peers);
+    CUDA_CHECK(cudaStreamDestroy(mg->comm_stream));
+    CUDA_CHECK(cudaEventDestroy(mg->ready));
+    CUDA_CHECK(cudaEventDestroy(mg->done));
+    CUDA_CHECK(cudaEventDestroy(mg->scalars_done));
+    CUDA_CHECK(cudaEventDestroy(mg->finished));
+    CUDA_CHECK(cudaFree(mg->scalars));
+    CUDA_CHECK(cudaFreeHost(mg->pinned));
+    mg->comm = NULL;
+}
+
+#endif  // NCCL
+#endif  // MULTI_GPU_CUH
