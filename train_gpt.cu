@@ -38,6 +38,7 @@
 #include "layers/training/train_state.cuh"
 #include "layers/cuda_common.h"
 #include "data/gpt_config.h"
+#include "data/model_file.h"
 #include "layers/generate/gpt_generate.cuh"
 #include "layers/model/gpt_model.cuh"
 #include "layers/multi_gpu/launcher.h"
@@ -51,6 +52,7 @@
 
 typedef struct {
     const char* model;            // a name from gpt_config.h
+    int model_given;              // --model was on the command line (not the default)
     int layers, hidden, heads;    // overrides of the named shape; 0 = keep
     int kv_heads;                 // key/value heads (grouped-query attention); 0 = the number of heads
     AttentionBackend attn;
@@ -72,7 +74,9 @@ typedef struct {
     long long val_batches;        // micro batches per validation (0 = the whole validation set)
     const char* log_file;         // JSON lines, one per step; NULL = none
     int plan_only;
-    const char* checkpoint_dir;   // NULL = no checkpoints (with --resume: the resumed file's directory)
+    const char* checkpoint_dir;   // NULL = the default (runs/<model>, or with --resume the resumed file's
+                                  // directory); --checkpoint-dir none leaves it NULL and sets no_checkpoints
+    int no_checkpoints;           // --checkpoint-dir none
     long long checkpoint_every;   // steps between checkpoints; the last step is always saved
     int keep_checkpoints;         // newest checkpoints kept in checkpoint_dir; 0 = all
     const char* resume;           // a checkpoint file, or a directory (its newest); NULL = fresh run
@@ -88,8 +92,8 @@ typedef struct {
     int num_samples;              // sequences generated together
     double temperature;           // 0 = greedy
     int top_k;                    // 0 = all tokens
-    long long sample_every;       // print a sample every N training steps; 0 = never
-    int sample_tokens;            // tokens per sample during training
+    long long sample_every;       // print a sample every N training steps too; 0 = only after the last
+    int sample_tokens;            // tokens per sample during training; 0 = no samples
     const char* tokenizer;        // llm.c token table; NULL = gpt2_tokenizer.bin beside the training shards
 } Options;
 
@@ -166,10 +170,11 @@ static const OptionSpec OPTIONS[] = {
     {"val-batches", 0, OPT_LONG, FIELD(val_batches), "20", "N", 0, INT64_MAX, "micro batches per validation, 0 = all"},
     {"log-file", 0, OPT_STRING, FIELD(log_file), NULL, "PATH", 0, 0, "also write each step as a JSON line to PATH"},
     {"plan-only", 0, OPT_FLAG, FIELD(plan_only), NULL, NULL, 0, 0, "print the plan and exit without training"},
-    SECTION("checkpoints (format: README.md)"),
+    SECTION("checkpoints (format: data/README.md)"),
     {"checkpoint-dir", 0, OPT_STRING, FIELD(checkpoint_dir), NULL, "DIR", 0, 0,
      "save DIR/step_XXXXXXXX.ckpt (weights, optimizer, step, data position); DIR must not hold another run's "
-     "checkpoints"},
+     "checkpoints. Default: runs/MODEL, or the first of runs/MODEL-2, -3, ... that holds no run (with --resume: "
+     "the resumed checkpoint's directory); none: no checkpoints"},
     {"checkpoint-every", 0, OPT_LONG, FIELD(checkpoint_every), "0", "N", 0, INT64_MAX,
      "save every N steps; 0: only after the last step"},
     {"keep-checkpoints", 0, OPT_INT, FIELD(keep_checkpoints), "2", "N", 0, 1 << 30,
@@ -220,8 +225,10 @@ static const OptionSpec OPTIONS[] = {
      "sampling temperature; 0 = greedy (the most likely token)"},
     {"top-k", 0, OPT_INT, FIELD(top_k), "0", "N", 0, 1 << 20, "sample among the N most likely tokens; 0 = all"},
     {"sample-every", 0, OPT_LONG, FIELD(sample_every), "0", "N", 0, INT64_MAX,
-     "while training, print a sample from <|endoftext|> every N steps (and after the last); 0 = never"},
-    {"sample-tokens", 0, OPT_INT, FIELD(sample_tokens), "64", "M", 1, 1 << 20, "tokens per sample during training"},
+     "while training, print a sample from <|endoftext|> every N steps as well as after the last; 0 = only after "
+     "the last"},
+    {"sample-tokens", 0, OPT_INT, FIELD(sample_tokens), "64", "M", 0, 1 << 20,
+     "tokens per sample during training (at most --seq-len); 0 = no samples"},
     {"tokenizer", 0, OPT_STRING, FIELD(tokenizer), NULL, "PATH", 0, 0,
      "GPT-2 token table (llm.c's gpt2_tokenizer.bin format) to print text; default: gpt2_tokenizer.bin beside "
      "the training shards, else token ids are printed"},
@@ -331,6 +338,12 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
 
 static int resume_auto(const Options* opt) { return opt->resume && strcmp(opt->resume, "auto") == 0; }
 
+// Tokens per sample: --sample-tokens, at most the model's positions for the default sample after the
+// last step (--sample-every asks for the exact count: more than --seq-len is an error there).
+static int sample_tokens(const Options* opt) {
+    return opt->sample_tokens < opt->seq_len ? opt->sample_tokens : opt->seq_len;
+}
+
 // Exits (2) on generation flags that cannot work: --generate needs weights and does not train;
 // --prompt-tokens and --num-samples need --generate; samples during training fit the positions.
 // (--temperature, --top-k and --sample-tokens without a use are ignored, as their defaults are.)
@@ -354,6 +367,10 @@ static void check_generation_options(const Options* opt) {
             exit(2);
         }
         return;
+    }
+    if (opt->sample_every && opt->sample_tokens == 0) {
+        fprintf(stderr, "error: --sample-every needs --sample-tokens of at least 1 (0 turns samples off)\n");
+        exit(2);
     }
     if (opt->sample_every && opt->sample_tokens > opt->seq_len) {
         fprintf(stderr, "error: --sample-tokens %d is more than the model's %d positions (--seq-len); sample at most "
@@ -415,11 +432,13 @@ static Options parse_options(int argc, char** argv) {
             exit(0);
         }
         set_option(&opt, &OPTIONS[index], optarg);
+        if (OPTIONS[index].field == FIELD(model) && OPTIONS[index].kind == OPT_STRING) opt.model_given = 1;
     }
     if (optind < argc) {
         fprintf(stderr, "error: unexpected argument \"%s\"; run ./train_gpt --help for the options\n", argv[optind]);
         exit(2);
     }
+    if (opt.checkpoint_dir && strcmp(opt.checkpoint_dir, "none") == 0) opt.checkpoint_dir = NULL, opt.no_checkpoints = 1;
     check_option_combinations(&opt);
     return opt;
 }
@@ -427,12 +446,20 @@ static Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------------
 // Plan: everything the run needs, checked and worked out before any GPU work, then printed.
 
+// The data as the plan saw it: its size and the first batch, read to check the first shard.
+typedef struct {
+    int num_shards;
+    long long total_tokens;
+    int first_inputs[4], first_targets[4];
+} DataSummary;
+
 typedef struct {
     const Options* opt;
     LaunchInfo launch;               // which process of how many (layers/multi_gpu/launcher.h)
     int rank, world;
     GPTConfig config;
-    DataLoader train, val;
+    char model_name[64];               // the named shape the config is, else "layersL-hiddenC-headsH"
+    DataSummary train, val;            // what the plan found in the data (the trainer opens its own loaders)
     int have_val;
     long long tokens_per_micro_step;  // B·T, per GPU
     long long accumulation_steps, total_batch_tokens, steps, micro_batches_per_epoch;
@@ -443,6 +470,7 @@ typedef struct {
     int resume_auto_fresh;                  // --resume auto found no checkpoint
     char resume_dir[CHECKPOINT_PATH_MAX];
     const char* checkpoint_dir;        // NULL: no checkpoints
+    char default_checkpoint_dir[CHECKPOINT_PATH_MAX];  // runs/<model>[-N], when no directory was given
     const char* rendezvous_file;       // --rendezvous file:PATH's PATH; NULL: TCP
     long long start_step;              // the first step this run takes: 1, or the checkpoint's step + 1
     DataLoaderState start_data;        // the data position of start_step
@@ -489,6 +517,19 @@ static void plan_launch(Plan* p, Options* opt) {
     }
 }
 
+// The shape in --init-from's model file, so a run from a file needs no --model/--layers/--hidden/--heads.
+static void shape_from_model_file(const Options* opt, GPTConfig* config) {
+    ModelFile file;
+    char err[CHECKPOINT_PATH_MAX + 256];
+    if (model_file_open(&file, opt->init_from, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: --init-from: %s\n", err);
+        exit(1);
+    }
+    config->num_layers = file.config.num_layers, config->channels = file.config.channels;
+    config->num_heads = file.config.num_heads, config->num_kv_heads = file.config.num_kv_heads;
+    model_file_close(&file);
+}
+
 static GPTConfig plan_config(const Options* opt) {
     const NamedGPTShape* shape = gpt_find_named_shape(opt->model);
     if (!shape) {
@@ -502,6 +543,9 @@ static GPTConfig plan_config(const Options* opt) {
     config.channels = opt->hidden ? opt->hidden : shape->channels;
     config.num_heads = opt->heads ? opt->heads : shape->num_heads;
     config.num_kv_heads = opt->kv_heads ? opt->kv_heads : config.num_heads;
+    // a shape given on the command line must match the file instead (train_state_open_model_file checks)
+    const int shape_given = opt->model_given || opt->layers || opt->hidden || opt->heads || opt->kv_heads;
+    if (opt->init_from && !opt->resume && !shape_given) shape_from_model_file(opt, &config);
     config.vocab_size = GPT2_VOCAB_SIZE;
     config.padded_vocab_size = gpt_round_up(GPT2_VOCAB_SIZE, VOCAB_PAD_MULTIPLE);
     config.max_seq_len = opt->seq_len;
@@ -511,6 +555,20 @@ static GPTConfig plan_config(const Options* opt) {
         exit(2);
     }
     return config;
+}
+
+// The model's name in the plan and in runs/: the named shape it is, else its layers, hidden size and heads.
+static void plan_model_name(Plan* p) {
+    const GPTConfig* c = &p->config;
+    for (int i = 0; i < NUM_NAMED_GPT_SHAPES; i++) {
+        const NamedGPTShape* s = &NAMED_GPT_SHAPES[i];
+        if (s->num_layers == c->num_layers && s->channels == c->channels && s->num_heads == c->num_heads) {
+            snprintf(p->model_name, sizeof(p->model_name), "%s", s->name);
+            return;
+        }
+    }
+    snprintf(p->model_name, sizeof(p->model_name), "layers%d-hidden%d-heads%d", c->num_layers, c->channels,
+             c->num_heads);
 }
 
 // Micro steps per optimizer step: the total batch over B·T·GPUs, which must divide it.
@@ -532,17 +590,34 @@ static void plan_batch(Plan* p) {
     p->accumulation_steps = p->total_batch_tokens / global_micro;
 }
 
-// Opens a loader over `pattern` or exits with the loader's message (which names the file).
+// Whether `path` is a file whose first KiB is printable text (a corpus given where token shards belong).
+static int looks_like_text(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char head[1024];
+    const size_t n = fread(head, 1, sizeof(head), f);
+    fclose(f);
+    size_t printable = 0;
+    for (size_t i = 0; i < n; i++) printable += head[i] >= 0x20 || head[i] == '\n' || head[i] == '\r' || head[i] == '\t';
+    return n > 0 && printable == n;
+}
+
+// Opens a loader over `pattern` or exits with the loader's message (which names the file) and a hint.
 // Each of `world` ranks reads its own B·T slice of every chunk of B·T·world tokens.
 static void open_data_or_exit(DataLoader* loader, const char* what, const char* pattern, const Plan* p) {
     const Options* opt = p->opt;
     if (dataloader_open(loader, pattern, opt->batch_size, opt->seq_len, p->rank, p->world, GPT2_VOCAB_SIZE,
-                        opt->shuffle, opt->seed) != 0) {
-        fprintf(stderr, "error: %s data: %s\n", what, loader->error);
-        if (strstr(pattern, "data/tinyshakespeare/") == pattern)
-            fprintf(stderr, "hint: `make train` prepares the default dataset (scripts/prepare_data.py)\n");
-        exit(1);
-    }
+                        opt->shuffle, opt->seed) == 0)
+        return;
+    fprintf(stderr, "error: %s data: %s\n", what, loader->error);
+    if (strstr(pattern, "data/tinyshakespeare/") == pattern)
+        fprintf(stderr, "hint: `make train` prepares the default dataset (scripts/prepare_data.py)\n");
+    else if (looks_like_text(pattern))
+        fprintf(stderr, "hint: %s is text; train_gpt reads token shards: tokenize it first with\n"
+                        "  python scripts/prepare_data.py --input %s --name NAME\n"
+                        "then train with --train-data 'data/NAME/NAME_train_*.bin' --val-data 'data/NAME/NAME_val_*.bin'\n",
+                pattern, pattern);
+    exit(1);
 }
 
 static void next_batch_or_exit(DataLoader* loader, const char* what) {
@@ -552,32 +627,58 @@ static void next_batch_or_exit(DataLoader* loader, const char* what) {
     }
 }
 
-// Opens the data and sets the number of steps (default: one pass over the training data).
+// Opens `pattern` (exits on bad data), notes its size and, when `first_batch`, reads the first batch so
+// a bad token range in the first shard is reported before any GPU work; closes it again.
+static void summarize_data(DataSummary* s, const char* what, const char* pattern, int first_batch, const Plan* p,
+                           long long* batches_per_epoch) {
+    static DataLoader loader;
+    open_data_or_exit(&loader, what, pattern, p);
+    s->num_shards = loader.num_shards, s->total_tokens = (long long)loader.total_tokens;
+    if (batches_per_epoch) *batches_per_epoch = dataloader_batches_per_epoch(&loader);
+    if (first_batch) {
+        next_batch_or_exit(&loader, what);
+        for (int i = 0; i < 4; i++) s->first_inputs[i] = loader.inputs[i], s->first_targets[i] = loader.targets[i];
+    }
+    dataloader_close(&loader);
+}
+
+// Checks the data and sets the number of steps (default: one pass over the training data).
 static void plan_data(Plan* p) {
     const Options* opt = p->opt;
-    open_data_or_exit(&p->train, "training", opt->train_data, p);
+    summarize_data(&p->train, "training", opt->train_data, 1, p, &p->micro_batches_per_epoch);
     p->have_val = opt->val_data[0] != '\0';
-    if (p->have_val) open_data_or_exit(&p->val, "validation", opt->val_data, p);
-    // Read the first batch now so a bad token range in the first shard is reported before any GPU work.
-    next_batch_or_exit(&p->train, "training");
-    p->micro_batches_per_epoch = dataloader_batches_per_epoch(&p->train);
+    if (p->have_val) summarize_data(&p->val, "validation", opt->val_data, 0, p, NULL);
     p->steps = opt->max_steps ? opt->max_steps
                               : (p->micro_batches_per_epoch + p->accumulation_steps - 1) / p->accumulation_steps;
 }
 
-// The activation memory of each --recompute mode (before any CUDA call: an estimate within a few MiB of
-// scratch) and the FLOPs the chosen mode adds per optimizer step and GPU.
+// What the model is built for: the micro batch, the backend, recomputation, determinism. GEMM
+// algorithms timed at start-up may differ between processes: not where reruns must give the same
+// bits (--deterministic, and the backends whose own kernels are deterministic).
+static GPTModelOptions model_options(const Plan* p, RecomputeMode recompute, cudaStream_t stream) {
+    const Options* opt = p->opt;
+    GPTModelOptions o = gpt_model_options(opt->batch_size, opt->seq_len, opt->attn, stream);
+    o.recompute = recompute;
+    o.deterministic_attention = opt->deterministic;
+    o.tune_gemms = !opt->deterministic && opt->attn == ATTN_FLASH2;
+    o.pad_multiple = optimizer_pad_multiple(p->world);
+    return o;
+}
+
+// The activation memory of each --recompute mode (from the config alone, before any CUDA call: an
+// estimate within a few MiB of scratch) and the FLOPs the chosen mode adds per optimizer step and GPU.
 static void plan_activations(Plan* p) {
     const Options* opt = p->opt;
-    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
-        p->act_bytes[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn,
-                                                       (RecomputeMode)r, 0);
-    static GPTModel shape;
-    memset(&shape, 0, sizeof(shape));
-    gpt_model_set_shape(&shape, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0);
-    p->recompute_flops_per_step = gpt_recompute_flops(&shape) * (double)p->accumulation_steps;
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
+        const GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
+        p->act_bytes[r] = (double)gpt_activation_bytes(&p->config, &o, 0);
+    }
+    static GPTMemoryPlan memory;
+    const GPTModelOptions o = model_options(p, opt->recompute, 0);
+    gpt_memory_plan(&memory, &p->config, &o, 0);
+    p->recompute_flops_per_step = gpt_recompute_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
     p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
-                        : opt->recompute == RECOMPUTE_SELECTIVE && shape.att_saved_bytes > 0
+                        : opt->recompute == RECOMPUTE_SELECTIVE && memory.att_saved_bytes > 0
                             ? "the attention forward (its T^2 part) again in the backward, "
                             : "";
 }
@@ -656,24 +757,54 @@ static void plan_resume(Plan* p) {
     p->start_data.epoch = saved.data_epoch;
     p->start_data.shard_index = saved.data_shard_index;
     p->start_data.chunk_index = saved.data_chunk_index;
-    if (dataloader_set_state(&p->train, p->start_data) != 0) {
-        fprintf(stderr, "error: cannot resume from %s: %s\n", p->resume_path, p->train.error);
+    static DataLoader train;  // the saved data position must exist in this data
+    open_data_or_exit(&train, "training", opt->train_data, p);
+    if (dataloader_set_state(&train, p->start_data) != 0) {
+        fprintf(stderr, "error: cannot resume from %s: %s\n", p->resume_path, train.error);
         exit(2);
     }
+    dataloader_close(&train);
 }
 
-// Where checkpoints go (--checkpoint-dir, else the resumed checkpoint's directory), and the
-// --init-from file checked now, before any GPU work.
+// A fresh run's own checkpoint directory, when none was given: runs/<model>, or the first of
+// runs/<model>-2, -3, ... that holds no checkpoint, so a second run never mixes with the first. Every
+// rank finds the same one (nothing is written before all ranks have joined).
+static void choose_default_checkpoint_dir(Plan* p) {
+    char err[CHECKPOINT_PATH_MAX + 256], latest[CHECKPOINT_PATH_MAX + 64];
+    for (int n = 1; n < 10000; n++) {
+        char* dir = p->default_checkpoint_dir;
+        if (n == 1) snprintf(dir, CHECKPOINT_PATH_MAX, "runs/%s", p->model_name);
+        else snprintf(dir, CHECKPOINT_PATH_MAX, "runs/%s-%d", p->model_name, n);
+        int64_t step = 0;
+        const int found = checkpoint_find_latest(dir, latest, sizeof(latest), &step, err, sizeof(err));
+        if (found < 0) {
+            fprintf(stderr, "error: the default checkpoint directory: %s; give --checkpoint-dir DIR (or none)\n", err);
+            exit(2);
+        }
+        if (found == 0) {  // empty or not there yet (made before the first save)
+            p->checkpoint_dir = dir;
+            return;
+        }
+    }
+    fprintf(stderr, "error: runs/%s-2 ... -9999 all hold checkpoints; give --checkpoint-dir DIR (or none)\n",
+            p->model_name);
+    exit(2);
+}
+
+// Where checkpoints go (--checkpoint-dir, the resumed checkpoint's directory, else a fresh run's own
+// under runs/), and the --init-from file checked now, before any GPU work.
 static void plan_files(Plan* p) {
     const Options* opt = p->opt;
     p->checkpoint_dir = opt->checkpoint_dir ? opt->checkpoint_dir : (p->resume_path[0] ? p->resume_dir : NULL);
+    if (opt->no_checkpoints) p->checkpoint_dir = NULL;
+    else if (!opt->checkpoint_dir && !opt->resume) choose_default_checkpoint_dir(p);
     if (opt->checkpoint_dir) train_state_refuse_foreign(opt->checkpoint_dir, p->resume_path[0] ? p->resume_dir : NULL);
     if (opt->init_from) {
         ModelFile file;
         train_state_open_model_file(&file, opt->init_from, &p->config);
         model_file_close(&file);
     }
-    if (opt->sample_every > 0 && opt->tokenizer) {  // the samples' token table, checked now (loaded later)
+    if (opt->sample_tokens > 0 && opt->tokenizer) {  // the samples' token table, checked now (loaded later)
         Tokenizer table;
         generate_open_tokenizer(&table, opt->tokenizer, opt->train_data);
         tokenizer_free(&table);
@@ -685,6 +816,7 @@ static void make_plan(Plan* p, Options* opt) {
     p->opt = opt;
     plan_launch(p, opt);
     p->config = plan_config(opt);
+    plan_model_name(p);
     plan_batch(p);
     plan_data(p);
     plan_state(p);
@@ -699,7 +831,7 @@ static void print_plan_model(const Plan* p) {
     const int B = opt->batch_size, T = opt->seq_len;
     char kv[64] = "";  // multi-head models print as before
     if (c->num_kv_heads != c->num_heads) snprintf(kv, sizeof(kv), " (%d key/value heads)", c->num_kv_heads);
-    printf("model        %s: %d layers, hidden %d, %d heads of %d%s, vocab %d padded to %d, seq %d\n", opt->model,
+    printf("model        %s: %d layers, hidden %d, %d heads of %d%s, vocab %d padded to %d, seq %d\n", p->model_name,
            c->num_layers, c->channels, c->num_heads, c->channels / c->num_heads, kv, c->vocab_size,
            c->padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", p->num_params, p->num_params / 1e9);
@@ -712,15 +844,14 @@ static void print_plan_model(const Plan* p) {
                "step = %lld tokens\n", B, T, p->tokens_per_micro_step, p->world, p->accumulation_steps,
                p->total_batch_tokens);
     printf("train data   %s: %d shard(s), %lld tokens, %lld micro batches per epoch%s%s\n", opt->train_data,
-           p->train.num_shards, (long long)p->train.total_tokens, p->micro_batches_per_epoch,
+           p->train.num_shards, p->train.total_tokens, p->micro_batches_per_epoch,
            p->world > 1 ? " (of B*T*GPUs tokens, each GPU reads its part)" : "", opt->shuffle ? ", shuffled" : "");
     if (p->have_val)
-        printf("val data     %s: %d shard(s), %lld tokens\n", opt->val_data, p->val.num_shards,
-               (long long)p->val.total_tokens);
+        printf("val data     %s: %d shard(s), %lld tokens\n", opt->val_data, p->val.num_shards, p->val.total_tokens);
     else
         printf("val data     none\n");
-    const int* in = p->train.inputs;
-    const int* tg = p->train.targets;
+    const int* in = p->train.first_inputs;
+    const int* tg = p->train.first_targets;
     printf("first batch  %d %d %d %d ... (targets %d %d %d %d ...)\n", in[0], in[1], in[2], in[3], tg[0], tg[1],
            tg[2], tg[3]);
 }
@@ -754,6 +885,10 @@ static void print_plan_run(const Plan* p) {
         printf("samples      every %lld steps and after the last: %d tokens from <|endoftext|>, temperature %g, top-k "
                "%d (0: all), seed %llu\n", opt->sample_every, opt->sample_tokens, opt->temperature, opt->top_k,
                (unsigned long long)opt->seed);
+    else if (opt->sample_tokens > 0)
+        printf("samples      after the last step: %d tokens from <|endoftext|>, temperature %g, top-k %d (0: all), "
+               "seed %llu (--sample-every N: more; --sample-tokens 0: none)\n", sample_tokens(opt), opt->temperature,
+               opt->top_k, (unsigned long long)opt->seed);
     printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", p->flops_per_step / 1e12);
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
@@ -778,8 +913,10 @@ static void check_activations_fit(const Plan* p) {
     const Options* opt = p->opt;
     const double free_bytes = (double)p->gpu.free_bytes;
     double need[NUM_RECOMPUTE_MODES];
-    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++)
-        need[r] = (double)gpt_activation_bytes(p->config, opt->batch_size, opt->seq_len, opt->attn, (RecomputeMode)r, 1);
+    for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
+        const GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
+        need[r] = (double)gpt_activation_bytes(&p->config, &o, 1);
+    }
     if (p->state_bytes + need[opt->recompute] + MEMORY_MARGIN_BYTES <= free_bytes) return;
     fprintf(stderr, "error: out of GPU memory: the activations of a %d x %d micro batch need %.2f GiB with --recompute "
                     "%s, and the model state %.2f GiB; %.2f GiB are free\n", opt->batch_size, opt->seq_len,
@@ -848,6 +985,7 @@ static void plan_gpu(Plan* p) {
 typedef struct {
     GPTModel model;
     Optimizer optimizer;
+    DataLoader train, val;   // val: when the plan has validation data
     MultiGpu* mg;            // NULL on one GPU
     cudaStream_t stream;     // the model's; everything runs on it
     cudaEvent_t start, stop; // around each step
@@ -866,7 +1004,7 @@ typedef struct {
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
-    TrainingSampler* sampler;  // --sample-every (rank 0), else NULL
+    TrainingSampler* sampler;  // rank 0 unless --sample-tokens 0, else NULL
     Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
 } Trainer;
 
@@ -901,7 +1039,7 @@ static void upload_batch(Trainer* t, const DataLoader* loader) {
 }
 
 // The weights to start from: the checkpoint, the --init-from file, or the GPT-2 initialization;
-// then the data position of the first step (the plan read one batch to check the data).
+// then the data position of the first step.
 static void load_weights(Plan* p, Trainer* t) {
     const Options* opt = p->opt;
     if (p->resume_path[0]) {
@@ -916,8 +1054,8 @@ static void load_weights(Plan* p, Trainer* t) {
         optimizer_init_gpt2(&t->optimizer, &t->model, opt->seed);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
-    if (dataloader_set_state(&p->train, p->start_data) != 0) {
-        fprintf(stderr, "error: training data: %s\n", p->train.error);
+    if (dataloader_set_state(&t->train, p->start_data) != 0) {
+        fprintf(stderr, "error: training data: %s\n", t->train.error);
         exit(1);
     }
 }
@@ -929,13 +1067,8 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     const char* profile_step = getenv("TRAIN_GPT_PROFILE_STEP");  // for a profiler started with profiling off
     t->profile_step = profile_step ? atoll(profile_step) : 0;
     CUDA_CHECK(cudaStreamCreate(&t->stream));
-    if (gpt_model_create_with(&t->model, p->config, opt->batch_size, opt->seq_len, opt->attn, opt->recompute, 0,
-                              t->stream, optimizer_pad_multiple(p->world)) != 0)
-        exit(1);
-    t->model.deterministic_attention = opt->deterministic;
-    // GEMM algorithms timed at start-up may differ between processes: not where reruns must give the
-    // same bits (--deterministic, and the backends whose own kernels are deterministic)
-    t->model.matmul.tune = !opt->deterministic && opt->attn == ATTN_FLASH2;
+    const GPTModelOptions model = model_options(p, opt->recompute, t->stream);
+    if (gpt_model_create(&t->model, &p->config, &model) != 0) exit(1);
     gpt_model_print_memory(&t->model, stdout);
     t->mg = mg;
     if (mg) multi_gpu_attach(mg, &t->model);
@@ -944,6 +1077,8 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     CUDA_CHECK(cudaMalloc(&t->targets, p->tokens_per_micro_step * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&t->step_loss, sizeof(float)));
     batch_upload_create(&t->upload, (size_t)p->tokens_per_micro_step);
+    open_data_or_exit(&t->train, "training", opt->train_data, p);
+    if (p->have_val) open_data_or_exit(&t->val, "validation", opt->val_data, p);
     if (p->checkpoint_dir || p->resume_path[0]) CUDA_CHECK(cudaMallocHost(&t->staging, TRAIN_STATE_STAGING_BYTES));
     load_weights(p, t);
     if (opt->log_file && p->rank == 0) {
@@ -955,16 +1090,18 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     }
     CUDA_CHECK(cudaEventCreate(&t->start));
     CUDA_CHECK(cudaEventCreate(&t->stop));
-    if (opt->sample_every > 0 && p->rank == 0) {
+    if (opt->sample_tokens > 0 && p->rank == 0) {
         static TrainingSampler sampler;
         generate_open_tokenizer(&t->tokenizer, opt->tokenizer, opt->train_data);
-        training_sampler_create(&sampler, &t->model, opt->sample_tokens, opt->temperature, opt->top_k, opt->seed);
+        training_sampler_create(&sampler, &t->model, sample_tokens(opt), opt->temperature, opt->top_k, opt->seed);
         t->sampler = &sampler;
     }
 }
 
-static void trainer_destroy(Trainer* t) {
+static void trainer_destroy(Trainer* t, const Plan* p) {
     if (t->log) fclose(t->log);
+    dataloader_close(&t->train);
+    if (p->have_val) dataloader_close(&t->val);
     if (t->sampler) training_sampler_destroy(t->sampler);
     tokenizer_free(&t->tokenizer);
     CUDA_CHECK(cudaEventDestroy(t->start));
@@ -988,8 +1125,8 @@ static double forward_backward(Plan* p, Trainer* t) {
     const float grad_scale = 1.0f / (float)((double)p->tokens_per_micro_step * p->accumulation_steps);
     gpt_model_zero_grad(&t->model);
     for (long long micro = 0; micro < p->accumulation_steps; micro++) {
-        next_batch_or_exit(&p->train, "training");
-        upload_batch(t, &p->train);
+        next_batch_or_exit(&t->train, "training");
+        upload_batch(t, &t->train);
         gpt_model_forward_train(&t->model, t->inputs, t->targets, grad_scale);
         gpt_model_add_mean_loss(&t->model, t->step_loss, 1.0f / (float)p->accumulation_steps, micro == 0);
         if (t->mg) multi_gpu_arm_hook(t->mg, &t->model, micro == p->accumulation_steps - 1);
@@ -1048,7 +1185,7 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
 // With several GPUs the batches are split over the ranks (each reads its part of every chunk) and
 // the mean is over all of them. Printed and logged.
 static void validate(Plan* p, Trainer* t, long long step) {
-    DataLoader* val = &p->val;
+    DataLoader* val = &t->val;
     const long long available = dataloader_batches_per_epoch(val);  // chunks: one micro batch per rank each
     const long long batches = p->opt->val_batches, per_rank = (batches + p->world - 1) / p->world;
     const long long n = (batches == 0 || per_rank > available) ? available : per_rank;
@@ -1072,7 +1209,8 @@ static int validation_due(const Plan* p, long long step) {
 }
 
 static int sample_due(const Plan* p, const Trainer* t, long long step) {
-    return t->sampler && (step % p->opt->sample_every == 0 || step == p->steps);
+    const long long every = p->opt->sample_every;
+    return t->sampler && ((every > 0 && step % every == 0) || step == p->steps);
 }
 
 static int checkpoint_due(const Plan* p, long long step) {
@@ -1146,8 +1284,11 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
                RECOMPUTE_NAMES[p->opt->recompute]);
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
-    if (t->last_checkpoint[0]) printf("             last checkpoint %s\n", t->last_checkpoint);
-    else printf("             no checkpoint saved\n");
+    if (t->last_checkpoint[0])
+        printf("             last checkpoint %s\nnext         sample from it: ./train_gpt --generate 256 --resume %s; "
+               "train on: add --resume %s --max-steps N\n", t->last_checkpoint, p->checkpoint_dir, p->checkpoint_dir);
+    else
+        printf("             no checkpoint saved\n");
 }
 
 // Whether a stop signal reached this process or, with several GPUs, any rank: the flag rode in this
@@ -1161,7 +1302,7 @@ static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
     const int sig = stop_signal_received() ? stop_signal_received() : SIGTERM;  // 0: another rank's signal
     const char* by = stop_signal_received() ? stop_signal_name(sig) : "a stop signal on another rank";
     int saved = t->last_checkpoint_step == step;
-    if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&p->train)) == 0;
+    if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&t->train)) == 0;
     print_summary(p, t, step);
     fflush(stdout);
     if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops after this step: a clean end
@@ -1180,7 +1321,7 @@ static void train(Plan* p, Trainer* t) {
     const Options* opt = p->opt;
     t->started = wall_seconds();
     for (long long step = p->start_step; step <= p->steps; step++) {
-        const DataLoaderState step_data = dataloader_get_state(&p->train);  // for a rescue checkpoint
+        const DataLoaderState step_data = dataloader_get_state(&t->train);  // for a rescue checkpoint
         if (t->mg) multi_gpu_set_step(t->mg, step);                         // for the watchdog's message
         if (step == t->profile_step) CUDA_CHECK(cudaProfilerStart());       // scripts/profile_step.py
         CUDA_CHECK(cudaEventRecord(t->start, t->stream));
@@ -1197,7 +1338,7 @@ static void train(Plan* p, Trainer* t) {
         if (validation_due(p, step)) validate(p, t, step);
         if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
         if (t->log) fflush(t->log);
-        if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&p->train));
+        if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&t->train));
         if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1
         fflush(stdout);
     }
@@ -1236,7 +1377,7 @@ static void run(Plan* p) {
     static Trainer trainer;
     trainer_create(&trainer, p, p->world > 1 ? &mg : NULL);
     train(p, &trainer);
-    trainer_destroy(&trainer);
+    trainer_destroy(&trainer, p);
     if (p->world > 1) multi_gpu_destroy(&mg);
 }
 
@@ -1263,6 +1404,7 @@ static int generate(const Options* opt) {
 // main: options → plan (printed) → run
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // whole lines, so piped output keeps its order with stderr's errors
     if (stop_signal_install() != 0) {  // from the start: a signal during set-up stops after the first step
         fprintf(stderr, "error: cannot install the signal handlers: %s\n", strerror(errno));
         exit(1);
@@ -1281,7 +1423,5 @@ int main(int argc, char** argv) {
         exit(1);
     }
     if (!opt.plan_only) run(&plan);
-    dataloader_close(&plan.train);
-    if (plan.have_val) dataloader_close(&plan.val);
     return 0;
 }

@@ -106,13 +106,14 @@ static int* upload_ints(const int* host, size_t n) {
 
 // A GPU model of the problem's weights sized (B, T).
 static void model_make(GPTModel* m, const Problem* pb, int T, cudaStream_t stream) {
-    if (gpt_model_create(m, pb->config, pb->B, T, ATTN_FLASH2, stream) != 0) {
+    const GPTModelOptions options = gpt_model_options(pb->B, T, ATTN_FLASH2, stream);
+    if (gpt_model_create(m, &pb->config, &options) != 0) {
         fprintf(stderr, "test: gpt_model_create failed\n");
         exit(2);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaMemcpy(m->params, pb->params_bf16, pb->num_params * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(m->acts_memory, 0xFF, m->act_bytes));
+    CUDA_CHECK(cudaMemset(m->acts_memory, 0xFF, m->memory.act_bytes));
 }
 
 static void download_logits(double* out, const __nv_bfloat16* dev, size_t n) {

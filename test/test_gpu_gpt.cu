@@ -174,12 +174,13 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
         return;
     }
     GPTModel m;
-    if (gpt_model_create(&m, pb->config, pb->B, pb->T, backend, stream) != 0) {
+    GPTModelOptions options = gpt_model_options(pb->B, pb->T, backend, stream);
+    options.tune_gemms = backend == ATTN_FLASH2;  // as train_gpt: timed GEMM choices with flash2, fixed ones otherwise
+    if (gpt_model_create(&m, &pb->config, &options) != 0) {
         test_fail(name, "gpt_model_create failed (see the error above)");
         return;
     }
     if (backend == ATTN_NAIVE) gpt_model_print_memory(&m, stdout);
-    m.matmul.tune = backend == ATTN_FLASH2;  // as train_gpt: timed GEMM choices with flash2, fixed ones otherwise
     const int BT = pb->B * pb->T, Vp = pb->config.padded_vocab_size;
     int *d_inputs, *d_targets;
     CUDA_CHECK(cudaMalloc((void**)&d_inputs, BT * sizeof(int)));
@@ -188,7 +189,7 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
     CUDA_CHECK(cudaMemcpy(d_targets, pb->targets, BT * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the create's memsets are done before the uploads
     CUDA_CHECK(cudaMemcpy(m.params, pb->params_bf16, pb->num_params * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(m.acts_memory, 0xFF, m.act_bytes));  // poison: NaN everywhere
+    CUDA_CHECK(cudaMemset(m.acts_memory, 0xFF, m.memory.act_bytes));  // poison: NaN everywhere
     CUDA_CHECK(cudaDeviceSynchronize());
 
     char problems[2048] = "";
@@ -236,10 +237,11 @@ static void gpt_case(const Problem* pb, AttentionBackend backend, const char* sk
 static void reject_head_dim_case(void) {
     GPTConfig c = {2, 128, 4, 4, 200, 256, 64};
     GPTModel m;
-    int rc = gpt_model_create(&m, c, 2, 33, ATTN_FLASH2, 0);
+    const GPTModelOptions options = gpt_model_options(2, 33, ATTN_FLASH2, 0);
+    int rc = gpt_model_create(&m, &c, &options);
     test_report("gpt_model_rejects_head_dim_32", rc == -1, "gpt_model_create returned %d, want -1", rc);
     GPTConfig g = {2, 256, 4, 3, 200, 256, 64};  // 3 key/value heads do not divide 4 heads
-    rc = gpt_model_create(&m, g, 2, 33, ATTN_FLASH2, 0);
+    rc = gpt_model_create(&m, &g, &options);
     test_report("gpt_model_rejects_kv_heads_3_of_4", rc == -1, "gpt_model_create returned %d, want -1", rc);
 }
 

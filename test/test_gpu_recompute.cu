@@ -104,9 +104,9 @@ static void run_free(Run* r) { free(r->losses), free(r->grads); }
 static int run_model(const Problem* pb, AttentionBackend backend, MatmulFusion fusion, RecomputeMode recompute,
                      int lm_head_rows, cudaStream_t stream, Run* out) {
     GPTModel m;
-    if (gpt_model_create_with(&m, pb->config, pb->B, pb->T, backend, recompute, lm_head_rows, stream, 1) != 0)
-        return -1;
-    m.deterministic_attention = 1;
+    GPTModelOptions options = gpt_model_options(pb->B, pb->T, backend, stream);
+    options.recompute = recompute, options.lm_head_rows = lm_head_rows, options.deterministic_attention = 1;
+    if (gpt_model_create(&m, &pb->config, &options) != 0) return -1;
     m.matmul.fusion = fusion;
     int *d_inputs, *d_targets;
     CUDA_CHECK(cudaMalloc((void**)&d_inputs, pb->N * sizeof(int)));
@@ -115,7 +115,7 @@ static int run_model(const Problem* pb, AttentionBackend backend, MatmulFusion f
     CUDA_CHECK(cudaMemcpy(d_inputs, pb->inputs, pb->N * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_targets, pb->targets, pb->N * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(m.params, pb->params_bf16, pb->num_params * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(m.acts_memory, 0xFF, m.act_bytes));  // poison: NaN everywhere
+    CUDA_CHECK(cudaMemset(m.acts_memory, 0xFF, m.memory.act_bytes));  // poison: NaN everywhere
     CUDA_CHECK(cudaDeviceSynchronize());
     gpt_model_forward_train(&m, d_inputs, d_targets, 1.0f / (float)pb->N);
     out->loss = gpt_model_mean_loss(&m);
@@ -209,7 +209,7 @@ static void recompute_case(const Problem* pb, AttentionBackend backend, MatmulFu
     for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
         snprintf(g_running_case, sizeof(g_running_case), "%s (%s)", name, RECOMPUTE_NAMES[r]);
         if (run_model(pb, backend, fusion, (RecomputeMode)r, lm_head_rows, stream, &runs[r]) != 0) {
-            test_fail(name, "gpt_model_create_with failed for --recompute %s (see above)", RECOMPUTE_NAMES[r]);
+            test_fail(name, "gpt_model_create failed for --recompute %s (see above)", RECOMPUTE_NAMES[r]);
             for (int k = 0; k < r; k++) run_free(&runs[k]);
             return;
         }
@@ -240,7 +240,7 @@ static void lm_head_chunks_case(const Problem* pb, AttentionBackend backend, con
     Run whole, chunked;
     if (run_model(pb, backend, MATMUL_FUSE_EPILOGUES, RECOMPUTE_NONE, 0, stream, &whole) != 0 ||
         run_model(pb, backend, MATMUL_FUSE_EPILOGUES, RECOMPUTE_NONE, CHUNK_ROWS, stream, &chunked) != 0) {
-        test_fail(name, "gpt_model_create_with failed (see above)");
+        test_fail(name, "gpt_model_create failed (see above)");
         return;
     }
     check_reference(pb, &chunked, "chunked vs CPU", problems, sizeof(problems));
@@ -261,8 +261,10 @@ static void activation_bytes_case(const Problem* pb, const char* skip_why) {
     for (int b = 0; b < 2; b++) {
         size_t exact[NUM_RECOMPUTE_MODES];
         for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
-            exact[r] = gpt_activation_bytes(pb->config, pb->B, pb->T, backends[b], (RecomputeMode)r, 1);
-            const size_t estimate = gpt_activation_bytes(pb->config, pb->B, pb->T, backends[b], (RecomputeMode)r, 0);
+            GPTModelOptions options = gpt_model_options(pb->B, pb->T, backends[b], 0);
+            options.recompute = (RecomputeMode)r;
+            exact[r] = gpt_activation_bytes(&pb->config, &options, 1);
+            const size_t estimate = gpt_activation_bytes(&pb->config, &options, 0);
             printf("  %s --recompute %-9s %10zu bytes (estimate without a GPU %10zu)\n",
                    attention_backend_name(backends[b]), RECOMPUTE_NAMES[r], exact[r], estimate);
             if (estimate > exact[r] || exact[r] - estimate > ((size_t)16 << 20))

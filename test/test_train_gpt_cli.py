@@ -28,8 +28,10 @@ RNG = np.random.default_rng()
 TRAIN_TOKENS = RNG.integers(0, 50257, size=3 * 4 * 64 + 1, dtype=np.int64)  # fresh each run
 write_shard(os.path.join(WORK, "good_train_000000.bin"), TRAIN_TOKENS)
 write_shard(os.path.join(WORK, "good_val_000000.bin"), RNG.integers(0, 50257, size=1000))
+# --checkpoint-dir none: a run without a directory of its own writes no checkpoint (the default would be
+# runs/<model> under the current directory: test_default_run_* check that); a later --checkpoint-dir wins.
 GOOD = ["--train-data", os.path.join(WORK, "good_train_*.bin"), "--val-data", os.path.join(WORK, "good_val_*.bin"),
-        "--batch-size", "4", "--seq-len", "64"]
+        "--batch-size", "4", "--seq-len", "64", "--checkpoint-dir", "none"]
 
 
 def run(*args):
@@ -786,6 +788,70 @@ def test_gpu_samples_during_training():
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("sample       after step") == 2, r.stdout  # steps 2 and 3 (the last)
 
+
+
+# ---- what a newcomer meets: the default run's checkpoint and sample, --init-from's shape, text as data ----
+
+def default_run(cwd, *args):
+    """train_gpt with the shards of GOOD but none of its defaults-off flags, in `cwd` (runs/ goes there)."""
+    data = ["--train-data", os.path.join(WORK, "good_train_*.bin"), "--val-data", os.path.join(WORK, "good_val_*.bin"),
+            "--batch-size", "4", "--seq-len", "64", *TINY]
+    return subprocess.run([TRAIN_GPT, *data, *args], capture_output=True, text=True, errors="replace", timeout=120,
+                          cwd=cwd)
+
+
+def test_default_run_plans_its_own_checkpoint_dir_and_a_sample():
+    cwd = tempfile.mkdtemp(prefix="default_run_", dir=WORK)
+    r = default_run(cwd, "--plan-only")
+    assert r.returncode == 0, r.stderr
+    assert "checkpoints  after the last step into runs/layers1-hidden64-heads1, keeping the 2 newest" in r.stdout, \
+        r.stdout
+    assert "samples      after the last step: 64 tokens from <|endoftext|>" in r.stdout, r.stdout
+    # a directory holding an earlier run is never reused by default: the next free runs/<model>-N is
+    os.makedirs(os.path.join(cwd, "runs", "layers1-hidden64-heads1"))
+    write_checkpoint(os.path.join(cwd, "runs", "layers1-hidden64-heads1", "step_00000003.ckpt"))
+    r = default_run(cwd, "--plan-only")
+    assert "into runs/layers1-hidden64-heads1-2," in r.stdout, r.stdout
+    r = default_run(cwd, "--plan-only", "--checkpoint-dir", "none", "--sample-tokens", "0")
+    assert "checkpoints  none" in r.stdout and "samples " not in r.stdout, r.stdout
+
+
+def test_init_from_takes_the_shape_from_the_file():
+    path = os.path.join(WORK, "shape.bin")
+    write_model_file(path, layers=2, hidden=128, heads=2)
+    r = run(*GOOD, "--init-from", path, "--plan-only")
+    assert r.returncode == 0, r.stderr
+    assert "model        layers2-hidden128-heads2: 2 layers, hidden 128, 2 heads of 64" in r.stdout, r.stdout
+    expect_error(run(*GOOD, "--init-from", path, "--model", "gpt2-124m"), 2, "hidden 128", "hidden 768")
+
+
+def test_text_file_as_training_data_says_to_tokenize_it():
+    text = os.path.join(WORK, "corpus.txt")
+    with open(text, "w") as f:
+        f.write("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
+    expect_error(run(*GOOD, "--train-data", text, "--plan-only"), 1, "not a token shard",
+                 f"{text} is text", "scripts/prepare_data.py --input")
+
+
+def test_errors_follow_the_plan_when_piped():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # the plan prints, then the run fails: no GPU
+    r = subprocess.run([TRAIN_GPT, *GOOD, *TINY], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 1, r.stdout
+    assert r.stdout.index("model FLOPs") < r.stdout.index("error: no CUDA GPU found"), r.stdout
+
+
+def test_gpu_default_run_ends_with_a_checkpoint_and_a_sample_to_generate_from():
+    if not gpu_listed():
+        raise harness.Skip("no GPU listed by nvidia-smi")
+    cwd = tempfile.mkdtemp(prefix="default_run_", dir=WORK)
+    r = default_run(cwd)
+    assert r.returncode == 0, r.stderr
+    assert "sample       after step 3" in r.stdout, r.stdout
+    assert "last checkpoint runs/layers1-hidden64-heads1/step_00000003.ckpt" in r.stdout, r.stdout
+    g = subprocess.run([TRAIN_GPT, "--generate", "8", "--resume", "runs/layers1-hidden64-heads1"], cwd=cwd,
+                       capture_output=True, text=True, errors="replace", timeout=120)
+    assert g.returncode == 0 and "--- sample 1/1" in g.stdout, (g.stdout, g.stderr)
 
 if __name__ == "__main__":
     try:

@@ -328,7 +328,7 @@ static void gpt_decoder_prefill(GPTDecoder* d, const int* inputs) {
     LAYER_REQUIRE(m->B == d->B, "gpt_decoder_prefill: the model is sized for %d sequences, the decoder for %d", m->B,
                   d->B);
     LAYER_REQUIRE(d->cache.max_length == 0, "gpt_decoder_prefill: the cache is not empty (gpt_decoder_reset first)");
-    LAYER_REQUIRE(m->recompute == RECOMPUTE_NONE, "gpt_decoder_prefill: the model must keep every layer's qkv");
+    LAYER_REQUIRE(m->memory.recompute == RECOMPUTE_NONE, "gpt_decoder_prefill: the model must keep every layer's qkv");
     const int B = m->B, T = m->T, C = m->C;
     gpt_model_forward(m, inputs, inputs);
     gpt_decoder_advance(d, T);

@@ -339,69 +339,38 @@ static void generate_load_weights(const GenerateRun* g, const char* path, GPTMod
     CUDA_CHECK(cudaFreeHost(staging));
 }
 
-// The whole --generate run; returns the exit status.
-static int generate_run(const GenerateRun* g) {
-    char path[CHECKPOINT_PATH_MAX];
-    const GPTConfig config = generate_read_config(g, path, sizeof(path));
-    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
-    const int positions = P + M - 1;  // the prompt and every generated token but the last are fed
+// Prints the model and what will be generated; returns 2 after an error when the prompt does not fit
+// the model's positions or holds a token the model does not have, else 0.
+static int generate_check_and_describe(const GenerateRun* g, const GPTConfig* config, const char* path) {
+    const int P = g->prompt_len, M = g->tokens, positions = P + M - 1;
     printf("model        from %s: %d layers, hidden %d, %d heads of %d, vocab %d padded to %d, %d positions\n", path,
-           config.num_layers, config.channels, config.num_heads, config.channels / config.num_heads,
-           config.vocab_size, config.padded_vocab_size, config.max_seq_len);
-    if (positions > config.max_seq_len) {
+           config->num_layers, config->channels, config->num_heads, config->channels / config->num_heads,
+           config->vocab_size, config->padded_vocab_size, config->max_seq_len);
+    if (positions > config->max_seq_len) {
         fprintf(stderr, "error: a prompt of %d tokens and %d new tokens need %d positions; the model has %d: generate "
-                        "at most %d tokens or shorten the prompt\n", P, M, positions, config.max_seq_len,
-                config.max_seq_len - P + 1);
+                        "at most %d tokens or shorten the prompt\n", P, M, positions, config->max_seq_len,
+                config->max_seq_len - P + 1);
         return 2;
     }
     for (int i = 0; i < P; i++)
-        if (g->prompt[i] < 0 || g->prompt[i] >= config.vocab_size) {
+        if (g->prompt[i] < 0 || g->prompt[i] >= config->vocab_size) {
             fprintf(stderr, "error: prompt token %d (the %d-th) is not a token id of this model (0 .. %d)\n",
-                    g->prompt[i], i + 1, config.vocab_size - 1);
+                    g->prompt[i], i + 1, config->vocab_size - 1);
             return 2;
         }
     char how[128] = "greedy (temperature 0)";
     if (g->temperature > 0)
         snprintf(how, sizeof(how), "temperature %g, %s%d, seed %llu", g->temperature,
-                 g->top_k ? "top-k " : "all tokens", g->top_k ? g->top_k : config.vocab_size,
+                 g->top_k ? "top-k " : "all tokens", g->top_k ? g->top_k : config->vocab_size,
                  (unsigned long long)g->seed);
-    printf("generate     %d sample(s) x %d tokens after a prompt of %d tokens; %s; prefill with %s\n", B, M, P,
-           how, attention_backend_name(g->attn));
-    Tokenizer table;
-    const Tokenizer* tok = generate_open_tokenizer(&table, g->tokenizer, g->shard_pattern) ? &table : NULL;
-    const GpuInfo gpu = gpu_info(0);
-    if (!gpu.found) {
-        fprintf(stderr, "error: no CUDA GPU found: generation needs an NVIDIA GPU of compute capability 8.0 or newer\n");
-        return 1;
-    }
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreate(&stream));
-    GPTModel model;
-    if (gpt_model_create(&model, config, B, P, g->attn, stream) != 0) return 1;
-    generate_load_weights(g, path, &model);
-    GPTDecoder dec;
-    if (gpt_decoder_create(&dec, &model, B, positions, 1) != 0) return 1;
+    printf("generate     %d sample(s) x %d tokens after a prompt of %d tokens; %s; prefill with %s\n", g->num_samples,
+           M, P, how, attention_backend_name(g->attn));
+    return 0;
+}
 
-    // the prompt, once per sample
-    int* inputs_host = (int*)malloc((size_t)B * P * sizeof(int));
-    for (int b = 0; b < B; b++) memcpy(inputs_host + (size_t)b * P, g->prompt, (size_t)P * sizeof(int));
-    int* inputs = NULL;
-    CUDA_CHECK(cudaMalloc((void**)&inputs, (size_t)B * P * sizeof(int)));
-    CUDA_CHECK(cudaMemcpy(inputs, inputs_host, (size_t)B * P * sizeof(int), cudaMemcpyHostToDevice));
-    Sampler sampler;
-    sampler_create(&sampler, g->temperature, g->top_k, g->seed, config.vocab_size);
-    uint16_t* logits_host = NULL;
-    CUDA_CHECK(cudaMallocHost((void**)&logits_host, (size_t)B * config.padded_vocab_size * sizeof(uint16_t)));
-    int* out = (int*)malloc((size_t)B * M * sizeof(int));
-    CUDA_CHECK(cudaDeviceSynchronize());
-
-    const double t0 = generate_seconds();
-    gpt_decoder_prefill(&dec, inputs);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    const double t1 = generate_seconds();
-    const double sampling = gpt_generate_tokens(&dec, &sampler, M, out, logits_host);
-    const double t2 = generate_seconds();
-
+// Each sample as text (or token ids without a token table) and its token ids.
+static void generate_print_samples(const GenerateRun* g, const Tokenizer* tok, const int* out) {
+    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
     for (int b = 0; b < B; b++) {
         printf("--- sample %d/%d\n", b + 1, B);
         gpt_print_tokens(tok, g->prompt, P, stdout);
@@ -413,17 +382,72 @@ static int generate_run(const GenerateRun* g) {
         printf("\n");
     }
     printf("---\n");
-    const double decode_s = t2 - t1;
+}
+
+// The prompt, once per sample, on the GPU: (B, P) int32.
+static int* generate_upload_prompts(const GenerateRun* g) {
+    const size_t B = (size_t)g->num_samples, P = (size_t)g->prompt_len;
+    int* host = (int*)malloc(B * P * sizeof(int));
+    for (size_t b = 0; b < B; b++) memcpy(host + b * P, g->prompt, P * sizeof(int));
+    int* inputs = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&inputs, B * P * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(inputs, host, B * P * sizeof(int), cudaMemcpyHostToDevice));
+    free(host);
+    return inputs;
+}
+
+// Prefills the prompts, generates M tokens per sample into `out` (B, M), prints the samples and the speed.
+static void generate_and_report(const GenerateRun* g, GPTDecoder* dec, const Tokenizer* tok, int vocab_size,
+                                int padded_vocab_size, cudaStream_t stream) {
+    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
+    int* inputs = generate_upload_prompts(g);
+    Sampler sampler;
+    sampler_create(&sampler, g->temperature, g->top_k, g->seed, vocab_size);
+    uint16_t* logits_host = NULL;
+    CUDA_CHECK(cudaMallocHost((void**)&logits_host, (size_t)B * padded_vocab_size * sizeof(uint16_t)));
+    int* out = (int*)malloc((size_t)B * M * sizeof(int));
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    const double t0 = generate_seconds();
+    gpt_decoder_prefill(dec, inputs);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double t1 = generate_seconds();
+    const double sampling = gpt_generate_tokens(dec, &sampler, M, out, logits_host);
+    const double decode_s = generate_seconds() - t1;
+
+    generate_print_samples(g, tok, out);
     printf("speed        prefill %d x %d tokens in %.1f ms; %d x %d new tokens in %.3f s: %.0f tokens/s (%.0f per "
            "sequence), %.2f ms per step, of which %.2f ms sampling on the host\n", B, P, (t1 - t0) * 1e3, B, M,
            decode_s, B * M / decode_s, M / decode_s, decode_s / M * 1e3, sampling / M * 1e3);
-
-    if (tok) tokenizer_free(&table);
     free(out);
-    free(inputs_host);
     CUDA_CHECK(cudaFreeHost(logits_host));
     sampler_destroy(&sampler);
     CUDA_CHECK(cudaFree(inputs));
+}
+
+// The whole --generate run; returns the exit status.
+static int generate_run(const GenerateRun* g) {
+    char path[CHECKPOINT_PATH_MAX];
+    const GPTConfig config = generate_read_config(g, path, sizeof(path));
+    const int status = generate_check_and_describe(g, &config, path);
+    if (status != 0) return status;
+    Tokenizer table;
+    const Tokenizer* tok = generate_open_tokenizer(&table, g->tokenizer, g->shard_pattern) ? &table : NULL;
+    const GpuInfo gpu = gpu_info(0);
+    if (!gpu.found) {
+        fprintf(stderr, "error: no CUDA GPU found: generation needs an NVIDIA GPU of compute capability 8.0 or newer\n");
+        return 1;
+    }
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    GPTModel model;
+    const GPTModelOptions options = gpt_model_options(g->num_samples, g->prompt_len, g->attn, stream);
+    if (gpt_model_create(&model, &config, &options) != 0) return 1;
+    generate_load_weights(g, path, &model);
+    GPTDecoder dec;
+    if (gpt_decoder_create(&dec, &model, g->num_samples, g->prompt_len + g->tokens - 1, 1) != 0) return 1;
+    generate_and_report(g, &dec, tok, config.vocab_size, config.padded_vocab_size, stream);
+    if (tok) tokenizer_free(&table);
     gpt_decoder_destroy(&dec);
     gpt_model_destroy(&model);
     CUDA_CHECK(cudaStreamDestroy(stream));

@@ -62,8 +62,8 @@
 //                  gpt_model_print_memory. The scratch buffer is shared by the encoder, LayerNorm and
 //                  dbias backward scratch and the attention workspace (all run one after another on
 //                  the model's stream).
-// Multi-GPU (layers/multi_gpu/multi_gpu.cuh): gpt_model_create_with pads both allocations to a multiple of
-// pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
+// Multi-GPU (layers/multi_gpu/multi_gpu.cuh): gpt_model_create pads both allocations to a multiple of
+// GPTModelOptions.pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
 // gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
 // and lnfb are final; it may enqueue work on other streams after an event on model->stream.
@@ -86,76 +86,9 @@
 #include "layers/model/layer_common.cuh"
 #include "layers/model/layernorm.cuh"
 #include "layers/model/matmul.cuh"
+#include "layers/model/gpt_memory_plan.cuh"
 #include "layers/model/qkv_bias.cuh"
 
-// Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
-// the given element type), its shape as printed in the memory plan, and its size in bytes, an
-// expression in N = B·T, C, QKV = (NH + 2·NKV)·HD, NH, Vp, bf = 2 and f4 = 4, the layers a tensor keeps
-// (L for all; Lg, Lc, La: L or 1 by the recompute mode, see gpt_model_set_shape) and Nh = lm_head_rows
-// (evaluated in gpt_model_plan_acts). "l" in a shape is that layer count.
-#define GPT_ACTIVATIONS(X)                                                                                         \
-    X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
-    X(ln1,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
-    X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(qkv,       __nv_bfloat16, "(l, B, T, NH+2NKV, HD) bf16", Lg * N * QKV * bf)                                  \
-    X(atty,      __nv_bfloat16, "(l, B, T, NH, HD) bf16",     Lg * N * C * bf)                                     \
-    X(att_lse,   float,         "(l, B, NH, T) fp32",         Lg * NH * N * f4)                                    \
-    /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
-    X(att_saved, char,          "(l, backend saved bytes)",   La * layer_align256(m->att_saved_bytes))             \
-    X(residual2, __nv_bfloat16, "(l, B, T, C) bf16",          Lg * N * C * bf)                                     \
-    X(ln2,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
-    X(ln2_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(ln2_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
-    X(fch,       __nv_bfloat16, "(l, B, T, 4C) bf16",         Lg * N * 4 * C * bf) /* before GELU */               \
-    X(fch_gelu,  __nv_bfloat16, "(l, B, T, 4C) bf16",         Lc * N * 4 * C * bf)                                 \
-    X(residual3, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
-    X(lnf,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
-    X(lnf_mean,  float,         "(B, T) fp32",                N * f4)                                              \
-    X(lnf_rstd,  float,         "(B, T) fp32",                N * f4)                                              \
-    /* one LM-head chunk of rows; dlogits in place after the backward's cross-entropy */                           \
-    X(logits,    __nv_bfloat16, "(chunk rows, Vp) bf16",      Nh * Vp * bf)                                        \
-    X(losses,    float,         "(B, T) fp32",                N * f4)                                              \
-    X(mean_loss, float,         "(1) fp32",                   f4)                                                  \
-    X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
-    X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
-    X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
-    /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
-    X(scratch,   void,          "(bytes)",                    m->scratch_bytes)
-
-// GPT_ACT_encoded, GPT_ACT_ln1, ...: a tensor's index in the table.
-enum {
-#define GPT_ACT_ENUM(member, type, shape, bytes) GPT_ACT_##member,
-    GPT_ACTIVATIONS(GPT_ACT_ENUM)
-#undef GPT_ACT_ENUM
-    GPT_NUM_ACTS
-};
-
-// --recompute: what the backward recomputes instead of keeping (see the top of the file).
-typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE = 1, RECOMPUTE_FULL = 2 } RecomputeMode;
-#define NUM_RECOMPUTE_MODES 3
-static const char* const RECOMPUTE_NAMES[NUM_RECOMPUTE_MODES] = {"none", "selective", "full"};
-
-// 0 and *mode set for "none", "selective" or "full"; -1 otherwise.
-static inline int gpt_recompute_from_name(const char* name, RecomputeMode* mode) {
-    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
-        if (strcmp(name, RECOMPUTE_NAMES[i]) == 0) {
-            *mode = (RecomputeMode)i;
-            return 0;
-        }
-    return -1;
-}
-
-// Rows of one LM-head chunk: logits (16384, 50304) bf16 are 1.5 GiB. Micro batches of at most this
-// many tokens (every Table 1 config) run the head in one piece, as without chunking.
-#define GPT_LM_HEAD_CHUNK_ROWS 16384
-
-typedef struct {
-    const char* name;
-    const char* shape;  // for the memory plan
-    size_t bytes;       // exact size
-    size_t offset;      // into the allocation, 256-byte aligned
-} GPTActTensor;
 
 typedef struct {
     GPTConfig config;
@@ -173,21 +106,13 @@ typedef struct {
     __nv_bfloat16* param_tensors[NUM_PARAM_TENSORS];
     __nv_bfloat16* grad_tensors[NUM_PARAM_TENSORS];
 
-    // activations: one allocation, cut as the table says
-    GPTActTensor act_table[GPT_NUM_ACTS];
-    size_t act_bytes;
+    // activations: one allocation, cut as the memory plan's table says (which layers each per-layer
+    // activation keeps: L, or 1 slot reused by every layer under --recompute)
+    GPTMemoryPlan memory;
     void* acts_memory;
 #define GPT_ACT_MEMBER(member, type, shape, bytes) type* member;
     GPT_ACTIVATIONS(GPT_ACT_MEMBER)  // pointers into acts_memory (att_saved: L slices of att_saved_bytes)
 #undef GPT_ACT_MEMBER
-    size_t att_saved_bytes;  // per layer
-    size_t scratch_bytes;
-    // recomputation: the layers each kind of per-layer activation keeps (L, or 1 slot reused by every layer)
-    RecomputeMode recompute;
-    int layers_gemm;   // qkv, atty, att_lse, residual2, fch: 1 with full
-    int layers_cheap;  // ln1, ln2, fch_gelu: 1 with selective and full
-    int layers_att;    // att_saved: 1 with selective and full
-    int lm_head_rows;  // rows of one LM-head chunk, <= N
 
     // compute
     AttentionBackend backend;
@@ -209,24 +134,7 @@ typedef struct {
     void* grads_ready_user;
 } GPTModel;
 
-// ---- memory plan ------------------------------------------------------------------------------------
-
-static void gpt_model_plan_acts(GPTModel* m) {
-    const size_t L = m->L, C = m->C, NH = m->NH, N = (size_t)m->B * m->T, Vp = m->Vp, QKV = m->QKV;
-    const size_t Lg = m->layers_gemm, Lc = m->layers_cheap, La = m->layers_att, Nh = m->lm_head_rows;
-    const size_t bf = sizeof(__nv_bfloat16), f4 = sizeof(float);
-    GPTActTensor* t = m->act_table;
-#define GPT_ACT_PLAN(member, type, shp, nbytes) \
-    t[GPT_ACT_##member].name = #member, t[GPT_ACT_##member].shape = shp, t[GPT_ACT_##member].bytes = (nbytes);
-    GPT_ACTIVATIONS(GPT_ACT_PLAN)
-#undef GPT_ACT_PLAN
-    size_t offset = 0;
-    for (int i = 0; i < GPT_NUM_ACTS; i++) {
-        t[i].offset = offset;
-        offset += layer_align256(t[i].bytes);
-    }
-    m->act_bytes = offset;
-}
+// ---- memory ----------------------------------------------------------------------------------------
 
 // Prints the parameter layout and the activation table (name, shape, MiB, offset).
 static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
@@ -239,123 +147,60 @@ static void gpt_model_print_memory(const GPTModel* m, FILE* f) {
         fprintf(f, "    %-10s %12zu elements at %12zu\n", GPT_PARAMS[i].name, m->param_sizes[i], m->param_offsets[i]);
     fprintf(f, "  activations: %.1f MiB in one allocation; --recompute %s: l = %d for qkv, atty, att_lse, "
                "residual2, fch; %d for ln1, ln2, fch_gelu; %d for att_saved; LM head in chunks of %d rows\n",
-            m->act_bytes / MiB, RECOMPUTE_NAMES[m->recompute], m->layers_gemm, m->layers_cheap, m->layers_att,
-            m->lm_head_rows);
-    for (int i = 0; i < GPT_NUM_ACTS; i++)
-        fprintf(f, "    %-10s %-28s %10.2f MiB at %12zu\n", m->act_table[i].name, m->act_table[i].shape,
-                m->act_table[i].bytes / MiB, m->act_table[i].offset);
-}
-
-static inline size_t gpt_max_size(size_t a, size_t b) { return a > b ? a : b; }
-
-// ---- shapes, memory and FLOPs of a recompute mode (no GPU needed) ----------------------------------
-
-// Sets m's shape fields for micro batches (B, T) with attention `backend` and what each kind of
-// per-layer activation keeps under `recompute`; lm_head_rows: rows of an LM-head chunk (0: the
-// default, GPT_LM_HEAD_CHUNK_ROWS), capped at N. No CUDA call; the config and (B, T) must be valid.
-static void gpt_model_set_shape(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                                RecomputeMode recompute, int lm_head_rows) {
-    m->config = config;
-    m->B = B, m->T = T;
-    m->L = config.num_layers, m->C = config.channels, m->NH = config.num_heads;
-    m->HD = m->C / m->NH, m->V = config.vocab_size, m->Vp = config.padded_vocab_size, m->maxT = config.max_seq_len;
-    m->NKV = config.num_kv_heads, m->QKV = (int)gpt_qkv_features(&config);
-    m->backend = backend;
-    m->att_shape.B = B, m->att_shape.T = T, m->att_shape.NH = m->NH, m->att_shape.HD = m->HD;
-    m->att_shape.NKV = m->NKV;
-    m->att_shape.causal = 1;
-    m->recompute = recompute;
-    m->layers_gemm = recompute == RECOMPUTE_FULL ? 1 : m->L;
-    m->layers_cheap = recompute == RECOMPUTE_NONE ? m->L : 1;
-    m->layers_att = m->layers_cheap;
-    const int N = B * T, rows = lm_head_rows > 0 ? lm_head_rows : GPT_LM_HEAD_CHUNK_ROWS;
-    m->lm_head_rows = rows < N ? rows : N;
-    m->att_saved_bytes = attention_saved_bytes(backend, &m->att_shape);
-}
-
-// Bytes of the shared scratch buffer. exact = 1 asks the GPU (LayerNorm's backward grid and CUB's
-// sort storage depend on it); exact = 0 (the plan, before any CUDA call) leaves those two out: they
-// are small next to the attention workspace and the dbias partial sums.
-static size_t gpt_model_scratch_bytes(const GPTModel* m, int exact) {
-    const int N = m->B * m->T, C = m->C;
-    size_t scratch = matmul_dbias_scratch_bytes(N, 4 * C);  // the widest biased output, 4C
-    scratch = gpt_max_size(scratch, matmul_dbias_scratch_bytes(C, C));  // qkv_bias.cuh's (1, C)·(C, C) sums
-    scratch = gpt_max_size(scratch, attention_workspace_bytes(m->backend, &m->att_shape));
-    if (exact) {
-        scratch = gpt_max_size(scratch, encoder_backward_scratch_bytes(N, C, m->Vp));
-        scratch = gpt_max_size(scratch, layernorm_backward_scratch_bytes(N, C));
-    } else {
-        const size_t chunks = layer_ceil_div((size_t)N, ENCODER_BWD_CHUNK);
-        scratch = gpt_max_size(scratch, 3 * layer_align256((size_t)N * sizeof(int)) +
-                                            layer_align256(chunks * 2 * (size_t)C * sizeof(float)));
+            m->memory.act_bytes / MiB, RECOMPUTE_NAMES[m->memory.recompute], m->memory.layers_gemm,
+            m->memory.layers_cheap, m->memory.layers_att, m->memory.lm_head_rows);
+    for (int i = 0; i < GPT_NUM_ACTS; i++) {
+        const GPTActTensor* t = &m->memory.act_table[i];
+        fprintf(f, "    %-10s %-28s %10.2f MiB at %12zu\n", t->name, t->shape, t->bytes / MiB, t->offset);
     }
-    return scratch;
-}
-
-// Bytes of the activation allocation of a (B, T) micro batch under `recompute` (exact: as above).
-static size_t gpt_activation_bytes(GPTConfig config, int B, int T, AttentionBackend backend, RecomputeMode recompute,
-                                   int exact) {
-    static GPTModel m;  // large; only its shape fields and table are used
-    memset(&m, 0, sizeof(m));
-    gpt_model_set_shape(&m, config, B, T, backend, recompute, 0);
-    m.scratch_bytes = gpt_model_scratch_bytes(&m, exact);
-    gpt_model_plan_acts(&m);
-    return m.act_bytes;
-}
-
-// FLOPs per micro step (B sequences) that recomputation adds, counted as the model FLOPs are (a GEMM
-// 2·m·n·k; attention's forward 4·B·T²·C, not halved for the causal mask; LayerNorm and GELU nothing):
-// full reruns each block's forward up to its last GEMM (qkv, attproj and fc: 2·N·C·(QKV + C + 4C) per
-// layer, 16·N·C² without GQA) and
-// its attention forward; selective reruns the attention forward where the backend keeps T² data; the
-// LM head recomputes the logits of every chunk but the last, 2·rows·C·Vp.
-static double gpt_recompute_flops(const GPTModel* m) {
-    const double B = m->B, T = m->T, N = B * T, C = m->C, L = m->L, Vp = m->Vp, QKV = m->QKV;
-    const double attention_forward = 4.0 * B * T * T * C;
-    double flops = 0.0;
-    if (m->recompute == RECOMPUTE_FULL) flops += L * (2.0 * N * C * (QKV + 5.0 * C) + attention_forward);
-    if (m->recompute == RECOMPUTE_SELECTIVE && m->att_saved_bytes > 0) flops += L * attention_forward;
-    const int rows = m->B * m->T, last_chunk_rows = rows - (rows - 1) / m->lm_head_rows * m->lm_head_rows;
-    return flops + 2.0 * (double)(rows - last_chunk_rows) * C * Vp;
 }
 
 // ---- create / destroy -------------------------------------------------------------------------------
 
-// Allocates the model for micro-batches (B, T), T <= config.max_seq_len, with attention `backend`, the
-// given recompute mode and LM-head chunk rows (0: GPT_LM_HEAD_CHUNK_ROWS), all work on `stream`; both
-// allocations padded to a multiple of pad_multiple elements. Parameters and gradients are left zero (the
-// caller uploads or initializes the parameters into model->params). Returns 0, or -1 after printing
-// "error: ..." for an unusable config (head dim, sizes) or backend/shape; CUDA errors exit.
-static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                                 RecomputeMode recompute, int lm_head_rows, cudaStream_t stream,
-                                 size_t pad_multiple) {
-    memset(m, 0, sizeof(*m));
+// Prints "error: ..." and returns -1 when the config, the micro batch or the backend
+// cannot make a model; 0 otherwise.
+static int gpt_model_check(const GPTConfig* config, const GPTModelOptions* o) {
     char why[512];
-    if (gpt_config_check(&config, why, sizeof(why)) != 0) {
+    if (gpt_config_check(config, why, sizeof(why)) != 0) {
         fprintf(stderr, "error: %s\n", why);
         return -1;
     }
-    if (B < 1 || T < 1 || T > config.max_seq_len) {
-        fprintf(stderr, "error: batch %d x sequence length %d: need B >= 1 and 1 <= T <= max_seq_len (%d)\n", B, T,
-                config.max_seq_len);
+    if (o->B < 1 || o->T < 1 || o->T > config->max_seq_len) {
+        fprintf(stderr, "error: batch %d x sequence length %d: need B >= 1 and 1 <= T <= max_seq_len (%d)\n", o->B,
+                o->T, config->max_seq_len);
         return -1;
     }
-    if (config.channels % 8 != 0 || config.padded_vocab_size % 8 != 0) {
+    if (config->channels % 8 != 0 || config->padded_vocab_size % 8 != 0) {
         fprintf(stderr, "error: hidden size %d and padded vocab %d must be multiples of 8 (16-byte bf16 rows)\n",
-                config.channels, config.padded_vocab_size);
+                config->channels, config->padded_vocab_size);
         return -1;
     }
-    gpt_model_set_shape(m, config, B, T, backend, recompute, lm_head_rows);
-    m->stream = stream;
-    if (attention_check(backend, &m->att_shape, why, sizeof(why)) != 0) {
-        const char* name = attention_backend_name(backend);
+    const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);
+    if (attention_check(o->backend, &shape, why, sizeof(why)) != 0) {
+        const char* name = attention_backend_name(o->backend);
         fprintf(stderr, "error: attention backend %s cannot run head dim %d (hidden %d / %d heads), T = %d: %s\n",
-                name ? name : "(unknown)", m->HD, m->C, m->NH, T, why);
+                name ? name : "(unknown)", shape.HD, config->channels, config->num_heads, o->T, why);
         return -1;
     }
+    return 0;
+}
 
-    // parameters and gradients
-    gpt_param_sizes(m->param_sizes, &config);
+// The shape fields, from the config and the micro batch.
+static void gpt_model_set_shape(GPTModel* m, const GPTConfig* config, const GPTModelOptions* o) {
+    m->config = *config;
+    m->B = o->B, m->T = o->T;
+    m->L = config->num_layers, m->C = config->channels, m->NH = config->num_heads;
+    m->HD = m->C / m->NH, m->V = config->vocab_size, m->Vp = config->padded_vocab_size;
+    m->maxT = config->max_seq_len;
+    m->NKV = config->num_kv_heads, m->QKV = (int)gpt_qkv_features(config);
+    m->backend = o->backend;
+    m->att_shape = gpt_attention_shape(config, o->B, o->T);
+}
+
+// The bf16 parameters and gradients: one zeroed allocation each, padded to a multiple of
+// pad_multiple elements, cut into the 16 tensors.
+static void gpt_model_alloc_params(GPTModel* m, size_t pad_multiple) {
+    gpt_param_sizes(m->param_sizes, &m->config);
     m->num_params = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         m->param_offsets[i] = m->num_params;
@@ -367,46 +212,65 @@ static int gpt_model_create_with(GPTModel* m, GPTConfig config, int B, int T, At
     const char* params_hint = "use a smaller model (--model, --layers, --hidden)";
     cuda_malloc_or_explain((void**)&m->params, alloc, "the bf16 weights", params_hint);
     cuda_malloc_or_explain((void**)&m->grads, alloc, "the bf16 gradients", params_hint);
-    CUDA_CHECK(cudaMemsetAsync(m->params, 0, alloc, stream));
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, alloc, stream));
+    CUDA_CHECK(cudaMemsetAsync(m->params, 0, alloc, m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, alloc, m->stream));
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         m->param_tensors[i] = m->params + m->param_offsets[i];
         m->grad_tensors[i] = m->grads + m->param_offsets[i];
     }
+}
 
-    // activations
-    m->scratch_bytes = gpt_model_scratch_bytes(m, 1);
-    gpt_model_plan_acts(m);
+// The activation allocation of the memory plan, and the members pointing into it. An out-of-memory
+// error says which flags lower it.
+static void gpt_model_alloc_activations(GPTModel* m, const GPTModelOptions* o) {
+    gpt_memory_plan(&m->memory, &m->config, o, 1);
     char acts_what[160], acts_hint[512];
-    snprintf(acts_what, sizeof(acts_what), "the activations of a %d x %d micro batch (--recompute %s)", B, T,
-             RECOMPUTE_NAMES[recompute]);
+    snprintf(acts_what, sizeof(acts_what), "the activations of a %d x %d micro batch (--recompute %s)", o->B, o->T,
+             RECOMPUTE_NAMES[o->recompute]);
     snprintf(acts_hint, sizeof(acts_hint),
              "activations grow with --batch-size x --seq-len%s; %slower --batch-size (--total-batch-tokens keeps "
              "the tokens per step through accumulation) or --seq-len%s",
-             backend == ATTN_NAIVE ? ", and naive attention stores B x heads x T^2 probabilities per layer" : "",
-             recompute != RECOMPUTE_FULL ? "use --recompute full (or selective), " : "",
-             backend == ATTN_NAIVE ? ", or use --attn naive-recompute or flash2" : "");
-    cuda_malloc_or_explain(&m->acts_memory, m->act_bytes, acts_what, acts_hint);
+             o->backend == ATTN_NAIVE ? ", and naive attention stores B x heads x T^2 probabilities per layer" : "",
+             o->recompute != RECOMPUTE_FULL ? "use --recompute full (or selective), " : "",
+             o->backend == ATTN_NAIVE ? ", or use --attn naive-recompute or flash2" : "");
+    cuda_malloc_or_explain(&m->acts_memory, m->memory.act_bytes, acts_what, acts_hint);
     char* base = (char*)m->acts_memory;
-#define GPT_ACT_POINTER(member, type, shape, bytes) m->member = (type*)(base + m->act_table[GPT_ACT_##member].offset);
+#define GPT_ACT_POINTER(member, type, shape, bytes) \
+    m->member = (type*)(base + m->memory.act_table[GPT_ACT_##member].offset);
     GPT_ACTIVATIONS(GPT_ACT_POINTER)
 #undef GPT_ACT_POINTER
+}
 
-    // compute contexts
-    matmul_context_create(&m->matmul, stream);
-    m->att_sums_dq = attention_sums_dq_columns(backend, &m->att_shape);
+// Creates the whole model of `config` as `o` says: parameters and gradients (left zero: the caller
+// uploads or initializes the parameters into model->params), activations, GEMM and attention
+// contexts. Returns 0, or -1 after printing "error: ..." for an unusable config (head dim, sizes) or
+// backend/shape; CUDA errors exit.
+static int gpt_model_create(GPTModel* m, const GPTConfig* config, const GPTModelOptions* o) {
+    memset(m, 0, sizeof(*m));
+    if (gpt_model_check(config, o) != 0) return -1;
+    gpt_model_set_shape(m, config, o);
+    m->stream = o->stream;
+    m->deterministic_attention = o->deterministic_attention;
+    gpt_model_alloc_params(m, o->pad_multiple);
+    gpt_model_alloc_activations(m, o);
+    matmul_context_create(&m->matmul, o->stream);
+    m->matmul.tune = o->tune_gemms;
+    m->att_sums_dq = attention_sums_dq_columns(o->backend, &m->att_shape);
     m->att_ctx.cublas = NULL;
-    if (attention_uses_cublas(backend)) {
+    if (attention_uses_cublas(o->backend)) {
         CUBLAS_CHECK(cublasCreate(&m->att_ctx.cublas));
-        CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, stream));
+        CUBLAS_CHECK(cublasSetStream(m->att_ctx.cublas, o->stream));
     }
     return 0;
 }
 
-// No recomputation, the default LM-head chunks, no padding (the tests, --generate's prefill).
-static int gpt_model_create(GPTModel* m, GPTConfig config, int B, int T, AttentionBackend backend,
-                            cudaStream_t stream) {
-    return gpt_model_create_with(m, config, B, T, backend, RECOMPUTE_NONE, 0, stream, 1);
+// The options of the simplest model: micro batches (B, T), no recomputation, the default LM-head
+// chunks, fixed GEMM choices, no padding (the tests, --generate's prefill).
+static GPTModelOptions gpt_model_options(int B, int T, AttentionBackend backend, cudaStream_t stream) {
+    GPTModelOptions o;
+    memset(&o, 0, sizeof(o));
+    o.B = B, o.T = T, o.backend = backend, o.stream = stream;
+    return o;
 }
 
 static void gpt_model_destroy(GPTModel* m) {
@@ -432,8 +296,8 @@ typedef struct {
 } GPTBlockActs;
 
 static GPTBlockActs gpt_block_acts(const GPTModel* m, int l) {
-    const size_t N = (size_t)m->B * m->T, NC = N * m->C, g = gpt_slot(m->layers_gemm, l);
-    const size_t c = gpt_slot(m->layers_cheap, l);
+    const size_t N = (size_t)m->B * m->T, NC = N * m->C, g = gpt_slot(m->memory.layers_gemm, l);
+    const size_t c = gpt_slot(m->memory.layers_cheap, l);
     GPTBlockActs a;
     a.residual = l == 0 ? m->encoded : m->residual3 + (size_t)(l - 1) * NC;
     a.ln1 = m->ln1 + c * NC;
@@ -461,7 +325,7 @@ static __global__ void __launch_bounds__(256) gpt_mean_loss_kernel(float* mean, 
 // The attention arguments of layer l (forward and backward fields both filled).
 static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
     const size_t N = (size_t)m->B * m->T, C = m->C, QKV = m->QKV, KV = (size_t)m->NKV * m->HD;
-    const size_t g = gpt_slot(m->layers_gemm, l);
+    const size_t g = gpt_slot(m->memory.layers_gemm, l);
     AttentionArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = m->att_shape;
@@ -478,9 +342,9 @@ static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
     a.dk = m->dwide + C;
     a.dv = m->dwide + C + KV;
     a.dqkv_stride = (long)QKV;
-    a.saved = m->att_saved_bytes
-                  ? (void*)(m->att_saved + gpt_slot(m->layers_att, l) * layer_align256(m->att_saved_bytes))
-                  : NULL;
+    const size_t saved_bytes = m->memory.att_saved_bytes;
+    a.saved = saved_bytes ? (void*)(m->att_saved + gpt_slot(m->memory.layers_att, l) * layer_align256(saved_bytes))
+                          : NULL;
     a.workspace = m->scratch;
     a.deterministic = m->deterministic_attention;
     return a;
@@ -493,7 +357,7 @@ static void gpt_mlp_up_forward(GPTModel* m, const GPTBlockActs* a, int l) {
     const size_t lC = (size_t)l * m->C;
     const int N = m->B * m->T, C = m->C;
     __nv_bfloat16* const* p = m->param_tensors;
-    if (m->recompute == RECOMPUTE_SELECTIVE) {
+    if (m->memory.recompute == RECOMPUTE_SELECTIVE) {
         matmul_forward(&m->matmul, a->fch, a->ln2, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, NULL);
         gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, m->stream);
     } else {
@@ -541,7 +405,7 @@ static void gpt_block_recompute_selective(GPTModel* m, int l) {
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C,
                       m->stream);
     gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, m->stream);
-    if (m->att_saved_bytes > 0) {
+    if (m->memory.att_saved_bytes > 0) {
         AttentionArgs att = gpt_attention_args(m, l);
         attention_forward(m->backend, &m->att_ctx, &att, m->stream);
     }
@@ -570,8 +434,8 @@ static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* ta
                       s);
     // per chunk of rows: logits (rows, Vp) = lnf · wteᵀ, then their losses (and the last chunk's
     // dlogits in place when training)
-    for (int row0 = 0; row0 < N; row0 += m->lm_head_rows) {
-        const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
+    for (int row0 = 0; row0 < N; row0 += m->memory.lm_head_rows) {
+        const int rows = N - row0 < m->memory.lm_head_rows ? N - row0 : m->memory.lm_head_rows;
         gpt_lm_head_chunk(m, row0, rows);
         if (grad_scale > 0.0f && row0 + rows == N)
             crossentropy_forward_backward(m->losses + row0, m->logits, targets + row0, grad_scale, rows, m->V, Vp, s);
@@ -625,13 +489,13 @@ static void gpt_model_zero_grad(GPTModel* m) {
 // as dlogits after gpt_model_forward_train with this grad_scale), then dln (rows, C) = dlogits · wte
 // and dwte += dlogitsᵀ · lnf.
 static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
-    const int N = m->B * m->T, C = m->C, Vp = m->Vp, last = (N - 1) / m->lm_head_rows * m->lm_head_rows;
+    const int N = m->B * m->T, C = m->C, Vp = m->Vp, chunk = m->memory.lm_head_rows, last = (N - 1) / chunk * chunk;
     LAYER_REQUIRE(m->dlogits_scale == 0.0f || m->dlogits_scale == grad_scale,
                   "gpt_model_backward: grad_scale %g differs from the %g given to gpt_model_forward_train; pass the "
                   "same value to both",
                   grad_scale, m->dlogits_scale);
-    for (int row0 = last; row0 >= 0; row0 -= m->lm_head_rows) {
-        const int rows = N - row0 < m->lm_head_rows ? N - row0 : m->lm_head_rows;
+    for (int row0 = last; row0 >= 0; row0 -= m->memory.lm_head_rows) {
+        const int rows = N - row0 < m->memory.lm_head_rows ? N - row0 : m->memory.lm_head_rows;
         if (row0 != last) gpt_lm_head_chunk(m, row0, rows);
         if (row0 != last || m->dlogits_scale == 0.0f)
             crossentropy_forward_backward(m->losses + row0, m->logits, m->targets + row0, grad_scale, rows, m->V, Vp,
@@ -654,6 +518,7 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
     __nv_bfloat16* const* p = m->param_tensors;
     __nv_bfloat16* const* g = m->grad_tensors;
     float* ln_scratch = (float*)m->scratch;
+    const size_t scratch_bytes = m->memory.scratch_bytes;
 
     // LM head: losses again, dln (N, C) = d(lnf), dwte +=
     gpt_lm_head_backward(m, grad_scale);
@@ -662,13 +527,13 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
     // whose output was added there (so those two GEMMs run without a bias-gradient epilogue)
     CUDA_CHECK(cudaMemsetAsync(m->dresidual, 0, NC * sizeof(__nv_bfloat16), s));
     layernorm_backward(m->dresidual, g[GPT_LNFW], g[GPT_LNFB], g[GPT_FCPROJB] + (size_t)(L - 1) * C, ln_scratch,
-                       m->scratch_bytes, m->dln, m->residual3 + (L - 1) * NC, p[GPT_LNFW], m->lnf_mean,
+                       scratch_bytes, m->dln, m->residual3 + (L - 1) * NC, p[GPT_LNFW], m->lnf_mean,
                        m->lnf_rstd, N, C, s);
 
     for (int l = L - 1; l >= 0; l--) {
         const size_t lC = (size_t)l * C;
-        if (m->recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
-        if (m->recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
+        if (m->memory.recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
+        if (m->memory.recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
         const GPTBlockActs a = gpt_block_acts(m, l);
         // MLP: dresidual is d(residual3); dwide (N, 4C) = d(fch) through the fused dGELU,
         // and the fc bias gradient dfcb += column sums of d(fch), made with it (the projection's own
@@ -681,7 +546,7 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
                         p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
         // dresidual += LN2 backward: now d(residual2); dattprojb += its column sums
         layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, g[GPT_ATTPROJB] + lC, ln_scratch,
-                           m->scratch_bytes, m->dln, a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
+                           scratch_bytes, m->dln, a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
         // attention projection: dln (N, C) = d(atty)
         matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, NULL, m->dresidual, a.atty,
                         p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
@@ -702,12 +567,12 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding);
         // the previous block's MLP projection bias gradient += its column sums
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC,
-                           l > 0 ? g[GPT_FCPROJB] + lC - C : NULL, ln_scratch, m->scratch_bytes, m->dln, a.residual,
+                           l > 0 ? g[GPT_FCPROJB] + lC - C : NULL, ln_scratch, scratch_bytes, m->dln, a.residual,
                            p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);
         if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);  // layer l's gradients are final
     }
     // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)
-    encoder_backward(g[GPT_WTE], g[GPT_WPE], m->scratch, m->scratch_bytes, m->dresidual, m->inputs, B, T, C, Vp, s);
+    encoder_backward(g[GPT_WTE], g[GPT_WPE], m->scratch, scratch_bytes, m->dresidual, m->inputs, B, T, C, Vp, s);
     if (m->grads_ready) m->grads_ready(m->grads_ready_user, -1);  // wte, wpe, lnfw, lnfb are final
 }
 
