@@ -1,11 +1,34 @@
-// attention.cu: the dispatcher behind attention.h: names, shape checks, memory sizes, and the
-// forward and backward calls routed to the backend the user picked.
+// attention.cu: the dispatcher behind attention.h: names, shape checks, memory sizes, the forward
+// and backward calls routed to the backend the user picked, and flash2's switches, the one place the
+// library reads the environment.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/backends.h"
 
 static const char* BACKEND_NAMES[] = {"naive", "flash1", "flash2", "naive-recompute"};
+
+// FLASH2_MMA_SYNC and FLASH2_FORWARD_LONG_T (attention.h).
+static AttentionFlash2Settings read_flash2_settings(void) {
+    AttentionFlash2Settings settings;
+    const char* force = getenv("FLASH2_MMA_SYNC");
+    settings.mma_sync_forced = force && force[0] != '\0' && strcmp(force, "0") != 0;
+    const char* long_t = getenv("FLASH2_FORWARD_LONG_T");
+    settings.forward_long_t = long_t && long_t[0] ? atoi(long_t) : 0;
+    if (settings.forward_long_t < 0) settings.forward_long_t = 0;
+    return settings;
+}
+
+// The settings, read on the first call that needs them (once per process, also with several threads).
+static const AttentionFlash2Settings* flash2_settings(void) {
+    static const AttentionFlash2Settings settings = read_flash2_settings();
+    return &settings;
+}
+
+AttentionFlash2Settings attention_flash2_settings(void) { return *flash2_settings(); }
+
+int attention_flash2_uses_wgmma(void) { return flash2_use_wgmma(flash2_settings()); }
 
 const char* attention_backend_name(AttentionBackend backend) {
     if ((int)backend < 0 || (int)backend >= NUM_ATTENTION_BACKENDS) return NULL;
@@ -114,13 +137,13 @@ void attention_forward(AttentionBackend backend, const AttentionContext* ctx, co
         case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_forward(ctx, args, stream); return;
         case ATTN_FLASH1: flash1_attention_forward(args, stream); return;
-        case ATTN_FLASH2: flash2_attention_forward(args, stream); return;
+        case ATTN_FLASH2: flash2_attention_forward(args, flash2_settings(), stream); return;
         default: unsupported(backend, &args->shape);
     }
 }
 
 int attention_sums_dq_columns(AttentionBackend backend, const AttentionShape* shape) {
-    return backend == ATTN_FLASH2 && flash2_sums_dq_columns(shape);
+    return backend == ATTN_FLASH2 && flash2_sums_dq_columns(shape, flash2_settings());
 }
 
 void attention_backward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
@@ -136,7 +159,7 @@ void attention_backward(AttentionBackend backend, const AttentionContext* ctx, c
         case ATTN_NAIVE: naive_attention_backward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_backward(ctx, args, stream); return;
         case ATTN_FLASH1: flash1_attention_backward(args, stream); return;
-        case ATTN_FLASH2: flash2_attention_backward(args, stream); return;
+        case ATTN_FLASH2: flash2_attention_backward(args, flash2_settings(), stream); return;
         default: unsupported(backend, &args->shape);
     }
 }

@@ -73,6 +73,18 @@ typedef struct {
     cublasHandle_t cublas;  // the naive backend's GEMMs; may be NULL for the flash backends
 } AttentionContext;
 
+// flash2's switches, from the environment. The library reads them once, on the first call that needs
+// them (the only environment it reads), and passes them to flash2:
+//   FLASH2_MMA_SYNC=1 (any value but empty and "0")  flash2 runs its mma.sync kernels on Hopper too,
+//       to test or time them there;
+//   FLASH2_FORWARD_LONG_T=N (N > 0)  flash2's Hopper forward takes its long-sequence tile shape from
+//       N keys on, for every head dim that has one (attention/flash2/flash2_tiles.h), so that tests
+//       reach it at short lengths.
+typedef struct {
+    int mma_sync_forced;  // FLASH2_MMA_SYNC set (1) or not (0)
+    int forward_long_t;   // FLASH2_FORWARD_LONG_T, 0 when unset (the tile shapes' own lengths)
+} AttentionFlash2Settings;
+
 // The row strides of k, v and of dk, dv (kv_stride and dkv_stride, or the q strides where those are 0).
 static inline long attention_kv_stride(const AttentionArgs* a) { return a->kv_stride ? a->kv_stride : a->qkv_stride; }
 static inline long attention_dkv_stride(const AttentionArgs* a) {
@@ -96,6 +108,12 @@ int attention_uses_cublas(AttentionBackend backend);
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape);
 // 1 when the backend's backward can fill AttentionArgs.dq_colsum for `shape` on this GPU, else 0.
 int attention_sums_dq_columns(AttentionBackend backend, const AttentionShape* shape);
+// flash2's switches in effect (AttentionFlash2Settings above); asks no GPU.
+AttentionFlash2Settings attention_flash2_settings(void);
+// 1 when flash2 runs its Hopper (wgmma) kernels on the current GPU, whose backward can be
+// deterministic (AttentionArgs.deterministic); 0 when it runs its mma.sync kernels. Asks the GPU on
+// its first call.
+int attention_flash2_uses_wgmma(void);
 // Enqueue the forward or backward pass on `stream`. The shape must have passed attention_check.
 // Errors from CUDA or cuBLAS exit with a message (attention/common/cuda_check.h).
 void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,

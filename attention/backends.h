@@ -22,16 +22,17 @@ void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream);
 void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream);
 
 // flash2 (flash2_forward.cu, flash2_backward.cu): FlashAttention-2, on wgmma (Hopper kernels) when
-// flash2_use_wgmma(), else on mma.sync tensor cores; FLASH2_MMA_SYNC=1 in the environment
-// (flash2_mma_sync_forced()) keeps Hopper on mma.sync, to test or time those kernels there;
-// FLASH2_FORWARD_LONG_T=N moves the length from which the Hopper forward takes its long-sequence
-// tile shape, for tests (read in flash2_tiles.h: flash2_forward_long_t_env()).
+// flash2_use_wgmma(), else on mma.sync tensor cores. The dispatcher passes the switches it read from
+// the environment (AttentionFlash2Settings, attention.h): mma_sync_forced keeps Hopper on mma.sync,
+// forward_long_t moves the length from which the Hopper forward takes its long-sequence tile shape.
 int flash2_supports_head_dim(int head_dim);
-int flash2_mma_sync_forced(void);
-int flash2_use_wgmma(void);
+int flash2_use_wgmma(const AttentionFlash2Settings* settings);
 size_t flash2_attention_workspace_bytes(const AttentionShape* shape);
-int flash2_sums_dq_columns(const AttentionShape* shape);  // the Hopper backward: its dQ pass sums columns
-void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream);
-void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream);
+// 1 where the Hopper backward runs: its dQ pass sums dq's columns (AttentionArgs.dq_colsum).
+int flash2_sums_dq_columns(const AttentionShape* shape, const AttentionFlash2Settings* settings);
+void flash2_attention_forward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
+                              cudaStream_t stream);
+void flash2_attention_backward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
+                               cudaStream_t stream);
 
 #endif  // ATTENTION_BACKENDS_H

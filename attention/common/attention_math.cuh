@@ -121,7 +121,7 @@ __device__ __forceinline__ void softmax_finish(const float (&row_max)[2], const 
 // and columns col0 + 8·nt + {0, 1} (queries; col0 is the block's first query + 2·(lane % 4)).
 // lse_log2[j] is that of column col0 + j (8-byte aligned). With `masked`, entries with a key or
 // query past T, or (causal) key > query, become 0. Up to 8 tiles the LSE values are read as pairs
-// (half the shared-memory loads); with more, the pairs' registers made ptxas spill (d64's 128 rows).
+// (half the shared-memory loads); with more, the pairs' registers make ptxas spill (d64's 128 rows).
 template <int NT, bool CAUSAL>
 __device__ __forceinline__ void probs_from_scores(float* s, int key, int col0, int T, bool masked,
                                                   const float* lse_log2, float scale_log2) {

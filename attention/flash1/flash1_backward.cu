@@ -27,33 +27,23 @@
 // Causal: query blocks wholly before the key block are skipped; masking only on diagonal and
 // end-of-sequence blocks.
 // The per-warp step (Sᵀ, dPᵀ, Pᵀ, dSᵀ, dV and dK, dSᵀ to shared memory), the dS K product and the
-// staging of dK, dV are flash2's (flash2_backward_kernel.cuh), on the same tiles; flash1's own are
-// the loop order, D_i in the step and the read-modify-write of dq_accum.
+// staging of dK, dV are attention/common/mma_backward_step.cuh's, shared with flash2's mma.sync
+// backward, on the same tiles; flash1's own are the loop order, D_i in the step and the
+// read-modify-write of dq_accum.
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "attention/common/cuda_check.h"
 #include "attention/backends.h"
-#include "attention/flash2/sm80/flash2_backward_kernel.cuh"
+#include "attention/common/cuda_check.h"
+#include "attention/common/mma_backward_step.cuh"
 #include "attention/common/mma_common.cuh"
+#include "attention/flash1/flash1_params.h"
 
-void flash1_require_aligned(const void* ptr, long stride, const char* what);  // flash1_forward.cu
-
-typedef struct {
-    const __nv_bfloat16 *q, *k, *v, *out, *dout;
-    const float* lse;
-    __nv_bfloat16 *dq, *dk, *dv;
-    float* dq_accum;  // (B, NH, T, HD)
-    long qkv_stride, kv_stride, out_stride, dqkv_stride, dkv_stride;
-    int T, NH, NKV;
-    float scale, scale_log2;
-} Flash1BackwardParams;
-
-// The step's shapes, tiles and dQ warp split are flash2's; flash1 adds double-buffered O tiles (for
-// D_i) to shared memory.
+// The step's shapes, tiles and dQ warp split are BackwardStepConfig's; flash1 adds double-buffered O
+// tiles (for D_i) to shared memory.
 template <int HD, int BLOCK_M, int NWARPS>
 struct Flash1BackwardConfig {
-    typedef Flash2BackwardConfig<HD, BLOCK_M, NWARPS> Step;
+    typedef BackwardStepConfig<HD, BLOCK_M, NWARPS> Step;
     typedef typename Step::Tile Tile;
     typedef typename Step::DsTile DsTile;  // dSᵀ (BLOCK_N keys, BLOCK_M queries)
     static constexpr int THREADS = Step::THREADS;
@@ -215,8 +205,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1) flash1_backward_kernel(Flash1B
             row_terms(buf);
             if (j > 0) add_dq_block(h0 + (j - 1) / per_head, m_begin + (j - 1) % per_head, buf ^ 1, first);
 
-            // The warp's step (flash2's); its barrier B, after the products, publishes D and
-            // LSE·log2 e of block m (row_terms above).
+            // The warp's step (mma_backward_step.cuh); its barrier B, after the products, publishes
+            // D and LSE·log2 e of block m (row_terms above).
             backward_warp_step<HD, BLOCK_M, NWARPS, CAUSAL, true>(
                 acc_dk, acc_dv, lanes, lse_tiles + buf * BLOCK_M, d_tiles + buf * BLOCK_M, ds_tiles + buf * C::DS_ELEMS,
                 key_row0, n0, m0, T, p.scale_log2);

@@ -2,7 +2,8 @@
 // FlashAttention paper) on mma.sync tensor cores.
 //
 // Inputs q (B, T, NH, HD) rows at qkv_stride, k and v (B, T, NKV, HD) rows at kv_stride (attention.h;
-// query head h reads K/V head h / (NH / NKV)); outputs out (B, T, NH, HD) bf16 at out_stride and lse (B, NH, T) fp32 (natural log), as flash2.
+// query head h reads K/V head h / (NH / NKV)); outputs out (B, T, NH, HD) bf16 at out_stride and lse
+// (B, NH, T) fp32 (natural log), as flash2.
 // Workspace (fp32): o_accum (B, NH, T, HD), row_max and row_sum (B, NH, T): the running O, m and ℓ
 // of every query row, kept in HBM between key blocks. Nothing of size T².
 //
@@ -30,18 +31,7 @@
 #include "attention/common/attention_math.cuh"
 #include "attention/backends.h"
 #include "attention/common/mma_common.cuh"
-
-typedef struct {
-    const __nv_bfloat16 *q, *k, *v;
-    __nv_bfloat16* out;
-    float* lse;
-    float* o_accum;  // (B, NH, T, HD): O of the key blocks seen so far, normalized
-    float* row_max;  // (B, NH, T): m, in units of S·scale_log2
-    float* row_sum;  // (B, NH, T): ℓ
-    long qkv_stride, kv_stride, out_stride;
-    int T, NH, NKV;
-    float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
-} Flash1ForwardParams;
+#include "attention/flash1/flash1_params.h"
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>
 struct Flash1ForwardConfig {

@@ -6,11 +6,10 @@
 #include <stdlib.h>
 
 #include "attention/backends.h"
+#include "attention/flash2/flash2_params.h"
+#include "attention/flash2/flash2_tiles.h"
 #include "attention/flash2/sm80/flash2_backward_kernel.cuh"
 #include "attention/flash2/sm90/flash2_backward_hopper.cuh"
-#include "attention/flash2/flash2_tiles.h"
-
-void flash2_require_aligned(const void* ptr, long stride, const char* what);  // flash2_forward.cu
 
 template <int HD, bool CAUSAL>
 static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, int deterministic,
@@ -20,11 +19,12 @@ static void launch_backward_hopper_tiles(const Flash2BackwardParams* p, int B, i
     else launch_backward_ws<HD, Tiles::BLOCK_M, CAUSAL, false, Tiles::DK_FROM_SMEM, Tiles::SCHEDULE>(p, B, stream);
 }
 
-// mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), measured with
-// build/flash2_tune (attention/tools/flash2_tune.cu; results in attention/PERF_NOTES.md).
+// mma.sync shapes: (query rows per step, warps (16 keys each), blocks per SM), the fastest
+// build/flash2_tune found (attention/tools/flash2_tune.cu; results in attention/PERF_NOTES.md).
 template <bool CAUSAL>
-static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int deterministic, cudaStream_t stream) {
-    if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
+static void dispatch_backward(const Flash2BackwardParams* p, int B, int HD, int deterministic,
+                              const AttentionFlash2Settings* settings, cudaStream_t stream) {
+    if (flash2_use_wgmma(settings)) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
         switch (HD) {
             case 64: launch_backward_hopper_tiles<64, CAUSAL>(p, B, deterministic, stream); break;
             case 80: launch_backward_hopper_tiles<80, CAUSAL>(p, B, deterministic, stream); break;
@@ -63,11 +63,12 @@ size_t flash2_attention_workspace_bytes(const AttentionShape* s) {
     return mma_sync > hopper ? mma_sync : hopper;
 }
 
-int flash2_sums_dq_columns(const AttentionShape* s) {
-    return flash2_use_wgmma() && flash2_supports_head_dim(s->HD);
+int flash2_sums_dq_columns(const AttentionShape* s, const AttentionFlash2Settings* settings) {
+    return flash2_use_wgmma(settings) && flash2_supports_head_dim(s->HD);
 }
 
-void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
+void flash2_attention_backward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
+                               cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash2_require_aligned(args->q, args->qkv_stride, "q");
     flash2_require_aligned(args->k, attention_kv_stride(args), "k");
@@ -105,6 +106,6 @@ void flash2_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     p.scale_log2 = p.scale * FLASH2_LOG2E;
     p.dq_colsum = args->dq_colsum;  // attention_backward has checked flash2_sums_dq_columns
     p.dq_colsum_accumulate = args->dq_colsum_accumulate;
-    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, stream);
-    else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, stream);
+    if (s->causal) dispatch_backward<true>(&p, s->B, s->HD, args->deterministic, settings, stream);
+    else dispatch_backward<false>(&p, s->B, s->HD, args->deterministic, settings, stream);
 }

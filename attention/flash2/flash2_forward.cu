@@ -3,18 +3,19 @@
 // tiles from flash2_tiles.h; elsewhere the mma.sync kernel of flash2_forward_kernel.cuh, shapes below.
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "attention/backends.h"
-#include "attention/flash2/sm90/flash2_forward_hopper.cuh"
-#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/flash2/flash2_params.h"
 #include "attention/flash2/flash2_tiles.h"
+#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/flash2/sm90/flash2_forward_hopper.cuh"
 
-// Other GPUs, or FLASH2_MMA_SYNC=1 in the environment (to test or time them on Hopper), use the
-// mma.sync kernels; so does a Hopper GPU whose code in this binary was built without sm_90a (e.g.
-// GPU_ARCH="80 90"): wgmma, TMA's kernels and setmaxnreg exist only there, and the Hopper kernels
-// would trap. A one-thread probe kernel tells which code runs here. mma.sync block shapes: (query
-// rows, key rows, warps, blocks per SM the registers allow), measured with build/flash2_tune.
+// Other GPUs, or settings->mma_sync_forced (FLASH2_MMA_SYNC, to test or time them on Hopper), use
+// the mma.sync kernels; so does a Hopper GPU whose code in this binary was built without sm_90a
+// (e.g. GPU_ARCH="80 90"): wgmma, TMA's kernels and setmaxnreg exist only there, and the Hopper
+// kernels would trap. A one-thread probe kernel tells which code runs here. mma.sync block shapes:
+// (query rows, key rows, warps, blocks per SM the registers allow), the fastest build/flash2_tune
+// found (attention/PERF_NOTES.md).
 __global__ void flash2_wgmma_probe(int* built) { *built = WGMMA_AVAILABLE; }
 
 static int wgmma_built_for_this_gpu(void) {
@@ -27,18 +28,16 @@ static int wgmma_built_for_this_gpu(void) {
     return built;
 }
 
-int flash2_mma_sync_forced(void) {
-    const char* force = getenv("FLASH2_MMA_SYNC");
-    return force && force[0] != '\0' && strcmp(force, "0") != 0;
-}
-
-int flash2_use_wgmma(void) {
-    static int use = -1;  // one device per process (the trainer runs one process per GPU)
+// Whether the current GPU runs the Hopper kernels, asked once (one device per process: the trainer
+// runs one process per GPU); not asked at all while the mma.sync kernels are forced.
+int flash2_use_wgmma(const AttentionFlash2Settings* settings) {
+    static int use = -1;
+    if (settings->mma_sync_forced) return 0;
     if (use < 0) {
         int device = 0, major = 0;
         ATTN_CUDA_CHECK(cudaGetDevice(&device));
         ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        use = major == 9 && !flash2_mma_sync_forced();
+        use = major == 9;
         if (use && !wgmma_built_for_this_gpu()) {
             fprintf(stderr, "flash2: this binary has no sm_90a code, so flash2 runs its mma.sync kernels on this "
                             "Hopper GPU; rebuild with GPU_ARCH including 90a (make GPU_ARCH=\"80 90a\") for the "
@@ -49,11 +48,12 @@ int flash2_use_wgmma(void) {
     return use;
 }
 
+// long_t: AttentionFlash2Settings.forward_long_t (flash2_forward_long_shape).
 template <int HD, bool CAUSAL>
-static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cudaStream_t stream) {
+static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, int long_t, cudaStream_t stream) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     if constexpr (Tiles::LONG_T > 0) {
-        if (flash2_forward_long_shape(Tiles::LONG_T, p->T)) {
+        if (flash2_forward_long_shape(Tiles::LONG_T, p->T, long_t)) {
             launch_forward_ws<HD, Tiles::BLOCK_N, Tiles::LONG_CONSUMERS, CAUSAL, true, Tiles::STORER>(p, B, stream);
             return;
         }
@@ -62,13 +62,15 @@ static void launch_forward_hopper_tiles(const Flash2ForwardParams* p, int B, cud
 }
 
 template <bool CAUSAL>
-static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, cudaStream_t stream) {
-    if (flash2_use_wgmma()) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
+static void dispatch_forward(const Flash2ForwardParams* p, int B, int HD, const AttentionFlash2Settings* settings,
+                             cudaStream_t stream) {
+    if (flash2_use_wgmma(settings)) {  // Hopper: the warp-specialized TMA kernel, tiles from flash2_tiles.h
+        const int long_t = settings->forward_long_t;
         switch (HD) {
-            case 64: launch_forward_hopper_tiles<64, CAUSAL>(p, B, stream); break;
-            case 80: launch_forward_hopper_tiles<80, CAUSAL>(p, B, stream); break;
-            case 96: launch_forward_hopper_tiles<96, CAUSAL>(p, B, stream); break;
-            case 128: launch_forward_hopper_tiles<128, CAUSAL>(p, B, stream); break;
+            case 64: launch_forward_hopper_tiles<64, CAUSAL>(p, B, long_t, stream); break;
+            case 80: launch_forward_hopper_tiles<80, CAUSAL>(p, B, long_t, stream); break;
+            case 96: launch_forward_hopper_tiles<96, CAUSAL>(p, B, long_t, stream); break;
+            case 128: launch_forward_hopper_tiles<128, CAUSAL>(p, B, long_t, stream); break;
         }
         return;
     }
@@ -96,7 +98,8 @@ void flash2_require_aligned(const void* ptr, long stride, const char* what) {
     }
 }
 
-void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
+void flash2_attention_forward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
+                              cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
     flash2_require_aligned(args->q, args->qkv_stride, "q");
     flash2_require_aligned(args->k, attention_kv_stride(args), "k");
@@ -123,6 +126,6 @@ void flash2_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     }
     p.tile_counter = s->causal ? (unsigned long long*)args->workspace : NULL;
     p.tile_epoch = 0;  // the launch sets it
-    if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, stream);
-    else dispatch_forward<false>(&p, s->B, s->HD, stream);
+    if (s->causal) dispatch_forward<true>(&p, s->B, s->HD, settings, stream);
+    else dispatch_forward<false>(&p, s->B, s->HD, settings, stream);
 }

@@ -279,42 +279,61 @@ static void copy_rows(void* dst, long dst_stride, const void* src, long src_stri
 }
 
 // ---------------------------------------------------------------------------------------------
-// main
+// One run
 
-int main(int argc, char** argv) {
-    ToolOptions opt = parse_options(argc, argv);
+// The sizes of one run: (b, t) rows, values per row of q (NH·HD) and of k or v (NKV·HD), and bytes.
+typedef struct {
+    size_t rows;          // (b, t) pairs
+    size_t row_elems;     // one token's (NH, HD) values
+    size_t kv_elems;      // one token's (NKV, HD) values of k or v
+    size_t tensor_bytes;  // (B, T, NH, HD) bf16
+    size_t kv_bytes;      // (B, T, NKV, HD) bf16
+    size_t lse_bytes;     // (B, NH, T) fp32
+} ToolSizes;
+
+static ToolSizes tool_sizes(const ToolOptions* opt) {
+    ToolSizes z;
+    z.rows = (size_t)opt->B * opt->T;
+    z.row_elems = (size_t)opt->NH * opt->HD;
+    z.kv_elems = (size_t)opt->NKV * opt->HD;
+    z.tensor_bytes = z.rows * z.row_elems * sizeof(__nv_bfloat16);
+    z.kv_bytes = z.rows * z.kv_elems * sizeof(__nv_bfloat16);
+    z.lse_bytes = (size_t)opt->B * opt->NH * opt->T * sizeof(float);
+    return z;
+}
+
+// The shape of the options; exits 1 with the backend's reason when it cannot run it.
+static AttentionShape checked_shape(const ToolOptions* opt) {
     AttentionShape shape;
     memset(&shape, 0, sizeof(shape));
-    shape.B = opt.B, shape.T = opt.T, shape.NH = opt.NH, shape.NKV = opt.NKV, shape.HD = opt.HD;
-    shape.causal = opt.causal;
+    shape.B = opt->B, shape.T = opt->T, shape.NH = opt->NH, shape.NKV = opt->NKV, shape.HD = opt->HD;
+    shape.causal = opt->causal;
     char why[512];
-    if (attention_check(opt.backend, &shape, why, sizeof(why)) != 0) {
+    if (attention_check(opt->backend, &shape, why, sizeof(why)) != 0) {
         fprintf(stderr, "error: %s\n", why);
         exit(1);
     }
+    return shape;
+}
 
-    const size_t rows = (size_t)opt.B * opt.T;               // (b, t) pairs
-    const size_t row_elems = (size_t)opt.NH * opt.HD;         // one token's (NH, HD) values
-    const size_t kv_elems = (size_t)opt.NKV * opt.HD;         // one token's (NKV, HD) values of k or v
-    const size_t tensor_bytes = rows * row_elems * sizeof(__nv_bfloat16);    // (B, T, NH, HD)
-    const size_t kv_bytes = rows * kv_elems * sizeof(__nv_bfloat16);        // (B, T, NKV, HD)
-    const size_t lse_bytes = (size_t)opt.B * opt.NH * opt.T * sizeof(float);  // (B, NH, T)
+static const char* INPUT_NAMES[4] = {"q.bin", "k.bin", "v.bin", "dout.bin"};
 
-    // Inputs first: a wrong file is reported before any GPU work.
-    const char* input_names[4] = {"q.bin", "k.bin", "v.bin", "dout.bin"};
-    const int input_heads[4] = {opt.NH, opt.NKV, opt.NKV, opt.NH};
-    void* host_in[4];
+// q, k, v and dout from the input folder into host memory (host_in[i] for INPUT_NAMES[i]).
+static void read_inputs(const ToolOptions* opt, const ToolSizes* z, void* host_in[4]) {
+    const int input_heads[4] = {opt->NH, opt->NKV, opt->NKV, opt->NH};
     for (int i = 0; i < 4; i++) {
-        const size_t bytes = input_heads[i] == opt.NH ? tensor_bytes : kv_bytes;
+        const size_t bytes = input_heads[i] == opt->NH ? z->tensor_bytes : z->kv_bytes;
         host_in[i] = malloc(bytes);
         if (!host_in[i]) {
-            fprintf(stderr, "error: out of host memory reading %s (%zu bytes)\n", input_names[i], bytes);
+            fprintf(stderr, "error: out of host memory reading %s (%zu bytes)\n", INPUT_NAMES[i], bytes);
             exit(1);
         }
-        read_input(opt.in_dir, input_names[i], host_in[i], bytes, input_heads[i], &opt);
+        read_input(opt->in_dir, INPUT_NAMES[i], host_in[i], bytes, input_heads[i], opt);
     }
-    make_dir(opt.out_dir);
+}
 
+// GPU 0's properties; exits 1 when there is no GPU.
+static cudaDeviceProp require_gpu(void) {
     int device_count = 0;
     cudaDeviceProp gpu;
     if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0 ||
@@ -322,112 +341,161 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: no CUDA GPU found; attention_tool needs one (check nvidia-smi)\n");
         exit(1);
     }
+    return gpu;
+}
 
-    // Device buffers. packed: qkv and dqkv are (B, T, NH + 2·NKV, HD); plain: q, dq (B, T, NH, HD)
-    // and k, v, dk, dv (B, T, NKV, HD).
-    const long plain_stride = (long)row_elems, plain_kv_stride = (long)kv_elems;
-    const long packed_stride = (long)(row_elems + 2 * kv_elems);
-    const long qkv_stride = opt.layout == LAYOUT_PACKED ? packed_stride : plain_stride;
-    const long kv_stride = opt.layout == LAYOUT_PACKED ? packed_stride : plain_kv_stride;
-    __nv_bfloat16 *q, *k, *v, *dq, *dk, *dv;
-    if (opt.layout == LAYOUT_PACKED) {
-        const size_t packed_bytes = tensor_bytes + 2 * kv_bytes;
-        __nv_bfloat16* qkv = (__nv_bfloat16*)device_alloc("qkv (B, T, NH + 2*NKV, HD)", packed_bytes, &opt);
-        __nv_bfloat16* dqkv = (__nv_bfloat16*)device_alloc("dqkv (B, T, NH + 2*NKV, HD)", packed_bytes, &opt);
-        q = qkv, k = qkv + row_elems, v = qkv + row_elems + kv_elems;
-        dq = dqkv, dk = dqkv + row_elems, dv = dqkv + row_elems + kv_elems;
+// The run's device memory. packed: q, k, v inside one qkv and dq, dk, dv inside one dqkv, both
+// (B, T, NH + 2·NKV, HD); plain: q, dq (B, T, NH, HD) and k, v, dk, dv (B, T, NKV, HD).
+typedef struct {
+    __nv_bfloat16 *q, *k, *v, *dq, *dk, *dv, *out, *dout;
+    float* lse;
+    void *saved, *workspace;
+    size_t saved_bytes, workspace_bytes;
+    long plain_stride, plain_kv_stride;  // NH·HD, NKV·HD: the files' row strides (and out's)
+    long qkv_stride, kv_stride;          // the row strides of q, dq and of k, v, dk, dv on the GPU
+} ToolBuffers;
+
+static ToolBuffers alloc_buffers(const ToolOptions* opt, const AttentionShape* shape, const ToolSizes* z) {
+    ToolBuffers d;
+    d.plain_stride = (long)z->row_elems, d.plain_kv_stride = (long)z->kv_elems;
+    const long packed_stride = (long)(z->row_elems + 2 * z->kv_elems);
+    d.qkv_stride = opt->layout == LAYOUT_PACKED ? packed_stride : d.plain_stride;
+    d.kv_stride = opt->layout == LAYOUT_PACKED ? packed_stride : d.plain_kv_stride;
+    if (opt->layout == LAYOUT_PACKED) {
+        const size_t packed_bytes = z->tensor_bytes + 2 * z->kv_bytes;
+        __nv_bfloat16* qkv = (__nv_bfloat16*)device_alloc("qkv (B, T, NH + 2*NKV, HD)", packed_bytes, opt);
+        __nv_bfloat16* dqkv = (__nv_bfloat16*)device_alloc("dqkv (B, T, NH + 2*NKV, HD)", packed_bytes, opt);
+        d.q = qkv, d.k = qkv + z->row_elems, d.v = qkv + z->row_elems + z->kv_elems;
+        d.dq = dqkv, d.dk = dqkv + z->row_elems, d.dv = dqkv + z->row_elems + z->kv_elems;
     } else {
-        q = (__nv_bfloat16*)device_alloc("q", tensor_bytes, &opt);
-        k = (__nv_bfloat16*)device_alloc("k", kv_bytes, &opt);
-        v = (__nv_bfloat16*)device_alloc("v", kv_bytes, &opt);
-        dq = (__nv_bfloat16*)device_alloc("dq", tensor_bytes, &opt);
-        dk = (__nv_bfloat16*)device_alloc("dk", kv_bytes, &opt);
-        dv = (__nv_bfloat16*)device_alloc("dv", kv_bytes, &opt);
+        d.q = (__nv_bfloat16*)device_alloc("q", z->tensor_bytes, opt);
+        d.k = (__nv_bfloat16*)device_alloc("k", z->kv_bytes, opt);
+        d.v = (__nv_bfloat16*)device_alloc("v", z->kv_bytes, opt);
+        d.dq = (__nv_bfloat16*)device_alloc("dq", z->tensor_bytes, opt);
+        d.dk = (__nv_bfloat16*)device_alloc("dk", z->kv_bytes, opt);
+        d.dv = (__nv_bfloat16*)device_alloc("dv", z->kv_bytes, opt);
     }
-    __nv_bfloat16* out = (__nv_bfloat16*)device_alloc("out", tensor_bytes, &opt);
-    __nv_bfloat16* dout = (__nv_bfloat16*)device_alloc("dout", tensor_bytes, &opt);
-    float* lse = (float*)device_alloc("lse", lse_bytes, &opt);
-    const size_t saved_bytes = attention_saved_bytes(opt.backend, &shape);
-    const size_t workspace_bytes = attention_workspace_bytes(opt.backend, &shape);
-    void* saved = device_alloc("the backend's saved memory", saved_bytes, &opt);
-    void* workspace = device_alloc("the backend's workspace", workspace_bytes, &opt);
+    d.out = (__nv_bfloat16*)device_alloc("out", z->tensor_bytes, opt);
+    d.dout = (__nv_bfloat16*)device_alloc("dout", z->tensor_bytes, opt);
+    d.lse = (float*)device_alloc("lse", z->lse_bytes, opt);
+    d.saved_bytes = attention_saved_bytes(opt->backend, shape);
+    d.workspace_bytes = attention_workspace_bytes(opt->backend, shape);
+    d.saved = device_alloc("the backend's saved memory", d.saved_bytes, opt);
+    d.workspace = device_alloc("the backend's workspace", d.workspace_bytes, opt);
+    return d;
+}
 
-    copy_rows(q, qkv_stride, host_in[0], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
-    copy_rows(k, kv_stride, host_in[1], plain_kv_stride, rows, kv_elems, cudaMemcpyHostToDevice);
-    copy_rows(v, kv_stride, host_in[2], plain_kv_stride, rows, kv_elems, cudaMemcpyHostToDevice);
-    copy_rows(dout, plain_stride, host_in[3], plain_stride, rows, row_elems, cudaMemcpyHostToDevice);
+static void free_buffers(const ToolOptions* opt, ToolBuffers* d) {
+    if (opt->layout == LAYOUT_PACKED) {
+        ATTN_CUDA_CHECK(cudaFree(d->q));
+        ATTN_CUDA_CHECK(cudaFree(d->dq));
+    } else {
+        __nv_bfloat16* bufs[6] = {d->q, d->k, d->v, d->dq, d->dk, d->dv};
+        for (int i = 0; i < 6; i++) ATTN_CUDA_CHECK(cudaFree(bufs[i]));
+    }
+    ATTN_CUDA_CHECK(cudaFree(d->out));
+    ATTN_CUDA_CHECK(cudaFree(d->dout));
+    ATTN_CUDA_CHECK(cudaFree(d->lse));
+    if (d->saved) ATTN_CUDA_CHECK(cudaFree(d->saved));
+    if (d->workspace) ATTN_CUDA_CHECK(cudaFree(d->workspace));
+}
 
+// The inputs from host memory (as in the files) to their places on the GPU.
+static void upload_inputs(const ToolBuffers* d, const ToolSizes* z, void* const host_in[4]) {
+    copy_rows(d->q, d->qkv_stride, host_in[0], d->plain_stride, z->rows, z->row_elems, cudaMemcpyHostToDevice);
+    copy_rows(d->k, d->kv_stride, host_in[1], d->plain_kv_stride, z->rows, z->kv_elems, cudaMemcpyHostToDevice);
+    copy_rows(d->v, d->kv_stride, host_in[2], d->plain_kv_stride, z->rows, z->kv_elems, cudaMemcpyHostToDevice);
+    copy_rows(d->dout, d->plain_stride, host_in[3], d->plain_stride, z->rows, z->row_elems, cudaMemcpyHostToDevice);
+}
+
+static AttentionArgs make_args(const AttentionShape* shape, const ToolBuffers* d) {
+    AttentionArgs args;
+    memset(&args, 0, sizeof(args));
+    args.shape = *shape;
+    args.q = d->q, args.k = d->k, args.v = d->v, args.qkv_stride = d->qkv_stride, args.kv_stride = d->kv_stride;
+    args.out = d->out, args.out_stride = d->plain_stride, args.lse = d->lse;
+    args.dout = d->dout;
+    args.dq = d->dq, args.dk = d->dk, args.dv = d->dv, args.dqkv_stride = d->qkv_stride, args.dkv_stride = d->kv_stride;
+    args.saved = d->saved, args.workspace = d->workspace;
+    return args;
+}
+
+// One cold run of each pass (the first launch included), timed: the times are a sanity check, not a
+// benchmark; scripts/bench_attention.py measures speed.
+static void run_passes(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
+                       cudaStream_t stream, float* fwd_ms, float* bwd_ms) {
+    cudaEvent_t ev[3];
+    for (int i = 0; i < 3; i++) ATTN_CUDA_CHECK(cudaEventCreate(&ev[i]));
+    ATTN_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    attention_forward(backend, ctx, args, stream);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    ATTN_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+    attention_backward(backend, ctx, args, stream);
+    ATTN_CUDA_CHECK(cudaGetLastError());
+    ATTN_CUDA_CHECK(cudaEventRecord(ev[2], stream));
+    ATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    *fwd_ms = *bwd_ms = 0.0f;
+    ATTN_CUDA_CHECK(cudaEventElapsedTime(fwd_ms, ev[0], ev[1]));
+    ATTN_CUDA_CHECK(cudaEventElapsedTime(bwd_ms, ev[1], ev[2]));
+    for (int i = 0; i < 3; i++) ATTN_CUDA_CHECK(cudaEventDestroy(ev[i]));
+}
+
+// The outputs back to the host as (B, T, NH, HD) / (B, NH, T) and out to the files.
+static void write_outputs(const ToolOptions* opt, const ToolBuffers* d, const ToolSizes* z) {
+    void* host_out = malloc(z->tensor_bytes > z->lse_bytes ? z->tensor_bytes : z->lse_bytes);
+    if (!host_out) {
+        fprintf(stderr, "error: out of host memory for the outputs (%zu bytes)\n", z->tensor_bytes);
+        exit(1);
+    }
+    const struct { const char* name; const __nv_bfloat16* ptr; long stride; size_t elems; } tensors[4] = {
+        {"out.bin", d->out, d->plain_stride, z->row_elems}, {"dq.bin", d->dq, d->qkv_stride, z->row_elems},
+        {"dk.bin", d->dk, d->kv_stride, z->kv_elems}, {"dv.bin", d->dv, d->kv_stride, z->kv_elems}};
+    for (int i = 0; i < 4; i++) {
+        copy_rows(host_out, (long)tensors[i].elems, tensors[i].ptr, tensors[i].stride, z->rows, tensors[i].elems,
+                  cudaMemcpyDeviceToHost);
+        write_output(opt->out_dir, tensors[i].name, host_out, z->rows * tensors[i].elems * sizeof(__nv_bfloat16));
+    }
+    ATTN_CUDA_CHECK(cudaMemcpy(host_out, d->lse, z->lse_bytes, cudaMemcpyDeviceToHost));
+    write_output(opt->out_dir, "lse.bin", host_out, z->lse_bytes);
+    free(host_out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// main
+
+int main(int argc, char** argv) {
+    ToolOptions opt = parse_options(argc, argv);
+    const AttentionShape shape = checked_shape(&opt);
+    const ToolSizes z = tool_sizes(&opt);
+
+    // Inputs first: a wrong file is reported before any GPU work.
+    void* host_in[4];
+    read_inputs(&opt, &z, host_in);
+    make_dir(opt.out_dir);
+    const cudaDeviceProp gpu = require_gpu();
+
+    ToolBuffers d = alloc_buffers(&opt, &shape, &z);
+    upload_inputs(&d, &z, host_in);
     cudaStream_t stream;
     ATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cublasHandle_t cublas;
     ATTN_CUBLAS_CHECK(cublasCreate(&cublas));
     ATTN_CUBLAS_CHECK(cublasSetStream(cublas, stream));
     AttentionContext ctx = {cublas};
+    const AttentionArgs args = make_args(&shape, &d);
 
-    AttentionArgs args;
-    memset(&args, 0, sizeof(args));
-    args.shape = shape;
-    args.q = q, args.k = k, args.v = v, args.qkv_stride = qkv_stride, args.kv_stride = kv_stride;
-    args.out = out, args.out_stride = plain_stride, args.lse = lse;
-    args.dout = dout;
-    args.dq = dq, args.dk = dk, args.dv = dv, args.dqkv_stride = qkv_stride, args.dkv_stride = kv_stride;
-    args.saved = saved, args.workspace = workspace;
-
-    // One cold run of each pass (the first launch included): the times are a sanity check, not a
-    // benchmark; scripts/bench_attention.py measures speed.
-    cudaEvent_t ev[3];
-    for (int i = 0; i < 3; i++) ATTN_CUDA_CHECK(cudaEventCreate(&ev[i]));
-    ATTN_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    attention_forward(opt.backend, &ctx, &args, stream);
-    ATTN_CUDA_CHECK(cudaGetLastError());
-    ATTN_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-    attention_backward(opt.backend, &ctx, &args, stream);
-    ATTN_CUDA_CHECK(cudaGetLastError());
-    ATTN_CUDA_CHECK(cudaEventRecord(ev[2], stream));
-    ATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    float fwd_ms = 0.0f, bwd_ms = 0.0f;
-    ATTN_CUDA_CHECK(cudaEventElapsedTime(&fwd_ms, ev[0], ev[1]));
-    ATTN_CUDA_CHECK(cudaEventElapsedTime(&bwd_ms, ev[1], ev[2]));
-
-    // Back to the host as (B, T, NH, HD) / (B, NH, T) and out to the files.
-    void* host_out = malloc(tensor_bytes > lse_bytes ? tensor_bytes : lse_bytes);
-    if (!host_out) {
-        fprintf(stderr, "error: out of host memory for the outputs (%zu bytes)\n", tensor_bytes);
-        exit(1);
-    }
-    const struct { const char* name; const __nv_bfloat16* ptr; long stride; size_t elems; } tensors[4] = {
-        {"out.bin", out, plain_stride, row_elems}, {"dq.bin", dq, qkv_stride, row_elems},
-        {"dk.bin", dk, kv_stride, kv_elems}, {"dv.bin", dv, kv_stride, kv_elems}};
-    for (int i = 0; i < 4; i++) {
-        copy_rows(host_out, (long)tensors[i].elems, tensors[i].ptr, tensors[i].stride, rows, tensors[i].elems,
-                  cudaMemcpyDeviceToHost);
-        write_output(opt.out_dir, tensors[i].name, host_out, rows * tensors[i].elems * sizeof(__nv_bfloat16));
-    }
-    ATTN_CUDA_CHECK(cudaMemcpy(host_out, lse, lse_bytes, cudaMemcpyDeviceToHost));
-    write_output(opt.out_dir, "lse.bin", host_out, lse_bytes);
-
+    float fwd_ms, bwd_ms;
+    run_passes(opt.backend, &ctx, &args, stream, &fwd_ms, &bwd_ms);
+    write_outputs(&opt, &d, &z);
     printf("attention_tool: %s B=%d T=%d NH=%d NKV=%d HD=%d %s layout=%s on %s: forward %.3f ms, backward %.3f ms "
            "(one cold run each), saved %.1f MiB, workspace %.1f MiB -> %s/{out,lse,dq,dk,dv}.bin\n",
            opt.backend_name, opt.B, opt.T, opt.NH, opt.NKV, opt.HD, opt.causal ? "causal" : "non-causal",
            opt.layout == LAYOUT_PACKED ? "packed" : "plain", gpu.name, fwd_ms, bwd_ms,
-           saved_bytes / (1024.0 * 1024.0), workspace_bytes / (1024.0 * 1024.0), opt.out_dir);
+           d.saved_bytes / (1024.0 * 1024.0), d.workspace_bytes / (1024.0 * 1024.0), opt.out_dir);
 
-    for (int i = 0; i < 3; i++) ATTN_CUDA_CHECK(cudaEventDestroy(ev[i]));
     ATTN_CUBLAS_CHECK(cublasDestroy(cublas));
     ATTN_CUDA_CHECK(cudaStreamDestroy(stream));
-    if (opt.layout == LAYOUT_PACKED) {
-        ATTN_CUDA_CHECK(cudaFree(q));
-        ATTN_CUDA_CHECK(cudaFree(dq));
-    } else {
-        __nv_bfloat16* bufs[6] = {q, k, v, dq, dk, dv};
-        for (int i = 0; i < 6; i++) ATTN_CUDA_CHECK(cudaFree(bufs[i]));
-    }
-    ATTN_CUDA_CHECK(cudaFree(out));
-    ATTN_CUDA_CHECK(cudaFree(dout));
-    ATTN_CUDA_CHECK(cudaFree(lse));
-    if (saved) ATTN_CUDA_CHECK(cudaFree(saved));
-    if (workspace) ATTN_CUDA_CHECK(cudaFree(workspace));
+    free_buffers(&opt, &d);
     for (int i = 0; i < 4; i++) free(host_in[i]);
-    free(host_out);
     return 0;
 }

@@ -21,11 +21,12 @@
 #include <algorithm>
 #include <vector>
 
-#include "attention/flash2/sm90/flash2_backward_hopper.cuh"
-#include "attention/flash2/sm80/flash2_backward_kernel.cuh"
-#include "attention/flash2/sm90/flash2_forward_hopper.cuh"
-#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/flash2/flash2_params.h"
 #include "attention/flash2/flash2_tiles.h"
+#include "attention/flash2/sm80/flash2_backward_kernel.cuh"
+#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/flash2/sm90/flash2_backward_hopper.cuh"
+#include "attention/flash2/sm90/flash2_forward_hopper.cuh"
 
 typedef void (*ForwardLaunch)(const Flash2ForwardParams*, int, cudaStream_t);
 typedef void (*BackwardLaunch)(const Flash2BackwardParams*, int, cudaStream_t);
@@ -91,12 +92,25 @@ static const BackwardCandidate BACKWARD[] = {
     BWD_WS(128, 64, "", "shared", 3),  BWD_WS(128, 64, " determ.", "shared", 1),
 };
 
+// FLASH2_FORWARD_LONG_T=N (N > 0), as the library reads it (attention.cu); 0 when unset. The tuner
+// builds the kernels without the library, so it reads the switch itself.
+static int forward_long_t_override(void) {
+    static int override_t = -1;
+    if (override_t < 0) {
+        const char* env = getenv("FLASH2_FORWARD_LONG_T");
+        override_t = env && env[0] ? atoi(env) : 0;
+        if (override_t < 0) override_t = 0;
+    }
+    return override_t;
+}
+
 // Whether a candidate is the shape flash2_tiles.h picks (ws kernels only).
 template <int HD, bool CAUSAL>
 static bool forward_chosen(const ForwardCandidate& c, int T) {
     typedef Flash2ForwardTiles<HD, CAUSAL> Tiles;
     // as the launcher (flash2_forward.cu) picks it, FLASH2_FORWARD_LONG_T included
-    const int consumers = flash2_forward_long_shape(Tiles::LONG_T, T) ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
+    const int consumers =
+        flash2_forward_long_shape(Tiles::LONG_T, T, forward_long_t_override()) ? Tiles::LONG_CONSUMERS : Tiles::CONSUMERS;
     return c.block_n == Tiles::BLOCK_N && c.consumers == consumers && c.persistent == 1 &&  // the library launches persistent
            c.storer == (int)Tiles::STORER;
 }

@@ -18,22 +18,7 @@
 #include "attention/common/cuda_check.h"
 #include "attention/common/attention_math.cuh"
 #include "attention/common/mma_common.cuh"
-
-typedef struct {
-    const __nv_bfloat16 *q, *k, *v;
-    __nv_bfloat16* out;
-    float* lse;
-    long qkv_stride, kv_stride, out_stride;
-    int T, NH, NKV;
-    float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
-    int B;             // the persistent Hopper kernel walks all B·NH heads itself
-    // Hopper, persistent: 8 bytes of scratch (8-byte aligned, any content) from which the blocks take
-    // their next tile in turn, or NULL for a fixed round-robin (uniform non-causal tiles need no
-    // more). The launch gives each call its own tile_epoch, which the word holds beside the count of
-    // tiles taken, so it needs no zeroing before the call (flash2_forward_hopper.cuh).
-    unsigned long long* tile_counter;
-    unsigned tile_epoch;
-} Flash2ForwardParams;
+#include "attention/flash2/flash2_params.h"
 
 template <int HD, int BLOCK_M, int BLOCK_N, int NWARPS>
 struct Flash2ForwardConfig {

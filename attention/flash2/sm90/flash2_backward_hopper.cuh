@@ -42,8 +42,11 @@
 #include <type_traits>
 
 #include "attention/common/attention_math.cuh"
-#include "attention/flash2/sm80/flash2_backward_kernel.cuh"
+#include "attention/common/cuda_check.h"
+#include "attention/flash2/flash2_params.h"
+#include "attention/flash2/flash2_rowsum.cuh"
 #include "attention/flash2/flash2_tiles.h"
+#include "attention/flash2/sm90/flash2_backward_order.h"
 #include "attention/flash2/sm90/tensor_map.h"
 #include "attention/flash2/sm90/wgmma.cuh"
 
@@ -84,7 +87,8 @@ struct Flash2BackwardWsConfig {
     static constexpr uint32_t STAT_BYTES = BLOCK_M * 4, DQ_BYTES = DQ_SLOTS * 4;
     // kv_full; q_full, do_full, slot_empty per stage; dq_full, dq_empty; ds_ready, ds_free × 2
     static constexpr int BARRIERS = 1 + 3 * STAGES + 2 + 4;
-    // One dQ staging tile: a second one (where shared memory allows) measured no faster.
+    // One dQ staging tile: a second one, where shared memory allows, gains nothing
+    // (attention/PERF_NOTES.md).
     static constexpr size_t SMEM_BYTES = 1024 /* alignment slack */ + 2 * KV_BYTES +
                                          STAGES * (2 * QO_BYTES + 2 * STAT_BYTES) + 2 * DS_BYTES + DQ_BYTES +
                                          8 * BARRIERS;
@@ -210,7 +214,7 @@ __device__ __forceinline__ void backward_reduce_dq(const Flash2BackwardWsParams&
 // Two words of one row, n-tiles nt and nt + 1 (columns 8nt + 2t4 and 8nt + 8 + 2t4 of each quad
 // lane t4), traded within the quad so that lane t4 = 2a + c ends with columns 8(nt + a) + 4c .. + 3:
 // 8 contiguous bytes a lane, a whole 32-byte sector a quad (the fragment layout stores 16 bytes a
-// quad per row, and ncu counted half of every store sector wasted). Two shuffles per pair of words.
+// quad per row: half of every store sector). Two shuffles per pair of words.
 __device__ __forceinline__ uint2 quad_gather_columns(uint32_t w_nt, uint32_t w_next, int t4) {
     const int a = t4 >> 1, c = t4 & 1;
     const uint32_t keep = a ? w_next : w_nt;  // n-tile nt + a: this lane's part of it stays
@@ -423,8 +427,8 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
         wgmma_fence_operands(dsa);
         // Q, dO, LSE and D of this step are no longer read. Every thread arrives, not one per warp
         // after __syncwarp: compute-sanitizer's racecheck orders only a thread's own reads (of LSE
-        // and D) before its arrival, and reported the per-warp release as a race with the next
-        // bulk copy into the slot. Cost (flash2_tune, H100): at most 1% of the d128 causal backward.
+        // and D) before its arrival, so it reports a per-warp release as a race with the next bulk
+        // copy into the slot.
         mbar_arrive(&sm.slot_empty[stage]);
         if constexpr (!DQ_FIRST && !FIRST) {
             wgmma_wait<0>();
@@ -454,68 +458,6 @@ __device__ __forceinline__ void backward_consume(const Flash2BackwardWsParams& p
     backward_store_dkdv<HD>(p, acc_dk, acc_dv, key, b, kv_head);
 }
 #endif  // WGMMA_AVAILABLE
-
-// Whether `count` pairs' Q and dO (G·T·HD·4 bytes each) take at most 3/4 of L2.
-static inline bool backward_pairs_fit_l2(int count, int NH, int NKV, long T, int HD) {
-    return (long)count * (NH / NKV) * T * HD * 4 <= flash2_l2_bytes() / 4 * 3;
-}
-
-// The order the blocks start in: the (b, K/V head) pairs in chunks of `chunk` pairs, the last `tail`
-// pairs as one chunk of their own; within a chunk, key block 0 of each pair, then key block 1, ...
-// (chunk 1: each pair's key blocks side by side). Either way key block n−1 of a pair starts before
-// key block n (the deterministic mode's waits rely on it).
-// Chunk 1 unless causal with grouped-query attention: there the first key blocks of a pair are the
-// longest (they see every query block) and, a block walking G query heads, few and long; with
-// chunk 1 a few long ones are left for the end (a model of the block scheduler keeps ~78% of the
-// SMs busy at 2k-8k). Larger chunks start the longest first, but the chunk's pairs then stream
-// their Q and dO (G·T·HD·4 bytes each) at once, which must fit in L2: every pair at once lost 9% at
-// 2k (128 MB). So: the largest chunk that divides the pairs (unequal chunks leave a tail, as 5, 5,
-// 5, 1 did: -8% at 4k) and whose Q and dO take at most 3/4 of L2 (H100, d64/d128, NKV 4: 8 pairs at
-// 2k, 4 at 4k, 2 at 8k, 1 at 16k). Multi-head keeps chunk 1: its blocks are short, and chunks of 9
-// heads measured 5-10% slower than chunk 1 at 512-8k (attention/PERF_NOTES.md); only its last
-// pairs form a chunk (backward_order_tail).
-static inline int backward_order_chunk(bool causal, int NH, int NKV, int pairs, long T, int HD) {
-    if (!causal || NKV == NH) return 1;
-    int chunk = 1;
-    for (int c = 2; c <= pairs && backward_pairs_fit_l2(c, NH, NKV, T, HD); c++)
-        if (pairs % c == 0) chunk = c;
-    return chunk;
-}
-
-// The tail: causal with chunk 1, the last pair's longest key blocks would start last, when the
-// other SMs are about to finish (a model of the block scheduler: 94% of the SMs busy at d128 1k-8k,
-// 97% at d64). Its last pairs form one chunk instead, enough for two waves of blocks, so that their
-// longest key blocks start first: 98-99% in the model, and +2-3% at d128 1k-8k, +0.4-2% at d64, 80
-// and 96 in the tuner. Their Q and dO stay within 3/4 of L2. None where one pair's key blocks fill
-// half the GPU or more (16k): there the model finds no tail to shorten, and the tuner, swinging ±8%
-// with the clocks at that length, could not tell.
-static inline int backward_order_tail(bool causal, int chunk, int NH, int NKV, int pairs, int key_blocks, long T,
-                                      int HD) {
-    if (!causal || chunk > 1 || 2 * key_blocks >= flash2_sm_count()) return 0;
-    int tail = (2 * flash2_sm_count() + key_blocks - 1) / key_blocks;
-    if (tail > pairs) tail = pairs;
-    while (tail > 1 && !backward_pairs_fit_l2(tail, NH, NKV, T, HD)) tail--;
-    return tail;
-}
-
-// The index-th block to start in that order: its key block and its (b, K/V head) pair.
-__host__ __device__ __forceinline__ void backward_block_at(int index, int chunk, int tail, int key_blocks, int pairs,
-                                                           int& n_block, int& pair) {
-    const int lead = pairs - tail, lead_blocks = lead * key_blocks;  // the pairs before the tail
-    int first, size, r;
-    if (index < lead_blocks) {
-        const int chunk_blocks = chunk * key_blocks;
-        first = index / chunk_blocks * chunk;
-        r = index % chunk_blocks;
-        size = lead - first < chunk ? lead - first : chunk;  // the last chunk may be smaller
-    } else {
-        first = lead;
-        r = index - lead_blocks;
-        size = tail;
-    }
-    n_block = r / size;
-    pair = first + r % size;
-}
 
 template <int HD, int BLOCK_M, bool CAUSAL, bool DETERMINISTIC, bool DK_FROM_SMEM, int SCHED>
 __global__ void __launch_bounds__(384, 1)
@@ -723,8 +665,9 @@ static inline void launch_backward_ws(const Flash2BackwardParams* p, int B, cuda
     w.m_blocks = m_blocks;
     w.key_blocks = (p->T + C::BLOCK_N - 1) / C::BLOCK_N;
     w.pairs = B * p->NKV;
-    w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD);
-    w.order_tail = backward_order_tail(CAUSAL, w.order_chunk, p->NH, p->NKV, w.pairs, w.key_blocks, p->T, HD);
+    w.order_chunk = backward_order_chunk(CAUSAL, p->NH, p->NKV, w.pairs, p->T, HD, flash2_l2_bytes());
+    w.order_tail = backward_order_tail(CAUSAL, w.order_chunk, p->NH, p->NKV, w.pairs, w.key_blocks, p->T, HD,
+                                       flash2_sm_count(), flash2_l2_bytes());
     w.scale = p->scale;
     w.scale_log2 = p->scale_log2;
     const unsigned query_blocks = (unsigned)(heads * m_blocks);

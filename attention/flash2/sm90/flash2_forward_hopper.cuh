@@ -44,7 +44,8 @@
 #include <atomic>
 
 #include "attention/common/attention_math.cuh"
-#include "attention/flash2/sm80/flash2_forward_kernel.cuh"
+#include "attention/common/cuda_check.h"
+#include "attention/flash2/flash2_params.h"
 #include "attention/flash2/sm90/tensor_map.h"
 #include "attention/flash2/sm90/wgmma.cuh"
 
@@ -113,13 +114,11 @@ __device__ __forceinline__ Flash2ForwardTile forward_tile(const Flash2ForwardPar
     return tile;
 }
 
-// The key block of step i of a tile's walk. Causal with two warpgroups: from block 0 up. A head's
-// query blocks run side by side on different SMs; from block 0 up they ask for the same K and V at
-// the same moment, and one fill serves them all (from its diagonal down each asked for its own:
-// ~1.5% slower at d128 512-1k). Otherwise the last block first: with three warpgroups the blocks
-// wholly above a warpgroup's rows then come first, where it skips them (walked from block 0 up,
-// with the skips last, three warpgroups measured 1-3% slower); non-causal tiles start together at
-// the same block either way.
+// The key block of step i of a tile's walk. Causal with two warpgroups: from block 0 up, so that a
+// head's query blocks, running side by side on different SMs, ask for the same K and V at the same
+// moment and one fill serves them all. Otherwise the last block first: with three warpgroups the
+// blocks wholly above a warpgroup's rows then come first, where it skips them; non-causal tiles
+// start together at the same block either way (attention/PERF_NOTES.md).
 template <typename C, bool CAUSAL>
 __device__ __forceinline__ int forward_key_block(const Flash2ForwardTile& tile, int i) {
     return CAUSAL && C::CONSUMERS == 2 ? i : tile.n_blocks - 1 - i;
@@ -159,8 +158,8 @@ inline unsigned flash2_next_tile_epoch() {
 // so far), so no zeroing pass (a separate operation before every causal call) is needed. A claim is
 // one atomicAdd; the claims that find another launch's epoch there (only the first few of a launch)
 // race to install this one with a compare-and-swap, whose winner takes claim 0, and the others then
-// add again. A loop of compare-and-swaps for every claim made the blocks' first claims, which come
-// all at once, wait on each other: the causal forward ran 1.6-5x slower.
+// add again (a compare-and-swap for every claim would make the blocks' first claims, which come all
+// at once, wait on each other).
 __device__ __forceinline__ int claim_tile(unsigned long long* counter, unsigned epoch) {
     unsigned long long taken = atomicAdd(counter, 1ull);
     while ((unsigned)(taken >> 32) != epoch) {
@@ -385,8 +384,8 @@ __device__ __forceinline__ void forward_consume_tile(const Flash2ForwardParams& 
     // blocks where they lie wholly above its rows' diagonal, none where its rows lie past T (the last
     // tile of a head). The others come first in the walk (last block first) and are skipped. With two
     // warpgroups (64-row halves of 128-row tiles over 128-key blocks) no block lies wholly above a
-    // warpgroup's diagonal; non-causal only a warpgroup past T would skip, which measured 2-4% slower
-    // at 512 (the skip's code cost more than it saved), so both walk every block.
+    // warpgroup's diagonal; non-causal only a warpgroup past T would skip, and the skip's code costs
+    // more than it saves there, so both walk every block.
     constexpr bool FORWARD_SKIP = CAUSAL && CONSUMERS == 3;
     const int row_end = min(wg_row0 + 64, p.T);
     const int live = !FORWARD_SKIP       ? n_blocks

@@ -40,10 +40,9 @@
 
 // ROWS × COLS bf16 in swizzled sub-tiles of SUB_COLS columns (64 with the 128-byte swizzle when
 // COLS allows, else 16 with the 32-byte swizzle; with WIDE32, 32 with the 64-byte swizzle where COLS
-// allows). Wider sub-tiles mean fewer TMA boxes per tile, and TMA's cost goes by boxes and rows:
-// at head dim 96 six 32-byte boxes per tile kept the forward's storing thread ~800-1600 clocks per
-// tile issuing its O store, against ~200 at 64 and 128. The backward keeps 16 columns at 96: its dQ
-// halves start at column 48, inside a 32-column sub-tile.
+// allows). Wider sub-tiles mean fewer TMA boxes per tile, and TMA's cost goes by boxes and rows, so
+// the forward takes WIDE32 at head dim 96 (attention/PERF_NOTES.md). The backward keeps 16 columns
+// at 96: its dQ halves start at column 48, inside a 32-column sub-tile.
 template <int ROWS, int COLS, bool WIDE32 = false>
 struct WgTile {
     static_assert(COLS % 16 == 0 && ROWS % 8 == 0, "WgTile: 16-column multiples and 8-row groups");

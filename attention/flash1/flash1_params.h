@@ -1,0 +1,34 @@
+// flash1_params.h: the parameter structs of flash1's forward (flash1_forward.cu) and backward
+// (flash1_backward.cu) kernels, and the alignment check both launchers apply to every tensor they pass.
+#ifndef FLASH1_PARAMS_H
+#define FLASH1_PARAMS_H
+
+#include <cuda_bf16.h>
+
+typedef struct {
+    const __nv_bfloat16 *q, *k, *v;
+    __nv_bfloat16* out;
+    float* lse;
+    float* o_accum;  // (B, NH, T, HD): O of the key blocks seen so far, normalized
+    float* row_max;  // (B, NH, T): m, in units of S·scale_log2
+    float* row_sum;  // (B, NH, T): ℓ
+    long qkv_stride, kv_stride, out_stride;
+    int T, NH, NKV;
+    float scale_log2;  // softmax scale · log2(e): exp(x·scale) = exp2(x·scale_log2)
+} Flash1ForwardParams;
+
+typedef struct {
+    const __nv_bfloat16 *q, *k, *v, *out, *dout;
+    const float* lse;
+    __nv_bfloat16 *dq, *dk, *dv;
+    float* dq_accum;  // (B, NH, T, HD)
+    long qkv_stride, kv_stride, out_stride, dqkv_stride, dkv_stride;
+    int T, NH, NKV;
+    float scale, scale_log2;
+} Flash1BackwardParams;
+
+// Exits with a message unless ptr is 16-byte aligned and stride a multiple of 8 values: cp.async
+// moves rows in 16-byte pieces (defined in flash1_forward.cu).
+void flash1_require_aligned(const void* ptr, long stride, const char* what);
+
+#endif  // FLASH1_PARAMS_H
