@@ -130,7 +130,8 @@ def run_one(args, impl, model, seqlen, mode, data, peak):
     if impl == "train_gpt":
         cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", "1", "--seq-len", str(seqlen),
                "--recompute", mode, "--max-steps", str(steps), "--train-data", data, "--val-data", "",
-               "--log-file", result_path, "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps)]
+               "--log-file", result_path, "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps),
+               "--checkpoint-dir", "none", "--sample-tokens", "0"]
         if args.peak_tflops:
             cmd += ["--peak-tflops", repr(args.peak_tflops)]
     else:

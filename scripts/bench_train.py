@@ -239,7 +239,8 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
     log_path, jsonl = os.path.join(args.out, tag + ".log"), os.path.join(args.out, tag + ".jsonl")
     cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", str(micro), "--seq-len",
            str(seqlen), "--total-batch-tokens", str(args.total_batch_tokens), "--max-steps", str(steps),
-           "--train-data", data, "--val-data", "", "--log-file", jsonl]
+           "--train-data", data, "--val-data", "", "--log-file", jsonl, "--checkpoint-dir", "none",
+           "--sample-tokens", "0"]
     if args.peak_tflops:
         cmd += ["--peak-tflops", repr(args.peak_tflops)]
     if args.kv_heads:

@@ -128,6 +128,10 @@ def run_train_gpt(args, flags, work, tag, report):
     if os.path.exists(log_path):
         os.remove(log_path)
     cmd = [args.train_gpt, *flags, "--attn", args.attn, "--log-file", log_path]
+    if "--checkpoint-dir" not in flags and "--resume" not in flags:
+        cmd += ["--checkpoint-dir", "none"]  # train_gpt's default: a checkpoint after the last step
+    if "--sample-every" not in flags:
+        cmd += ["--sample-tokens", "0"]  # train_gpt's default: a sample after the last step
     report(f"$ {shlex.join(cmd)}")
     start = time.time()
     with open(out_path, "w") as out:

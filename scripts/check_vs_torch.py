@@ -184,7 +184,8 @@ def train_gpt_command(args, attn, init_path, shard, grads_path, log_path):
            "--total-batch-tokens", str(args.batch_size * args.seq_len * args.grad_accum),
            "--max-steps", str(args.steps), "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps),
            "--min-lr-fraction", repr(args.min_lr_fraction), "--weight-decay", repr(args.weight_decay),
-           "--grad-clip", repr(args.grad_clip), "--log-file", log_path, "--attn", attn, "--model", args.model]
+           "--grad-clip", repr(args.grad_clip), "--log-file", log_path, "--attn", attn, "--model", args.model,
+           "--checkpoint-dir", "none", "--sample-tokens", "0"]
     for flag, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--heads", args.heads),
                         ("--kv-heads", args.kv_heads)):
         if value:

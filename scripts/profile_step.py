@@ -123,7 +123,13 @@ def train_command(args, steps, log_file=None):
            args.train_data, "--val-data", ""]
     if log_file:
         cmd += ["--log-file", log_file]
-    return cmd + args.extra.split()
+    extra = args.extra.split()
+    given = {a.split("=", 1)[0] for a in extra}
+    if not given & {"--checkpoint-dir", "--resume"}:
+        cmd += ["--checkpoint-dir", "none"]  # no checkpoint after the last step (train_gpt's default)
+    if "--sample-every" not in given:
+        cmd += ["--sample-tokens", "0"]  # no sample after the last step (train_gpt's default)
+    return cmd + extra
 
 
 def profile_kernels(args):

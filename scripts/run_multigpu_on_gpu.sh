@@ -114,7 +114,7 @@ compare() { $PYTHON scripts/bench_multigpu.py compare "$@" | tee -a "$SUMMARY"; 
 # ---- (a) equivalence ------------------------------------------------------------------------------
 note "== (a) 2 GPUs vs 1 GPU accumulating to the same global batch (gpt2-124m, 8192 tokens/step, 20 steps)"
 SMALL=(--model gpt2-124m -b 4 -t 256 --total-batch-tokens 8192 --max-steps 20 --lr 6e-4 --warmup-steps 5
-       --val-batches 20)
+       --val-batches 20 --checkpoint-dir none --sample-tokens 0)
 run1 eq_1gpu "${SMALL[@]}" --log-file "$OUT/eq_1gpu.jsonl"; check eq_1gpu $?
 run2 eq_2gpu "${SMALL[@]}" --log-file "$OUT/eq_2gpu.jsonl"; check eq_2gpu $?
 run2 eq_2gpu_zero1 "${SMALL[@]}" --zero 1 --log-file "$OUT/eq_2gpu_zero1.jsonl"; check eq_2gpu_zero1 $?
@@ -133,7 +133,7 @@ CK="$OUT/ck_zero1"
 CK2="$OUT/ck_zero1_resumed"
 rm -rf "$CK" "$CK2"
 RES=(--model gpt2-124m -b 4 -t 256 --total-batch-tokens 8192 --max-steps 20 --lr 6e-4 --attn naive --val-data ""
-     --zero 1)
+     --zero 1 --sample-tokens 0)
 run2 resume_full "${RES[@]}" --checkpoint-dir "$CK" --checkpoint-every 10 --keep-checkpoints 0 \
     --log-file "$OUT/resume_full.jsonl"; check resume_full $?
 ls "$CK" | sed 's/^/    /' | tee -a "$SUMMARY"
@@ -150,7 +150,7 @@ fi
 
 # ---- (c) launchers ----------------------------------------------------------------------------------
 note "== (c) torchrun-style launch and wrong launches"
-QUICK=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 5 --val-data "")
+QUICK=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 5 --val-data "" --checkpoint-dir none --sample-tokens 0)
 env_launch 2 torchrun_env "${QUICK[@]}" --log-file "$OUT/torchrun_env.jsonl"
 rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$OUT/torchrun_env.jsonl" 2>/dev/null)" = 5 ] &&
@@ -191,7 +191,8 @@ fi
 
 # ---- (e) never hang -------------------------------------------------------------------------------
 note "== (e) watchdog, coordinated SIGTERM, file rendezvous"
-LONG=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 100000 --val-data "" --nccl-timeout 20)
+LONG=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 100000 --val-data "" --nccl-timeout 20 --checkpoint-dir none
+      --sample-tokens 0)
 # start2 TAG ARGS...: two ranks in the background (no timeout wrapper: $P0/$P1 are train_gpt itself)
 start2() {
     local tag=$1
@@ -238,8 +239,9 @@ else
 fi
 CKT="$OUT/ck_sigterm"
 rm -rf "$CKT"
-TERM_RUN=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 1000 --val-data "" --attn naive --zero 1 --lr 6e-4)
-run2 sigterm_ref "${TERM_RUN[@]}" --log-file "$OUT/sigterm_ref.jsonl"; check sigterm_ref $?
+TERM_RUN=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 1000 --val-data "" --attn naive --zero 1 --lr 6e-4
+          --sample-tokens 0)
+run2 sigterm_ref "${TERM_RUN[@]}" --checkpoint-dir none --log-file "$OUT/sigterm_ref.jsonl"; check sigterm_ref $?
 start2 sigterm "${TERM_RUN[@]}" --checkpoint-dir "$CKT" --log-file "$OUT/sigterm.jsonl"
 wait_steps "$OUT/sigterm.rank0.out" 20  # then SIGTERM well before step 1000
 kill -TERM $P1

@@ -31,7 +31,7 @@ status=${PIPESTATUS[0]}
     for args in "--model gpt3-1.3b -t 2048 -b 8" "--model gpt3-1.3b -t 8192 -b 2" \
                 "--model gpt3-2.7b -t 2048 -b 4" "--model gpt3-2.7b-d128 -t 8192 -b 1"; do
         echo "\$ ./train_gpt $args"
-        ./train_gpt --plan-only $args
+        ./train_gpt --plan-only --checkpoint-dir none --sample-tokens 0 $args
         echo "(exit $?)"
     done
 } >"$LOG_DIR/plans.txt" 2>&1

@@ -160,9 +160,10 @@ def main():
     report(f"# soak_preemption.py on {meta['device']}, {meta['date']}, commit {meta['commit']}")
     report(f"# {meta['command']}; interruption seed {args.seed}")
     base = [TRAIN_GPT, "--model", "gpt2-124m", "--attn", "naive", "--batch-size", str(args.batch_size), "--seq-len",
-            str(args.seq_len), "--max-steps", str(args.steps), "--val-every", str(args.val_every)]
+            str(args.seq_len), "--max-steps", str(args.steps), "--val-every", str(args.val_every),
+            "--sample-tokens", "0"]
     ref_log, soak_log = os.path.join(args.out, "reference.jsonl"), os.path.join(args.out, "soak.jsonl")
-    reference = base + ["--log-file", ref_log]
+    reference = base + ["--checkpoint-dir", "none", "--log-file", ref_log]
     report("$ " + " ".join(reference))
     start = time.time()
     rc = Launch(reference, os.path.join(args.out, "reference.out")).wait(args.timeout)

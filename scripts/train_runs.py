@@ -7,6 +7,9 @@ run_train_gpt(args, log_path) runs `./train_gpt args --log-file log_path`, polls
 child's GPU memory while it runs, and returns a TrainRun: the exit status, the output, the per-step
 JSON records of the log, the peak memory, and whether it ran out of GPU memory.
 run_train_gpt_ranks(args, log_path, world) does the same for one process per GPU (data parallel).
+Both add --checkpoint-dir none (unless args give --checkpoint-dir or --resume) and --sample-tokens 0
+(unless args give --sample-every): train_gpt's default checkpoint and sample after the last step have
+no place in a benchmark (quiet_flags).
 steady_state(records, skip) summarizes the steps after the first `skip` (warm-up: cuBLASLt
 heuristics, first-touch allocation) by their median step time.
 run_child(command, log_path, timeout_s, env) runs any child (train_gpt or the PyTorch reference) with its
@@ -107,8 +110,23 @@ def read_step_records(path):
     return [r for r in records if "loss" in r]
 
 
+def quiet_flags(args):
+    """The flags that turn off train_gpt's default checkpoint after the last step (runs/<model>, GBs) and its
+    sample after the last step, unless `args` ask for checkpoints (--checkpoint-dir, --resume) or samples
+    (--sample-every) themselves."""
+    given = {str(a).split("=", 1)[0] for a in args}
+    flags = []
+    if not given & {"--checkpoint-dir", "--resume"}:
+        flags += ["--checkpoint-dir", "none"]
+    if "--sample-every" not in given:
+        flags += ["--sample-tokens", "0"]
+    return flags
+
+
 def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
-    """Runs ./train_gpt with `args` plus --log-file log_path; never raises on the child's failure."""
+    """Runs ./train_gpt with `args` (plus quiet_flags) plus --log-file log_path; never raises on the child's
+    failure."""
+    args = [*args, *quiet_flags(args)]
     command = [TRAIN_GPT, *[str(a) for a in args], "--log-file", log_path]
     if os.path.exists(log_path):
         os.remove(log_path)
@@ -137,7 +155,8 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
     rank's output goes to <out_prefix>.rank<r>.out (default: beside the log). Returns a TrainRun:
     the first non-zero exit status, rank 0's output, every rank's last lines as stderr, records of
     rank 0's log, and the largest peak memory of any rank (peak_mem_mib_per_rank lists them all).
-    world 1 runs one process on GPU 0 without the variables."""
+    world 1 runs one process on GPU 0 without the variables. quiet_flags are added to args."""
+    args = [*args, *quiet_flags(args)]
     out_prefix = out_prefix or (log_path[:-6] if log_path.endswith(".jsonl") else log_path)
     port = 29500 + random.randrange(2000)
     if os.path.exists(log_path):

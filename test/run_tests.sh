@@ -30,6 +30,7 @@ tests=(
     "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
     "$PYTHON test/test_scripts.py"
+    "$PYTHON test/test_layout.py"
     "$BUILD/test_gpu_build"
     "$BUILD/test_gpu_attention"
     "env FLASH2_MMA_SYNC=1 $BUILD/test_gpu_attention flash2"

@@ -9,10 +9,9 @@ static GPTConfig named_config(const char* name, int T) {
     return c;
 }
 
-int main(void) {
-    test_begin();
+// Named shapes: GPT-2 124M's and GPT-3 1.3B's parameter counts, every named shape passes the check.
+static void named_shape_cases(void) {
     char err[512];
-
     // llm.c reports 124,475,904 parameters for GPT-2 124M (vocab padded to 50304, T 1024).
     GPTConfig gpt2 = named_config("gpt2-124m", 1024);
     test_report("padded_vocab_is_50304", gpt2.padded_vocab_size == 50304, "got %d", gpt2.padded_vocab_size);
@@ -36,8 +35,12 @@ int main(void) {
     GPTConfig d80 = named_config("gpt3-2.7b", 2048), d128 = named_config("gpt3-2.7b-d128", 2048);
     test_report("gpt3_2_7b_head_dims", d80.channels / d80.num_heads == 80 && d128.channels / d128.num_heads == 128,
                 "head dims %d and %d", d80.channels / d80.num_heads, d128.channels / d128.num_heads);
+}
 
-    // Rejected configs name the problem and the fix.
+// Rejected configs name the problem and the fix.
+static void rejected_config_cases(void) {
+    char err[512];
+    const GPTConfig gpt2 = named_config("gpt2-124m", 1024);
     GPTConfig bad = gpt2;
     bad.num_heads = 16;  // 768 / 16 = 48
     int rc = gpt_config_check(&bad, err, sizeof(err));
@@ -59,9 +62,13 @@ int main(void) {
     bad.num_kv_heads = 0;
     rc = gpt_config_check(&bad, err, sizeof(err));
     test_report("zero_kv_heads_rejected", rc != 0 && strstr(err, "--kv-heads"), "rc %d, message \"%s\"", rc, err);
+}
 
-    // Grouped-query attention shrinks only the QKV projection: C × (NH + 2·NKV)·HD weights and
-    // (NH + 2·NKV)·HD biases per layer, instead of C × 3C and 3C.
+// Grouped-query attention shrinks only the QKV projection: C × (NH + 2·NKV)·HD weights and
+// (NH + 2·NKV)·HD biases per layer, instead of C × 3C and 3C.
+static void gqa_param_count_case(void) {
+    char err[512];
+    const GPTConfig gpt3 = named_config("gpt3-1.3b", 2048);
     int gqa_ok = 1;
     for (int kv = 1; kv <= 16; kv *= 2) {
         GPTConfig g = gpt3;
@@ -75,8 +82,10 @@ int main(void) {
         }
     }
     test_report("gqa_param_counts_gpt3_1_3b", gqa_ok, "wrong parameter count with --kv-heads");
+}
 
-    // FLOPs: 6·s·P + 12·L·h·s², worked by hand for a small config.
+// FLOPs: 6·s·P + 12·L·h·s², worked by hand for a small config.
+static void flop_cases(void) {
     GPTConfig tiny = {2, 64, 1, 1, 100, 128, 16};
     // P = 128·64 + 16·64 + 2·(12·64² + 13·64) + 2·64 = 8192 + 1024 + 99968 + 128 = 109312
     test_report("tiny_param_count", gpt_num_params(&tiny) == 109312u, "got %zu", gpt_num_params(&tiny));
@@ -88,11 +97,22 @@ int main(void) {
     const double p_gqa = 109312.0 - 2 * (64 * 64 + 64);
     flops = gpt_flops_per_sequence(&tiny_gqa, 16), want = 6.0 * 16 * p_gqa + 12.0 * 2 * 64 * 16 * 16;
     test_report("flops_per_sequence_formula_gqa", flops == want, "got %.0f, want %.0f", flops, want);
+}
 
-    // Peaks: the dense bf16 datasheet numbers (SXM parts; scripts/results_common.py has the same table).
+// Peaks: the dense bf16 datasheet numbers (SXM parts; scripts/results_common.py has the same table).
+static void peak_cases(void) {
     test_report("peak_h100_sxm", gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4, "wrong peak");
     test_report("peak_h200", gpu_peak_bf16_tflops("NVIDIA H200") == 989.4, "wrong peak");
     test_report("peak_a100", gpu_peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0, "wrong peak");
     test_report("peak_unknown_is_zero", gpu_peak_bf16_tflops("NVIDIA GeForce RTX 4090") == 0.0, "wrong peak");
+}
+
+int main(void) {
+    test_begin();
+    named_shape_cases();
+    rejected_config_cases();
+    gqa_param_count_case();
+    flop_cases();
+    peak_cases();
     return test_end();
 }

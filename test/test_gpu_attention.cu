@@ -1,6 +1,14 @@
 // test_gpu_attention.cu: every attention backend (naive, flash1, flash2) against the fp64 CPU
-// reference (test/cpu_reference.h), through the public interface attention.h only, so all backends
-// are tested the same way.
+// reference (test/cpu_reference.h), through the public interface attention.h, so all backends are
+// tested the same way.
+// Includes, of the attention library, only:
+//   attention/attention.h  every case goes through it; flash2's switches and kernel family
+//       (attention_flash2_settings, attention_flash2_uses_wgmma) name some cases and decide which
+//       run deterministic;
+//   attention/flash2/sm90/flash2_backward_order.h  host code only: the launch order of flash2's
+//       Hopper backward, which a CPU case checks (no output shows it);
+// and besides them layers/cuda_common.h (CUDA_CHECK, CUBLAS_CHECK) and the tests' reference and
+// harness (test/cpu_reference.h, test/gpu_test_util.h, test/test_harness.h).
 //
 //   build/test_gpu_attention [BACKEND...]   GPU cases of the named backends only (default: all)
 //
@@ -53,9 +61,7 @@
 #include <unistd.h>
 
 #include "attention/attention.h"
-#include "attention/backends.h"
-#include "attention/flash2/sm90/flash2_backward_hopper.cuh"
-#include "attention/flash2/flash2_tiles.h"
+#include "attention/flash2/sm90/flash2_backward_order.h"
 #include "layers/cuda_common.h"
 #include "test/cpu_reference.h"
 #include "test/gpu_test_util.h"
@@ -97,11 +103,12 @@ static const char* LAYOUT_NAMES[] = {"packed", "plain"};
 static int plain_layout_case(int T, double scale) { return T == 127 && scale == 1.0; }
 
 // FLASH2_MMA_SYNC=1 makes flash2 use its mma.sync kernels on Hopper too, FLASH2_FORWARD_LONG_T=1 its
-// forward's long-sequence shape at every length (attention/flash2/flash2_tiles.h); the case names say
-// so, since run_tests.sh runs flash2 those ways too.
+// forward's long-sequence shape at every length (attention.h, AttentionFlash2Settings); the case
+// names say so, since run_tests.sh runs flash2 those ways too.
 static const char* backend_label(AttentionBackend backend) {
-    if (backend == ATTN_FLASH2 && flash2_mma_sync_forced()) return "flash2-mma-sync";
-    if (backend == ATTN_FLASH2 && flash2_forward_long_t_env() > 0) return "flash2-long";
+    const AttentionFlash2Settings flash2 = attention_flash2_settings();
+    if (backend == ATTN_FLASH2 && flash2.mma_sync_forced) return "flash2-mma-sync";
+    if (backend == ATTN_FLASH2 && flash2.forward_long_t > 0) return "flash2-long";
     return attention_backend_name(backend);
 }
 
@@ -385,188 +392,252 @@ static void case_free(CaseBuffers* c) {
     free(c->colsum_start);
 }
 
-static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
-                     const AttentionContext* ctx, cudaStream_t stream, const char* name) {
+// q, k, v as uploaded: the packed bits as they are, or (plain layout) q | k | v one after the other
+// in a new buffer, which the caller frees.
+static uint16_t* qkv_for_upload(const InputSet* in, Layout layout) {
+    if (layout != LAYOUT_PLAIN) return in->qkv_bits;
     const AttentionShape* s = &in->shape;
-    char why[256];
-    if (attention_check(backend, s, why, sizeof(why)) != 0) {
-        test_fail(name, "attention_check refused the shape: %s", why);
-        return;
-    }
-    const size_t n = in->n, n_kv = in->n_kv, n_qkv = in->n_qkv, n_lse = in->n_lse;
     const long packed = packed_row(s);
+    uint16_t* upload = (uint16_t*)malloc(in->n_qkv * sizeof(uint16_t));
+    const size_t plain_at[3] = {0, in->n, in->n + in->n_kv};
+    for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
+        for (int w = 0; w < 3; w++) {
+            const size_t slot_row = (size_t)slot_heads(s, w) * s->HD;
+            memcpy(upload + plain_at[w] + bt * slot_row, in->qkv_bits + bt * packed + slot_start(s, w),
+                   slot_row * sizeof(uint16_t));
+        }
+    return upload;
+}
 
-    // q, k, v as uploaded: the packed bits as they are, or q | k | v one after the other.
-    uint16_t* qkv_upload = in->qkv_bits;
-    if (layout == LAYOUT_PLAIN) {
-        qkv_upload = (uint16_t*)malloc(n_qkv * sizeof(uint16_t));
-        const size_t plain_at[3] = {0, n, n + n_kv};
-        for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
-            for (int w = 0; w < 3; w++) {
-                const size_t slot_row = (size_t)slot_heads(s, w) * s->HD;
-                memcpy(qkv_upload + plain_at[w] + bt * slot_row, in->qkv_bits + bt * packed + slot_start(s, w),
-                       slot_row * sizeof(uint16_t));
-            }
-    }
-    CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
-    c.args.deterministic = deterministic;
-    const AttentionArgs* a = &c.args;
-    char problems[1024] = "";
+// What a case's forward left: out and lse with their guards as copied back, the same values as
+// doubles (no guards), and how many of each were non-finite or unwritten.
+typedef struct {
+    uint16_t* out_host;  // out_buf_elems
+    uint32_t* lse_host;  // lse_buf_elems
+    double *out, *lse;   // n, n_lse
+    size_t bad_out, bad_lse;
+} ForwardResult;
 
-    // ---- forward (poison on the default stream, then wait: the kernels run on a non-blocking stream)
-    CUDA_CHECK(cudaMemset(c.out_buf, 0xFF, c.out_buf_elems * sizeof(uint16_t)));
-    CUDA_CHECK(cudaMemset(c.lse_buf, 0xFF, c.lse_buf_elems * sizeof(float)));
-    if (c.saved) CUDA_CHECK(cudaMemset(c.saved, 0xFF, c.saved_bytes));
-    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
+// The forward on poisoned outputs, saved and workspace: every value of out and lse written, no guard
+// touched.
+static ForwardResult run_forward(const CaseBuffers* c, const InputSet* in, AttentionBackend backend,
+                                 const AttentionContext* ctx, cudaStream_t stream, const char* name, char* problems,
+                                 size_t size) {
+    const size_t n = in->n, n_lse = in->n_lse;
+    // poison on the default stream, then wait: the kernels run on a non-blocking stream
+    CUDA_CHECK(cudaMemset(c->out_buf, 0xFF, c->out_buf_elems * sizeof(uint16_t)));
+    CUDA_CHECK(cudaMemset(c->lse_buf, 0xFF, c->lse_buf_elems * sizeof(float)));
+    if (c->saved) CUDA_CHECK(cudaMemset(c->saved, 0xFF, c->saved_bytes));
+    if (c->workspace) CUDA_CHECK(cudaMemset(c->workspace, 0xFF, c->workspace_bytes));
     CUDA_CHECK(cudaDeviceSynchronize());
-    attention_forward(backend, ctx, a, stream);
+    attention_forward(backend, ctx, &c->args, stream);
     sync_or_die(stream, name, "forward");
 
-    uint16_t* out_host = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
-    uint32_t* lse_host = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
-    CUDA_CHECK(cudaMemcpy(out_host, c.out_buf, c.out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(lse_host, c.lse_buf, c.lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
-    size_t bad_out = 0, bad_lse = 0;
-    for (size_t i = 0; i < n; i++) bad_out += !bf16_is_finite(out_host[GUARD + i]);
-    for (size_t i = 0; i < n_lse; i++) bad_lse += !f32_bits_is_finite(lse_host[GUARD + i]);
-    if (bad_out) add_problem(problems, sizeof(problems), "%zu of %zu out elements non-finite or unwritten", bad_out, n);
-    if (bad_lse) add_problem(problems, sizeof(problems), "%zu of %zu lse values non-finite or unwritten", bad_lse, n_lse);
-    if (changed_poison_bytes(out_host, GUARD * 2) || changed_poison_bytes(out_host + GUARD + n, GUARD * 2))
-        add_problem(problems, sizeof(problems), "forward wrote outside out");
-    if (changed_poison_bytes(lse_host, GUARD * 4) || changed_poison_bytes(lse_host + GUARD + n_lse, GUARD * 4))
-        add_problem(problems, sizeof(problems), "forward wrote outside lse");
-    double* gpu_out = test_alloc(n);
-    double* gpu_lse = test_alloc(n_lse);
-    for (size_t i = 0; i < n; i++) gpu_out[i] = test_bf16_to_float(out_host[GUARD + i]);
+    ForwardResult f;
+    f.out_host = (uint16_t*)malloc(c->out_buf_elems * sizeof(uint16_t));
+    f.lse_host = (uint32_t*)malloc(c->lse_buf_elems * sizeof(uint32_t));
+    CUDA_CHECK(cudaMemcpy(f.out_host, c->out_buf, c->out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(f.lse_host, c->lse_buf, c->lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    f.bad_out = f.bad_lse = 0;
+    for (size_t i = 0; i < n; i++) f.bad_out += !bf16_is_finite(f.out_host[GUARD + i]);
+    for (size_t i = 0; i < n_lse; i++) f.bad_lse += !f32_bits_is_finite(f.lse_host[GUARD + i]);
+    if (f.bad_out) add_problem(problems, size, "%zu of %zu out elements non-finite or unwritten", f.bad_out, n);
+    if (f.bad_lse) add_problem(problems, size, "%zu of %zu lse values non-finite or unwritten", f.bad_lse, n_lse);
+    if (changed_poison_bytes(f.out_host, GUARD * 2) || changed_poison_bytes(f.out_host + GUARD + n, GUARD * 2))
+        add_problem(problems, size, "forward wrote outside out");
+    if (changed_poison_bytes(f.lse_host, GUARD * 4) || changed_poison_bytes(f.lse_host + GUARD + n_lse, GUARD * 4))
+        add_problem(problems, size, "forward wrote outside lse");
+    f.out = test_alloc(n);
+    f.lse = test_alloc(n_lse);
+    for (size_t i = 0; i < n; i++) f.out[i] = test_bf16_to_float(f.out_host[GUARD + i]);
     for (size_t i = 0; i < n_lse; i++) {
-        float f;
-        memcpy(&f, &lse_host[GUARD + i], sizeof(f));
-        gpu_lse[i] = f;
+        float x;
+        memcpy(&x, &f.lse_host[GUARD + i], sizeof(x));
+        f.lse[i] = x;
     }
-    int floored[5];
-    double err[5];
-    err[0] = floored_rel_error(gpu_out, in->ref_out, n, &floored[0]);
-    err[1] = floored_rel_error(gpu_lse, in->ref_lse, n_lse, &floored[1]);
+    return f;
+}
 
-    // ---- backward, checked against the reference given this forward's out and lse
-    CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
-    if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
-    colsum_reset(&c);
+static void forward_result_free(ForwardResult* f) {
+    free(f->out_host);
+    free(f->lse_host);
+    free(f->out);
+    free(f->lse);
+}
+
+// The backward on a poisoned dqkv buffer, workspace and dq_colsum (`what` names the run if it fails).
+// Returns dqkv_buf as copied back, and in *colsum_host dq_colsum's buffer (NULL where the case has
+// none); the caller frees both.
+static uint16_t* run_backward(const CaseBuffers* c, AttentionBackend backend, const AttentionContext* ctx,
+                              cudaStream_t stream, const char* name, const char* what, uint16_t** colsum_host) {
+    CUDA_CHECK(cudaMemset(c->dqkv_buf, 0xFF, c->dqkv_buf_elems * sizeof(uint16_t)));
+    if (c->workspace) CUDA_CHECK(cudaMemset(c->workspace, 0xFF, c->workspace_bytes));
+    colsum_reset(c);
     CUDA_CHECK(cudaDeviceSynchronize());
-    attention_backward(backend, ctx, a, stream);
-    sync_or_die(stream, name, "backward");
-    uint16_t* colsum_host = colsum_fetch(&c);
+    attention_backward(backend, ctx, &c->args, stream);
+    sync_or_die(stream, name, what);
+    *colsum_host = colsum_fetch(c);
+    uint16_t* dqkv_host = (uint16_t*)malloc(c->dqkv_buf_elems * sizeof(uint16_t));
+    CUDA_CHECK(cudaMemcpy(dqkv_host, c->dqkv_buf, c->dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return dqkv_host;
+}
 
-    uint16_t* dqkv_host = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
-    CUDA_CHECK(cudaMemcpy(dqkv_host, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    const char* slot_names[3] = {"dq", "dk", "dv"};
-    const size_t slot_at[3] = {c.dq_at, c.dk_at, c.dv_at};
+static const char* SLOT_NAMES[3] = {"dq", "dk", "dv"};
+
+// Every element of dq, dk and dv written and no guard touched. In the packed layout the q, k and v
+// slots tile the buffer, so every element of it must have been written.
+static void check_dqkv_written(const CaseBuffers* c, const InputSet* in, Layout layout, const uint16_t* dqkv_host,
+                               char* problems, size_t size) {
+    const AttentionShape* s = &in->shape;
+    const size_t n_qkv = in->n_qkv;
     if (layout == LAYOUT_PACKED) {
-        // The q, k and v slots tile the packed buffer: every element must have been written.
+        const long packed = packed_row(s);
         size_t bad = 0, first = 0;
         for (size_t i = 0; i < n_qkv; i++)
             if (!bf16_is_finite(dqkv_host[GUARD + i]) && bad++ == 0) first = i;
         if (bad) {
             const size_t e = first % packed, bt = first / packed, head = e / s->HD;
             const int w = head < (size_t)s->NH ? 0 : head < (size_t)(s->NH + s->NKV) ? 1 : 2;
-            add_problem(problems, sizeof(problems),
+            add_problem(problems, size,
                         "%zu of %zu elements of the packed dqkv buffer non-finite or unwritten, the first in %s at "
                         "b=%zu t=%zu h=%zu d=%zu",
-                        bad, n_qkv, slot_names[w], bt / s->T, bt % s->T, (e - slot_start(s, w)) / s->HD, e % s->HD);
+                        bad, n_qkv, SLOT_NAMES[w], bt / s->T, bt % s->T, (e - slot_start(s, w)) / s->HD, e % s->HD);
         }
         if (changed_poison_bytes(dqkv_host, GUARD * 2) || changed_poison_bytes(dqkv_host + GUARD + n_qkv, GUARD * 2))
-            add_problem(problems, sizeof(problems), "backward wrote outside the packed dqkv buffer");
-    } else {
-        const size_t slot_n[3] = {n, n_kv, n_kv};
-        for (int w = 0; w < 3; w++) {
-            size_t bad = 0;
-            for (size_t i = 0; i < slot_n[w]; i++) bad += !bf16_is_finite(dqkv_host[slot_at[w] + i]);
-            if (bad)
-                add_problem(problems, sizeof(problems), "%zu of %zu %s elements non-finite or unwritten", bad,
-                            slot_n[w], slot_names[w]);
-            if (changed_poison_bytes(dqkv_host + slot_at[w] - GUARD, GUARD * 2))
-                add_problem(problems, sizeof(problems), "backward wrote into the guard before %s", slot_names[w]);
-        }
-        if (changed_poison_bytes(dqkv_host + c.dv_at + n_kv, GUARD * 2))
-            add_problem(problems, sizeof(problems), "backward wrote into the guard after dv");
+            add_problem(problems, size, "backward wrote outside the packed dqkv buffer");
+        return;
     }
-
-    // Deterministic mode: a second backward, on freshly poisoned outputs and workspace, is bit-identical.
-    if (deterministic) {
-        uint16_t* again = (uint16_t*)malloc(c.dqkv_buf_elems * sizeof(uint16_t));
-        CUDA_CHECK(cudaMemset(c.dqkv_buf, 0xFF, c.dqkv_buf_elems * sizeof(uint16_t)));
-        if (c.workspace) CUDA_CHECK(cudaMemset(c.workspace, 0xFF, c.workspace_bytes));
-        colsum_reset(&c);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        attention_backward(backend, ctx, a, stream);
-        sync_or_die(stream, name, "second backward");
-        CUDA_CHECK(cudaMemcpy(again, c.dqkv_buf, c.dqkv_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-        size_t differ = 0;
-        for (size_t i = 0; i < c.dqkv_buf_elems; i++) differ += again[i] != dqkv_host[i];
-        if (differ)
-            add_problem(problems, sizeof(problems), "two deterministic backward runs differ in %zu of %zu values",
-                        differ, c.dqkv_buf_elems);
-        uint16_t* colsum_again = colsum_fetch(&c);
-        if (colsum_again && memcmp(colsum_again, colsum_host, ((size_t)s->NH * s->HD + 2 * GUARD) * 2) != 0)
-            add_problem(problems, sizeof(problems), "two deterministic backward runs differ in dq_colsum");
-        free(colsum_again);
-        free(again);
+    const size_t slot_at[3] = {c->dq_at, c->dk_at, c->dv_at};
+    const size_t slot_n[3] = {in->n, in->n_kv, in->n_kv};
+    for (int w = 0; w < 3; w++) {
+        size_t bad = 0;
+        for (size_t i = 0; i < slot_n[w]; i++) bad += !bf16_is_finite(dqkv_host[slot_at[w] + i]);
+        if (bad)
+            add_problem(problems, size, "%zu of %zu %s elements non-finite or unwritten", bad, slot_n[w],
+                        SLOT_NAMES[w]);
+        if (changed_poison_bytes(dqkv_host + slot_at[w] - GUARD, GUARD * 2))
+            add_problem(problems, size, "backward wrote into the guard before %s", SLOT_NAMES[w]);
     }
+    if (changed_poison_bytes(dqkv_host + c->dv_at + in->n_kv, GUARD * 2))
+        add_problem(problems, size, "backward wrote into the guard after dv");
+}
 
-    // The backward's inputs must be as they were.
-    uint16_t* out_after = (uint16_t*)malloc(c.out_buf_elems * sizeof(uint16_t));
-    uint32_t* lse_after = (uint32_t*)malloc(c.lse_buf_elems * sizeof(uint32_t));
+// Deterministic mode: a second backward, on freshly poisoned outputs and workspace, is bit-identical
+// to the first (dqkv_host, colsum_host).
+static void check_rerun_identical(const CaseBuffers* c, AttentionBackend backend, const AttentionContext* ctx,
+                                  cudaStream_t stream, const char* name, const uint16_t* dqkv_host,
+                                  const uint16_t* colsum_host, char* problems, size_t size) {
+    uint16_t* colsum_again = NULL;
+    uint16_t* again = run_backward(c, backend, ctx, stream, name, "second backward", &colsum_again);
+    size_t differ = 0;
+    for (size_t i = 0; i < c->dqkv_buf_elems; i++) differ += again[i] != dqkv_host[i];
+    if (differ)
+        add_problem(problems, size, "two deterministic backward runs differ in %zu of %zu values", differ,
+                    c->dqkv_buf_elems);
+    const size_t colsum_bytes = ((size_t)c->args.shape.NH * c->args.shape.HD + 2 * GUARD) * 2;
+    if (colsum_again && memcmp(colsum_again, colsum_host, colsum_bytes) != 0)
+        add_problem(problems, size, "two deterministic backward runs differ in dq_colsum");
+    free(colsum_again);
+    free(again);
+}
+
+// The backward's inputs must be as they were: q, k, v as uploaded, dout, and out and lse (guards
+// included) as the forward left them.
+static void check_inputs_unchanged(const CaseBuffers* c, const InputSet* in, const uint16_t* qkv_upload,
+                                   const ForwardResult* f, char* problems, size_t size) {
+    const size_t n = in->n, n_qkv = in->n_qkv;
+    uint16_t* out_after = (uint16_t*)malloc(c->out_buf_elems * sizeof(uint16_t));
+    uint32_t* lse_after = (uint32_t*)malloc(c->lse_buf_elems * sizeof(uint32_t));
     uint16_t* qkv_after = (uint16_t*)malloc(n_qkv * sizeof(uint16_t));
     uint16_t* dout_after = (uint16_t*)malloc(n * sizeof(uint16_t));
-    CUDA_CHECK(cudaMemcpy(out_after, c.out_buf, c.out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(lse_after, c.lse_buf, c.lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(qkv_after, c.qkv, n_qkv * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(dout_after, c.dout, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    if (memcmp(out_after, out_host, c.out_buf_elems * sizeof(uint16_t)) != 0)
-        add_problem(problems, sizeof(problems), "backward changed out or its guards");
-    if (memcmp(lse_after, lse_host, c.lse_buf_elems * sizeof(uint32_t)) != 0)
-        add_problem(problems, sizeof(problems), "backward changed lse or its guards");
-    if (memcmp(qkv_after, qkv_upload, n_qkv * sizeof(uint16_t)) != 0)
-        add_problem(problems, sizeof(problems), "q, k or v changed");
-    if (memcmp(dout_after, in->dout_bits, n * sizeof(uint16_t)) != 0)
-        add_problem(problems, sizeof(problems), "dout changed");
+    CUDA_CHECK(cudaMemcpy(out_after, c->out_buf, c->out_buf_elems * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(lse_after, c->lse_buf, c->lse_buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(qkv_after, c->qkv, n_qkv * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(dout_after, c->dout, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (memcmp(out_after, f->out_host, c->out_buf_elems * sizeof(uint16_t)) != 0)
+        add_problem(problems, size, "backward changed out or its guards");
+    if (memcmp(lse_after, f->lse_host, c->lse_buf_elems * sizeof(uint32_t)) != 0)
+        add_problem(problems, size, "backward changed lse or its guards");
+    if (memcmp(qkv_after, qkv_upload, n_qkv * sizeof(uint16_t)) != 0) add_problem(problems, size, "q, k or v changed");
+    if (memcmp(dout_after, in->dout_bits, n * sizeof(uint16_t)) != 0) add_problem(problems, size, "dout changed");
+    free(out_after);
+    free(lse_after);
+    free(qkv_after);
+    free(dout_after);
+}
 
-    double* ref_dqkv = test_alloc(n_qkv);  // zeroed: the reference backward adds into it
-    ref_attention_backward(ref_dqkv, in->dout, in->qkv, gpu_out, gpu_lse, s->B, s->T, s->NH, s->NKV, s->HD,
+// The relative errors of dQ, dK and dV (err[0..2], floored[0..2]) against the fp64 reference backward
+// given q, k, v, dout and the out and lse this backend's forward produced.
+static void backward_errors(const CaseBuffers* c, const InputSet* in, const ForwardResult* f,
+                            const uint16_t* dqkv_host, double* err, int* floored) {
+    const AttentionShape* s = &in->shape;
+    const AttentionArgs* a = &c->args;
+    double* ref_dqkv = test_alloc(in->n_qkv);  // zeroed: the reference backward adds into it
+    ref_attention_backward(ref_dqkv, in->dout, in->qkv, f->out, f->lse, s->B, s->T, s->NH, s->NKV, s->HD,
                            s->causal);
-    double* gpu_dqkv = test_alloc(n_qkv);
+    double* gpu_dqkv = test_alloc(in->n_qkv);
+    const size_t slot_at[3] = {c->dq_at, c->dk_at, c->dv_at};
     const long slot_stride[3] = {a->dqkv_stride, attention_dkv_stride(a), attention_dkv_stride(a)};
     for (int w = 0; w < 3; w++) gather_bf16(gpu_dqkv, w, dqkv_host + slot_at[w], slot_stride[w], s);
-    for (int w = 0; w < 3; w++) err[2 + w] = slot_error(gpu_dqkv, ref_dqkv, w, s, &floored[2 + w]);
+    for (int w = 0; w < 3; w++) err[w] = slot_error(gpu_dqkv, ref_dqkv, w, s, &floored[w]);
+    free(ref_dqkv);
+    free(gpu_dqkv);
+}
 
+// Prints the case's line of errors (O, LSE, dQ, dK, dV, and dq_colsum's, checked here where the case
+// has one) and reports the case with every problem found.
+static void report_case(const char* name, const CaseBuffers* c, const double* err, const int* floored,
+                        const ForwardResult* f, const uint16_t* dqkv_host, const uint16_t* colsum_host,
+                        char* problems, size_t size) {
     const char* err_names[5] = {"O", "LSE", "dQ", "dK", "dV"};
     char line[256];
     int at = snprintf(line, sizeof(line), "%s:", name);
     for (int e = 0; e < 5; e++)
         at += snprintf(line + at, sizeof(line) - at, " %s %.2e%s", err_names[e], err[e], floored[e] ? "*" : "");
     if (colsum_host)
-        snprintf(line + at, sizeof(line) - at, " dQsum%s %.2e", a->dq_colsum_accumulate ? "+=" : "",
-                 colsum_check(&c, colsum_host, dqkv_host, problems, sizeof(problems)));
+        snprintf(line + at, sizeof(line) - at, " dQsum%s %.2e", c->args.dq_colsum_accumulate ? "+=" : "",
+                 colsum_check(c, colsum_host, dqkv_host, problems, size));
     printf("%s\n", line);
     for (int e = 0; e < 5; e++)
         if (!(err[e] <= TOLERANCE))
-            add_problem(problems, sizeof(problems), "%s relative error %.3e > %.0e", err_names[e], err[e], TOLERANCE);
-    if (bad_out || bad_lse)
-        add_problem(problems, sizeof(problems), "(the backward reference used this forward's non-finite out/lse)");
+            add_problem(problems, size, "%s relative error %.3e > %.0e", err_names[e], err[e], TOLERANCE);
+    if (f->bad_out || f->bad_lse)
+        add_problem(problems, size, "(the backward reference used this forward's non-finite out/lse)");
     test_report(name, problems[0] == 0, "%s", problems);
+}
 
-    free(ref_dqkv);
-    free(gpu_dqkv);
-    free(gpu_out);
-    free(gpu_lse);
-    free(out_host);
-    free(lse_host);
+// One case: the forward, then the backward checked against the reference given this forward's out
+// and lse (the top comment lists the checks).
+static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
+                     const AttentionContext* ctx, cudaStream_t stream, const char* name) {
+    char why[256];
+    if (attention_check(backend, &in->shape, why, sizeof(why)) != 0) {
+        test_fail(name, "attention_check refused the shape: %s", why);
+        return;
+    }
+    uint16_t* qkv_upload = qkv_for_upload(in, layout);
+    CaseBuffers c = case_alloc(in, backend, layout, qkv_upload);
+    c.args.deterministic = deterministic;
+    char problems[1024] = "";
+    int floored[5];
+    double err[5];
+
+    ForwardResult f = run_forward(&c, in, backend, ctx, stream, name, problems, sizeof(problems));
+    err[0] = floored_rel_error(f.out, in->ref_out, in->n, &floored[0]);
+    err[1] = floored_rel_error(f.lse, in->ref_lse, in->n_lse, &floored[1]);
+
+    uint16_t* colsum_host = NULL;
+    uint16_t* dqkv_host = run_backward(&c, backend, ctx, stream, name, "backward", &colsum_host);
+    check_dqkv_written(&c, in, layout, dqkv_host, problems, sizeof(problems));
+    if (deterministic)
+        check_rerun_identical(&c, backend, ctx, stream, name, dqkv_host, colsum_host, problems, sizeof(problems));
+    check_inputs_unchanged(&c, in, qkv_upload, &f, problems, sizeof(problems));
+    backward_errors(&c, in, &f, dqkv_host, err + 2, floored + 2);
+    report_case(name, &c, err, floored, &f, dqkv_host, colsum_host, problems, sizeof(problems));
+
     free(dqkv_host);
     free(colsum_host);
-    free(out_after);
-    free(lse_after);
-    free(qkv_after);
-    free(dout_after);
+    forward_result_free(&f);
     if (qkv_upload != in->qkv_bits) free(qkv_upload);
     case_free(&c);
 }
@@ -615,8 +686,9 @@ static void launch_order_case(void) {
     test_report(name, !why[0], "%s", why);
 }
 
-static void cpu_cases(void) {
-    launch_order_case();
+// flash1 and flash2 refuse head dim 72 with a message naming the ones they take, and take 64, 80,
+// 96 and 128.
+static void head_dim_cases(void) {
     char why[256];
     for (size_t f = 0; f < COUNT(FLASH_BACKENDS); f++) {
         const AttentionBackend backend = FLASH_BACKENDS[f];
@@ -638,73 +710,83 @@ static void cpu_cases(void) {
         }
         test_report(name, bad[0] == 0, "%s", bad);
     }
-    {
-        // NKV must divide NH (and be at least 1); the message names --kv-heads.
-        const char* name = "attention_check_rejects_bad_kv_heads";
-        char bad[512] = "";
-        const int nkv_bad[3] = {0, 3, 16};  // NH = 8
-        for (size_t i = 0; i < COUNT(BACKENDS); i++)
-            for (int k = 0; k < 3; k++) {
-                AttentionShape s = shape_of(2, 64, 8, 64, 1);
-                s.NKV = nkv_bad[k];
-                why[0] = 0;
-                if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0 || !strstr(why, "--kv-heads"))
-                    add_problem(bad, sizeof(bad), "%s NKV=%d: accepted or message \"%s\"",
-                                attention_backend_name(BACKENDS[i]), nkv_bad[k], why);
-            }
-        for (size_t i = 0; i < COUNT(BACKENDS); i++)
-            for (int nkv = 1; nkv <= 8; nkv *= 2) {
-                AttentionShape s = shape_of(2, 64, 8, 64, 1);
-                s.NKV = nkv;
-                if (attention_check(BACKENDS[i], &s, why, sizeof(why)) != 0)
-                    add_problem(bad, sizeof(bad), "%s NKV=%d refused: %s", attention_backend_name(BACKENDS[i]), nkv, why);
-            }
-        test_report(name, bad[0] == 0, "%s", bad);
-    }
-    {
-        const char* name = "attention_check_rejects_T0";
-        char bad[256] = "";
-        for (size_t i = 0; i < COUNT(BACKENDS); i++) {
-            AttentionShape s = shape_of(2, 0, 3, 64, 1);
-            if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0)
-                add_problem(bad, sizeof(bad), "%s accepted T=0", attention_backend_name(BACKENDS[i]));
+}
+
+// NKV must divide NH (and be at least 1); the message names --kv-heads.
+static void kv_heads_case(void) {
+    const char* name = "attention_check_rejects_bad_kv_heads";
+    char why[256];
+    char bad[512] = "";
+    const int nkv_bad[3] = {0, 3, 16};  // NH = 8
+    for (size_t i = 0; i < COUNT(BACKENDS); i++)
+        for (int k = 0; k < 3; k++) {
+            AttentionShape s = shape_of(2, 64, 8, 64, 1);
+            s.NKV = nkv_bad[k];
+            why[0] = 0;
+            if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0 || !strstr(why, "--kv-heads"))
+                add_problem(bad, sizeof(bad), "%s NKV=%d: accepted or message \"%s\"",
+                            attention_backend_name(BACKENDS[i]), nkv_bad[k], why);
         }
-        test_report(name, bad[0] == 0, "%s", bad);
-    }
-    {
-        // Only flash2 (its Hopper backward) sums dq's columns; the others must never claim to.
-        const char* name = "attention_sums_dq_columns_only_flash2";
-        char bad[256] = "";
-        const AttentionBackend others[] = {ATTN_NAIVE, ATTN_NAIVE_RECOMPUTE, ATTN_FLASH1};
-        const AttentionShape s = shape_of(2, 64, 4, 128, 1);
-        for (size_t i = 0; i < COUNT(others); i++)
-            if (attention_sums_dq_columns(others[i], &s))
-                add_problem(bad, sizeof(bad), "%s says it sums them", attention_backend_name(others[i]));
-        test_report(name, bad[0] == 0, "%s", bad);
-    }
-    {
-        const char* name = "attention_backend_names_round_trip";
-        char bad[256] = "";
-        const char* names[] = {"naive", "flash1", "flash2", "naive-recompute"};
-        for (size_t i = 0; i < COUNT(names); i++) {
-            AttentionBackend backend;
-            if (attention_backend_from_name(names[i], &backend) != 0) {
-                add_problem(bad, sizeof(bad), "\"%s\" not recognized", names[i]);
-                continue;
-            }
-            const char* back = attention_backend_name(backend);
-            if (!back || strcmp(back, names[i]) != 0)
-                add_problem(bad, sizeof(bad), "\"%s\" came back as \"%s\"", names[i], back ? back : "(null)");
+    for (size_t i = 0; i < COUNT(BACKENDS); i++)
+        for (int nkv = 1; nkv <= 8; nkv *= 2) {
+            AttentionShape s = shape_of(2, 64, 8, 64, 1);
+            s.NKV = nkv;
+            if (attention_check(BACKENDS[i], &s, why, sizeof(why)) != 0)
+                add_problem(bad, sizeof(bad), "%s NKV=%d refused: %s", attention_backend_name(BACKENDS[i]), nkv, why);
         }
-        AttentionBackend unused = ATTN_NAIVE;
-        if (attention_backend_from_name("flash3", &unused) == 0) add_problem(bad, sizeof(bad), "\"flash3\" accepted");
-        test_report(name, bad[0] == 0, "%s", bad);
+    test_report(name, bad[0] == 0, "%s", bad);
+}
+
+static void seq_len_zero_case(void) {
+    const char* name = "attention_check_rejects_T0";
+    char why[256];
+    char bad[256] = "";
+    for (size_t i = 0; i < COUNT(BACKENDS); i++) {
+        AttentionShape s = shape_of(2, 0, 3, 64, 1);
+        if (attention_check(BACKENDS[i], &s, why, sizeof(why)) == 0)
+            add_problem(bad, sizeof(bad), "%s accepted T=0", attention_backend_name(BACKENDS[i]));
     }
+    test_report(name, bad[0] == 0, "%s", bad);
+}
+
+// Only flash2 (its Hopper backward) sums dq's columns; the others must never claim to.
+static void dq_columns_case(void) {
+    const char* name = "attention_sums_dq_columns_only_flash2";
+    char bad[256] = "";
+    const AttentionBackend others[] = {ATTN_NAIVE, ATTN_NAIVE_RECOMPUTE, ATTN_FLASH1};
+    const AttentionShape s = shape_of(2, 64, 4, 128, 1);
+    for (size_t i = 0; i < COUNT(others); i++)
+        if (attention_sums_dq_columns(others[i], &s))
+            add_problem(bad, sizeof(bad), "%s says it sums them", attention_backend_name(others[i]));
+    test_report(name, bad[0] == 0, "%s", bad);
+}
+
+static void backend_names_case(void) {
+    const char* name = "attention_backend_names_round_trip";
+    char bad[256] = "";
+    const char* names[] = {"naive", "flash1", "flash2", "naive-recompute"};
+    for (size_t i = 0; i < COUNT(names); i++) {
+        AttentionBackend backend;
+        if (attention_backend_from_name(names[i], &backend) != 0) {
+            add_problem(bad, sizeof(bad), "\"%s\" not recognized", names[i]);
+            continue;
+        }
+        const char* back = attention_backend_name(backend);
+        if (!back || strcmp(back, names[i]) != 0)
+            add_problem(bad, sizeof(bad), "\"%s\" came back as \"%s\"", names[i], back ? back : "(null)");
+    }
+    AttentionBackend unused = ATTN_NAIVE;
+    if (attention_backend_from_name("flash3", &unused) == 0) add_problem(bad, sizeof(bad), "\"flash3\" accepted");
+    test_report(name, bad[0] == 0, "%s", bad);
+}
+
+// The saved and workspace sizes at T = 16384, computed in size_t throughout: 8·16·16384² elements
+// overflow 32 bits many times over.
+static void memory_size_cases(void) {
+    const AttentionShape s = shape_of(8, 16384, 16, 128, 1);
+    const unsigned long long elems = 8ull * 16ull * 16384ull * 16384ull, rows = 8ull * 16ull * 16384ull;
     {
-        // size_t arithmetic throughout: 8·16·16384² elements overflow 32 bits many times over.
         const char* name = "attention_naive_memory_sizes_at_T16384";
-        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
-        unsigned long long elems = 8ull * 16ull * 16384ull * 16384ull;
         size_t saved = attention_saved_bytes(ATTN_NAIVE, &s), work = attention_workspace_bytes(ATTN_NAIVE, &s);
         test_report(name, saved == elems * 2 && work == elems * 4, "saved %zu bytes (want %llu), workspace %zu (want %llu)",
                     saved, elems * 2, work, elems * 4);
@@ -712,8 +794,6 @@ static void cpu_cases(void) {
     {
         // naive-recompute saves nothing; its workspace holds S or dP (fp32) and P or dS (bf16) at once.
         const char* name = "attention_naive_recompute_memory_sizes_at_T16384";
-        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
-        unsigned long long elems = 8ull * 16ull * 16384ull * 16384ull;
         size_t saved = attention_saved_bytes(ATTN_NAIVE_RECOMPUTE, &s);
         size_t work = attention_workspace_bytes(ATTN_NAIVE_RECOMPUTE, &s);
         test_report(name, saved == 0 && work == elems * 6, "saved %zu bytes (want 0), workspace %zu (want %llu)",
@@ -724,13 +804,22 @@ static void cpu_cases(void) {
         // dQ accumulator (B, NH, T, HD) fits in the same bytes) and nothing from forward to backward:
         // linear in T, with no T² term.
         const char* name = "attention_flash1_memory_sizes_at_T16384";
-        AttentionShape s = shape_of(8, 16384, 16, 128, 1);
-        unsigned long long rows = 8ull * 16ull * 16384ull;
         size_t saved = attention_saved_bytes(ATTN_FLASH1, &s), work = attention_workspace_bytes(ATTN_FLASH1, &s);
         unsigned long long want = rows * 128ull * 4ull + rows * 2ull * 4ull;
         test_report(name, saved == 0 && work == want, "saved %zu bytes (want 0), workspace %zu (want %llu)", saved,
                     work, want);
     }
+}
+
+// The dispatcher's checks, names and sizes, and flash2's launch order: no GPU needed.
+static void cpu_cases(void) {
+    launch_order_case();
+    head_dim_cases();
+    kv_heads_case();
+    seq_len_zero_case();
+    dq_columns_case();
+    backend_names_case();
+    memory_size_cases();
 }
 
 // ---- main --------------------------------------------------------------------------------------------
@@ -899,7 +988,7 @@ int main(int argc, char** argv) {
            "instead\n",
            TOLERANCE, ABS_FLOOR);
 
-    g_flash2_deterministic = flash2_use_wgmma();
+    g_flash2_deterministic = attention_flash2_uses_wgmma();
     AttentionContext ctx;
     CUBLAS_CHECK(cublasCreate(&ctx.cublas));
     cudaStream_t stream;

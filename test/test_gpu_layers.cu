@@ -382,6 +382,145 @@ static void layernorm_forward_case(int N, int C) {
     free(x), free(dw), free(db), free(ref), free(ref_mean), free(ref_rstd);
 }
 
+// Host side of a layernorm backward case: inputs, mean and rstd (fp32), the gradients' starting values
+// (…0), the outputs of the first run and of a later run (…2), and the fp64 references.
+typedef struct {
+    uint16_t *inp, *dout, *w;
+    uint16_t *dinp0, *dw0, *db0, *ds0;
+    uint16_t *dinp, *dw, *db, *ds;
+    uint16_t *dinp2, *dw2, *db2, *ds2;
+    float *mean, *rstd;
+    double *ref_dinp, *ref_dw, *ref_db, *ref_ds;
+} LayernormBackwardHost;
+
+typedef struct {
+    DevBuf inp, dout, w, mean, rstd, dinp, dw, db, scratch, ds;
+    size_t scratch_bytes;
+} LayernormBackwardDev;
+
+// Allocates the host buffers and draws the inputs (in this order: inp, dout, weight, the starting
+// dinp, dweight, dbias, then dinp_sum); computes the references from them.
+static LayernormBackwardHost layernorm_backward_inputs(TestRng* rng, int N, int C) {
+    const size_t n = (size_t)N * C;
+    LayernormBackwardHost h;
+    h.inp = host_bf16(n), h.dout = host_bf16(n), h.w = host_bf16(C);
+    h.dinp0 = host_bf16(n), h.dw0 = host_bf16(C), h.db0 = host_bf16(C);
+    h.dinp = host_bf16(n), h.dw = host_bf16(C), h.db = host_bf16(C);
+    h.dinp2 = host_bf16(n), h.dw2 = host_bf16(C), h.db2 = host_bf16(C);
+    h.ds0 = host_bf16(C), h.ds = host_bf16(C), h.ds2 = host_bf16(C);
+    h.ref_ds = test_alloc(C);
+    h.mean = (float*)host_alloc(N * 4), h.rstd = (float*)host_alloc(N * 4);
+    double *x = test_alloc(n), *dy = test_alloc(n), *wv = test_alloc(C), *tmp = test_alloc(n), *zeros = test_alloc(C);
+    double *m64 = test_alloc(N), *r64 = test_alloc(N);
+    h.ref_dinp = test_alloc(n), h.ref_dw = test_alloc(C), h.ref_db = test_alloc(C);
+    fill_rows_offset(rng, h.inp, x, N, C);
+    fill_bf16_normal(rng, h.dout, dy, n, 1.0, 0.0);
+    fill_bf16_normal(rng, h.w, wv, C, 0.2, 1.0);
+    fill_bf16_normal(rng, h.dinp0, h.ref_dinp, n, 1.0, 0.0);
+    fill_bf16_normal(rng, h.dw0, h.ref_dw, C, 1.0, 0.0);
+    fill_bf16_normal(rng, h.db0, h.ref_db, C, 1.0, 0.0);
+    ref_layernorm_forward(tmp, m64, r64, x, wv, zeros, N, C);
+    for (int r = 0; r < N; r++) {
+        h.mean[r] = (float)m64[r];
+        h.rstd[r] = (float)r64[r];
+        m64[r] = h.mean[r];
+        r64[r] = h.rstd[r];
+    }
+    ref_layernorm_backward(h.ref_dinp, h.ref_dw, h.ref_db, dy, x, wv, m64, r64, N, C);
+    fill_bf16_normal(rng, h.ds0, h.ref_ds, C, 1.0, 0.0);
+    for (size_t i = 0; i < n; i++) h.ref_ds[i % C] += h.ref_dinp[i];  // Σ over rows of the final dinp
+    free(x), free(dy), free(wv), free(tmp), free(zeros), free(m64), free(r64);
+    return h;
+}
+
+// Device buffers between guards, the inputs uploaded.
+static LayernormBackwardDev layernorm_backward_upload(const LayernormBackwardHost* h, int N, int C) {
+    const size_t n = (size_t)N * C;
+    LayernormBackwardDev d;
+    d.scratch_bytes = layernorm_backward_scratch_bytes(N, C);
+    d.inp = dev_alloc(n * 2), d.dout = dev_alloc(n * 2), d.w = dev_alloc(C * 2), d.mean = dev_alloc(N * 4);
+    d.rstd = dev_alloc(N * 4), d.dinp = dev_alloc(n * 2), d.dw = dev_alloc(C * 2), d.db = dev_alloc(C * 2);
+    d.scratch = dev_alloc(d.scratch_bytes), d.ds = dev_alloc(C * 2);
+    dev_upload(d.inp, h->inp, n * 2);
+    dev_upload(d.dout, h->dout, n * 2);
+    dev_upload(d.w, h->w, C * 2);
+    dev_upload(d.mean, h->mean, N * 4);
+    dev_upload(d.rstd, h->rstd, N * 4);
+    return d;
+}
+
+// Runs the backward `runs` times from the same starting gradients, scratch poisoned differently each
+// time; the first run's outputs land in dinp/dw/db/ds, later runs' in …2 and must match bit for bit.
+// 1 when they all did.
+static int layernorm_backward_runs(const char* name, LayernormBackwardHost* h, const LayernormBackwardDev* d, int N,
+                                   int C, int runs, int with_sum, char* problems, size_t size) {
+    const size_t n = (size_t)N * C;
+    int identical = 1;
+    for (int run = 0; run < runs; run++) {
+        dev_upload(d->dinp, h->dinp0, n * 2);
+        dev_upload(d->dw, h->dw0, C * 2);
+        dev_upload(d->db, h->db0, C * 2);
+        dev_upload(d->ds, h->ds0, C * 2);
+        dev_poison(d->scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
+        layernorm_backward((__nv_bfloat16*)dptr(d->dinp), (__nv_bfloat16*)dptr(d->dw), (__nv_bfloat16*)dptr(d->db),
+                           with_sum ? (__nv_bfloat16*)dptr(d->ds) : NULL, (float*)dptr(d->scratch), d->scratch_bytes,
+                           (const __nv_bfloat16*)dptr(d->dout), (const __nv_bfloat16*)dptr(d->inp),
+                           (const __nv_bfloat16*)dptr(d->w), (const float*)dptr(d->mean), (const float*)dptr(d->rstd),
+                           N, C, g_stream);
+        sync_or_die(g_stream, name, "kernel");
+        dev_download(run == 0 ? h->dinp : h->dinp2, d->dinp, n * 2);
+        dev_download(run == 0 ? h->dw : h->dw2, d->dw, C * 2);
+        dev_download(run == 0 ? h->db : h->db2, d->db, C * 2);
+        dev_download(run == 0 ? h->ds : h->ds2, d->ds, C * 2);
+        if (run > 0 && (memcmp(h->dinp, h->dinp2, n * 2) || memcmp(h->dw, h->dw2, C * 2) ||
+                        memcmp(h->db, h->db2, C * 2) || memcmp(h->ds, h->ds2, C * 2))) {
+            identical = 0;
+            add_problem(problems, size, "run %d differs from run 1 (not deterministic)", run + 1);
+        }
+    }
+    return identical;
+}
+
+// The first run's outputs against the references, and every guard.
+static void layernorm_backward_check(const char* name, const LayernormBackwardHost* h, const LayernormBackwardDev* d,
+                                     int N, int C, int runs, int with_sum, int identical, char* problems,
+                                     size_t size) {
+    const size_t n = (size_t)N * C;
+    size_t bad_dinp = 0, bad_dw = 0, bad_db = 0;
+    double err_dinp = rel_error_bf16(h->dinp, h->ref_dinp, n, &bad_dinp);
+    double err_dw = rel_error_bf16(h->dw, h->ref_dw, C, &bad_dw);
+    double err_db = rel_error_bf16(h->db, h->ref_db, C, &bad_db);
+    size_t bad_ds = 0;
+    double err_ds = with_sum ? rel_error_bf16(h->ds, h->ref_ds, C, &bad_ds) : 0.0;
+    if (!with_sum && memcmp(h->ds, h->ds0, C * 2)) add_problem(problems, size, "dinp_sum written although NULL");
+    printf("%s: dinp %.2e, dweight %.2e, dbias %.2e, dinp_sum %.2e, %d runs %s (scratch %zu bytes)\n", name,
+           err_dinp, err_dw, err_db, err_ds, runs, identical ? "bit-identical" : "DIFFER", d->scratch_bytes);
+    check_written(problems, size, "dinp", bad_dinp, n);
+    check_written(problems, size, "dweight", bad_dw, C);
+    check_written(problems, size, "dbias", bad_db, C);
+    check_error(problems, size, "dinp", err_dinp, TOL_BF16);
+    check_error(problems, size, "dweight", err_dw, TOL_BF16);
+    check_error(problems, size, "dbias", err_db, TOL_BF16);
+    if (with_sum) {
+        check_written(problems, size, "dinp_sum", bad_ds, C);
+        check_error(problems, size, "dinp_sum", err_ds, TOL_BF16);
+    }
+    check_guards(problems, size, d->ds, "dinp_sum");
+    check_guards(problems, size, d->dinp, "dinp");
+    check_guards(problems, size, d->dw, "dweight");
+    check_guards(problems, size, d->db, "dbias");
+    check_guards(problems, size, d->scratch, "scratch");
+}
+
+static void layernorm_backward_free(LayernormBackwardHost* h, LayernormBackwardDev* d) {
+    dev_free(&d->inp), dev_free(&d->dout), dev_free(&d->w), dev_free(&d->mean), dev_free(&d->rstd);
+    dev_free(&d->dinp), dev_free(&d->dw), dev_free(&d->db), dev_free(&d->scratch), dev_free(&d->ds);
+    free(h->ds0), free(h->ds), free(h->ds2), free(h->ref_ds);
+    free(h->inp), free(h->dout), free(h->w), free(h->dinp0), free(h->dw0), free(h->db0);
+    free(h->dinp), free(h->dw), free(h->db), free(h->dinp2), free(h->dw2), free(h->db2);
+    free(h->mean), free(h->rstd), free(h->ref_dinp), free(h->ref_dw), free(h->ref_db);
+}
+
 // The backward is checked on its own inputs: mean and rstd are the fp64 statistics rounded to fp32,
 // given to the kernel and (as those fp32 values) to the reference. with_sum: also dinp_sum, the
 // column sums of the new dinp added into a random bf16 vector.
@@ -390,98 +529,13 @@ static void layernorm_backward_case(const char* prefix, int N, int C, int runs, 
     snprintf(name, sizeof(name), "%s%s_N%d_C%d", prefix, with_sum ? "_dinp_sum" : "", N, C);
     if (!case_begin(name)) return;
     TestRng rng = case_rng();
-    const size_t n = (size_t)N * C;
-    uint16_t *inp = host_bf16(n), *dout = host_bf16(n), *w = host_bf16(C);
-    uint16_t *dinp0 = host_bf16(n), *dw0 = host_bf16(C), *db0 = host_bf16(C);
-    uint16_t *dinp = host_bf16(n), *dw = host_bf16(C), *db = host_bf16(C);
-    uint16_t *dinp2 = host_bf16(n), *dw2 = host_bf16(C), *db2 = host_bf16(C);
-    uint16_t *ds0 = host_bf16(C), *ds = host_bf16(C), *ds2 = host_bf16(C);
-    double* ref_ds = test_alloc(C);
-    float *mean = (float*)host_alloc(N * 4), *rstd = (float*)host_alloc(N * 4);
-    double *x = test_alloc(n), *dy = test_alloc(n), *wv = test_alloc(C), *tmp = test_alloc(n), *zeros = test_alloc(C);
-    double *m64 = test_alloc(N), *r64 = test_alloc(N);
-    double *ref_dinp = test_alloc(n), *ref_dw = test_alloc(C), *ref_db = test_alloc(C);
-    fill_rows_offset(&rng, inp, x, N, C);
-    fill_bf16_normal(&rng, dout, dy, n, 1.0, 0.0);
-    fill_bf16_normal(&rng, w, wv, C, 0.2, 1.0);
-    fill_bf16_normal(&rng, dinp0, ref_dinp, n, 1.0, 0.0);
-    fill_bf16_normal(&rng, dw0, ref_dw, C, 1.0, 0.0);
-    fill_bf16_normal(&rng, db0, ref_db, C, 1.0, 0.0);
-    ref_layernorm_forward(tmp, m64, r64, x, wv, zeros, N, C);
-    for (int r = 0; r < N; r++) {
-        mean[r] = (float)m64[r];
-        rstd[r] = (float)r64[r];
-        m64[r] = mean[r];
-        r64[r] = rstd[r];
-    }
-    ref_layernorm_backward(ref_dinp, ref_dw, ref_db, dy, x, wv, m64, r64, N, C);
-    fill_bf16_normal(&rng, ds0, ref_ds, C, 1.0, 0.0);
-    for (size_t i = 0; i < n; i++) ref_ds[i % C] += ref_dinp[i];  // Σ over rows of the final dinp
-
-    const size_t scratch_bytes = layernorm_backward_scratch_bytes(N, C);
-    DevBuf d_inp = dev_alloc(n * 2), d_dout = dev_alloc(n * 2), d_w = dev_alloc(C * 2), d_mean = dev_alloc(N * 4),
-           d_rstd = dev_alloc(N * 4), d_dinp = dev_alloc(n * 2), d_dw = dev_alloc(C * 2), d_db = dev_alloc(C * 2),
-           d_scratch = dev_alloc(scratch_bytes), d_ds = dev_alloc(C * 2);
-    dev_upload(d_inp, inp, n * 2);
-    dev_upload(d_dout, dout, n * 2);
-    dev_upload(d_w, w, C * 2);
-    dev_upload(d_mean, mean, N * 4);
-    dev_upload(d_rstd, rstd, N * 4);
+    LayernormBackwardHost h = layernorm_backward_inputs(&rng, N, C);
+    LayernormBackwardDev d = layernorm_backward_upload(&h, N, C);
     char problems[1024] = "";
-    int identical = 1;
-    for (int run = 0; run < runs; run++) {
-        dev_upload(d_dinp, dinp0, n * 2);
-        dev_upload(d_dw, dw0, C * 2);
-        dev_upload(d_db, db0, C * 2);
-        dev_upload(d_ds, ds0, C * 2);
-        dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
-        layernorm_backward((__nv_bfloat16*)dptr(d_dinp), (__nv_bfloat16*)dptr(d_dw), (__nv_bfloat16*)dptr(d_db),
-                           with_sum ? (__nv_bfloat16*)dptr(d_ds) : NULL, (float*)dptr(d_scratch), scratch_bytes, (const __nv_bfloat16*)dptr(d_dout),
-                           (const __nv_bfloat16*)dptr(d_inp), (const __nv_bfloat16*)dptr(d_w),
-                           (const float*)dptr(d_mean), (const float*)dptr(d_rstd), N, C, g_stream);
-        sync_or_die(g_stream, name, "kernel");
-        dev_download(run == 0 ? dinp : dinp2, d_dinp, n * 2);
-        dev_download(run == 0 ? dw : dw2, d_dw, C * 2);
-        dev_download(run == 0 ? db : db2, d_db, C * 2);
-        dev_download(run == 0 ? ds : ds2, d_ds, C * 2);
-        if (run > 0 && (memcmp(dinp, dinp2, n * 2) || memcmp(dw, dw2, C * 2) || memcmp(db, db2, C * 2) ||
-                        memcmp(ds, ds2, C * 2))) {
-            identical = 0;
-            add_problem(problems, sizeof(problems), "run %d differs from run 1 (not deterministic)", run + 1);
-        }
-    }
-    size_t bad_dinp = 0, bad_dw = 0, bad_db = 0;
-    double err_dinp = rel_error_bf16(dinp, ref_dinp, n, &bad_dinp);
-    double err_dw = rel_error_bf16(dw, ref_dw, C, &bad_dw);
-    double err_db = rel_error_bf16(db, ref_db, C, &bad_db);
-    size_t bad_ds = 0;
-    double err_ds = with_sum ? rel_error_bf16(ds, ref_ds, C, &bad_ds) : 0.0;
-    if (!with_sum && memcmp(ds, ds0, C * 2)) add_problem(problems, sizeof(problems), "dinp_sum written although NULL");
-    printf("%s: dinp %.2e, dweight %.2e, dbias %.2e, dinp_sum %.2e, %d runs %s (scratch %zu bytes)\n", name,
-           err_dinp, err_dw, err_db, err_ds, runs, identical ? "bit-identical" : "DIFFER", scratch_bytes);
-    check_written(problems, sizeof(problems), "dinp", bad_dinp, n);
-    check_written(problems, sizeof(problems), "dweight", bad_dw, C);
-    check_written(problems, sizeof(problems), "dbias", bad_db, C);
-    check_error(problems, sizeof(problems), "dinp", err_dinp, TOL_BF16);
-    check_error(problems, sizeof(problems), "dweight", err_dw, TOL_BF16);
-    check_error(problems, sizeof(problems), "dbias", err_db, TOL_BF16);
-    if (with_sum) {
-        check_written(problems, sizeof(problems), "dinp_sum", bad_ds, C);
-        check_error(problems, sizeof(problems), "dinp_sum", err_ds, TOL_BF16);
-    }
-    check_guards(problems, sizeof(problems), d_ds, "dinp_sum");
-    check_guards(problems, sizeof(problems), d_dinp, "dinp");
-    check_guards(problems, sizeof(problems), d_dw, "dweight");
-    check_guards(problems, sizeof(problems), d_db, "dbias");
-    check_guards(problems, sizeof(problems), d_scratch, "scratch");
+    int identical = layernorm_backward_runs(name, &h, &d, N, C, runs, with_sum, problems, sizeof(problems));
+    layernorm_backward_check(name, &h, &d, N, C, runs, with_sum, identical, problems, sizeof(problems));
     case_end(name, problems);
-
-    dev_free(&d_inp), dev_free(&d_dout), dev_free(&d_w), dev_free(&d_mean), dev_free(&d_rstd), dev_free(&d_dinp);
-    dev_free(&d_dw), dev_free(&d_db), dev_free(&d_scratch), dev_free(&d_ds);
-    free(ds0), free(ds), free(ds2), free(ref_ds);
-    free(inp), free(dout), free(w), free(dinp0), free(dw0), free(db0), free(dinp), free(dw), free(db);
-    free(dinp2), free(dw2), free(db2), free(mean), free(rstd), free(x), free(dy), free(wv), free(tmp), free(zeros);
-    free(m64), free(r64), free(ref_dinp), free(ref_dw), free(ref_db);
+    layernorm_backward_free(&h, &d);
 }
 
 // ---- gelu -------------------------------------------------------------------------------------------
@@ -542,8 +596,121 @@ static void gelu_case(size_t n, GeluMode mode, int offset) {
 
 // ---- cross-entropy ----------------------------------------------------------------------------------
 
-// Validation then training on one input set. Logits uniform in [−6, 6); padding columns NaN; row 0
-// targets V − 1, row 1 targets 0, row 2 has its target logit raised by 20 (softmax near one-hot).
+// One cross-entropy input set: logits (bf16, padding columns NaN), targets and the reference losses,
+// a host buffer for what comes back, scratch rows for the reference, and the device copies.
+typedef struct {
+    int N, V, Vp;
+    uint16_t *logits, *back;
+    int* targets;
+    float* losses;
+    double *ref_loss, *row, *drow;
+    DevBuf d_logits, d_targets, d_losses;
+} CrossEntropySet;
+
+// Logits uniform in [−6, 6); padding columns NaN; row 0 targets V − 1, row 1 targets 0, row 2 has its
+// target logit raised by 20 (softmax near one-hot). Draws row by row: the target, then the logits.
+static CrossEntropySet crossentropy_inputs(TestRng* rng, int N, int V, int Vp) {
+    CrossEntropySet s;
+    s.N = N, s.V = V, s.Vp = Vp;
+    const size_t n = (size_t)N * Vp;
+    s.logits = host_bf16(n), s.back = host_bf16(n);
+    s.targets = (int*)host_alloc(N * sizeof(int));
+    s.losses = (float*)host_alloc(N * 4);
+    s.ref_loss = test_alloc(N), s.row = test_alloc(Vp), s.drow = test_alloc(Vp);
+    for (int r = 0; r < N; r++) {
+        s.targets[r] = r == 0 ? V - 1 : r == 1 ? 0 : (int)(test_rng_next(rng) % (uint64_t)V);
+        for (int c = 0; c < Vp; c++)
+            s.logits[(size_t)r * Vp + c] = c < V ? bf16_bits(test_rng_uniform(rng, -6.0, 6.0)) : 0xFFFFu;
+        uint16_t* t = &s.logits[(size_t)r * Vp + s.targets[r]];
+        if (r == 2) *t = bf16_bits(bf16_value(*t) + 20.0);
+    }
+    for (int r = 0; r < N; r++) {
+        bits_to_double(s.row, s.logits + (size_t)r * Vp, Vp);
+        ref_crossentropy_forward(&s.ref_loss[r], s.row, &s.targets[r], 1, V, Vp);
+    }
+    s.d_logits = dev_alloc(n * 2), s.d_targets = dev_alloc(N * sizeof(int)), s.d_losses = dev_alloc(N * 4);
+    dev_upload(s.d_logits, s.logits, n * 2);
+    dev_upload(s.d_targets, s.targets, N * sizeof(int));
+    return s;
+}
+
+// Validation: losses only, the logits must come back untouched.
+static void crossentropy_validation_case(CrossEntropySet* s, const char* name_val) {
+    const int N = s->N, V = s->V, Vp = s->Vp;
+    const size_t n = (size_t)N * Vp;
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name_val);
+    char problems[1024] = "";
+    crossentropy_forward((float*)dptr(s->d_losses), (const __nv_bfloat16*)dptr(s->d_logits),
+                         (const int*)dptr(s->d_targets), N, V, Vp, g_stream);
+    sync_or_die(g_stream, name_val, "kernel");
+    dev_download(s->losses, s->d_losses, N * 4);
+    dev_download(s->back, s->d_logits, n * 2);
+    size_t bad = 0;
+    double err = rel_error_f32(s->losses, s->ref_loss, N, &bad);
+    double mean_loss = 0.0;
+    for (int r = 0; r < N; r++) mean_loss += s->losses[r] / N;
+    printf("%s: losses %.2e (mean loss %.4f)\n", name_val, err, mean_loss);
+    check_written(problems, sizeof(problems), "losses", bad, N);
+    check_error(problems, sizeof(problems), "losses", err, TOL_F32);
+    if (memcmp(s->back, s->logits, n * 2) != 0) add_problem(problems, sizeof(problems), "logits changed");
+    check_guards(problems, sizeof(problems), s->d_logits, "logits");
+    check_guards(problems, sizeof(problems), s->d_losses, "losses");
+    case_end(name_val, problems);
+}
+
+// ‖dlogits − ref‖/‖ref‖ over the real columns of s->back; counts non-finite real columns and padding
+// columns that are not +0.
+static double crossentropy_dlogits_error(CrossEntropySet* s, float dloss, size_t* bad_grad, size_t* pad_nonzero) {
+    const int V = s->V, Vp = s->Vp;
+    double num = 0.0, den = 0.0;
+    for (int r = 0; r < s->N; r++) {
+        bits_to_double(s->row, s->logits + (size_t)r * Vp, Vp);
+        memset(s->drow, 0, Vp * sizeof(double));
+        ref_crossentropy_backward(s->drow, s->row, &s->targets[r], (double)dloss, 1, V, Vp);
+        const uint16_t* g = s->back + (size_t)r * Vp;
+        for (int c = 0; c < Vp; c++) {
+            if (c >= V) {
+                *pad_nonzero += g[c] != 0;
+                continue;
+            }
+            if (!bf16_is_finite(g[c])) (*bad_grad)++;
+            double d = bf16_value(g[c]) - s->drow[c];
+            num += d * d;
+            den += s->drow[c] * s->drow[c];
+        }
+    }
+    return sqrt(num / den);
+}
+
+// Training: losses, and dlogits written over the logits in place.
+static void crossentropy_training_case(CrossEntropySet* s, const char* name_train) {
+    const int N = s->N, V = s->V, Vp = s->Vp;
+    const size_t n = (size_t)N * Vp;
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name_train);
+    char problems[1024] = "";
+    const float dloss = 1.0f / (float)(N * 2);  // as with 2 gradient-accumulation steps
+    dev_poison(s->d_losses, 0xFF);
+    crossentropy_forward_backward((float*)dptr(s->d_losses), (__nv_bfloat16*)dptr(s->d_logits),
+                                  (const int*)dptr(s->d_targets), dloss, N, V, Vp, g_stream);
+    sync_or_die(g_stream, name_train, "kernel");
+    dev_download(s->losses, s->d_losses, N * 4);
+    dev_download(s->back, s->d_logits, n * 2);
+    size_t bad = 0;
+    double err_loss = rel_error_f32(s->losses, s->ref_loss, N, &bad);
+    check_written(problems, sizeof(problems), "losses", bad, N);
+    size_t bad_grad = 0, pad_nonzero = 0;
+    double err_grad = crossentropy_dlogits_error(s, dloss, &bad_grad, &pad_nonzero);
+    printf("%s: losses %.2e, dlogits %.2e\n", name_train, err_loss, err_grad);
+    check_written(problems, sizeof(problems), "dlogits", bad_grad, (size_t)N * V);
+    check_error(problems, sizeof(problems), "losses", err_loss, TOL_F32);
+    check_error(problems, sizeof(problems), "dlogits", err_grad, TOL_BF16);
+    if (pad_nonzero) add_problem(problems, sizeof(problems), "%zu padding columns not set to +0", pad_nonzero);
+    check_guards(problems, sizeof(problems), s->d_logits, "logits");
+    check_guards(problems, sizeof(problems), s->d_losses, "losses");
+    case_end(name_train, problems);
+}
+
+// Validation then training on one input set (crossentropy_inputs).
 static void crossentropy_cases(int N, int V, int Vp) {
     char name_val[160], name_train[160];
     snprintf(name_val, sizeof(name_val), "crossentropy_validation_N%d_V%d_Vp%d", N, V, Vp);
@@ -554,92 +721,133 @@ static void crossentropy_cases(int N, int V, int Vp) {
         return;
     }
     TestRng rng = case_rng();
-    const size_t n = (size_t)N * Vp;
-    uint16_t *logits = host_bf16(n), *back = host_bf16(n);
-    int* targets = (int*)host_alloc(N * sizeof(int));
-    float* losses = (float*)host_alloc(N * 4);
-    double *ref_loss = test_alloc(N), *row = test_alloc(Vp), *drow = test_alloc(Vp);
-    for (int r = 0; r < N; r++) {
-        targets[r] = r == 0 ? V - 1 : r == 1 ? 0 : (int)(test_rng_next(&rng) % (uint64_t)V);
-        for (int c = 0; c < Vp; c++)
-            logits[(size_t)r * Vp + c] = c < V ? bf16_bits(test_rng_uniform(&rng, -6.0, 6.0)) : 0xFFFFu;
-        uint16_t* t = &logits[(size_t)r * Vp + targets[r]];
-        if (r == 2) *t = bf16_bits(bf16_value(*t) + 20.0);
-    }
-    for (int r = 0; r < N; r++) {
-        bits_to_double(row, logits + (size_t)r * Vp, Vp);
-        ref_crossentropy_forward(&ref_loss[r], row, &targets[r], 1, V, Vp);
-    }
-    DevBuf d_logits = dev_alloc(n * 2), d_targets = dev_alloc(N * sizeof(int)), d_losses = dev_alloc(N * 4);
-    dev_upload(d_logits, logits, n * 2);
-    dev_upload(d_targets, targets, N * sizeof(int));
-
-    // validation
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name_val);
-    char problems[1024] = "";
-    crossentropy_forward((float*)dptr(d_losses), (const __nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets), N,
-                         V, Vp, g_stream);
-    sync_or_die(g_stream, name_val, "kernel");
-    dev_download(losses, d_losses, N * 4);
-    dev_download(back, d_logits, n * 2);
-    size_t bad = 0;
-    double err = rel_error_f32(losses, ref_loss, N, &bad);
-    double mean_loss = 0.0;
-    for (int r = 0; r < N; r++) mean_loss += losses[r] / N;
-    printf("%s: losses %.2e (mean loss %.4f)\n", name_val, err, mean_loss);
-    check_written(problems, sizeof(problems), "losses", bad, N);
-    check_error(problems, sizeof(problems), "losses", err, TOL_F32);
-    if (memcmp(back, logits, n * 2) != 0) add_problem(problems, sizeof(problems), "logits changed");
-    check_guards(problems, sizeof(problems), d_logits, "logits");
-    check_guards(problems, sizeof(problems), d_losses, "losses");
-    case_end(name_val, problems);
-
-    // training
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name_train);
-    problems[0] = 0;
-    const float dloss = 1.0f / (float)(N * 2);  // as with 2 gradient-accumulation steps
-    dev_poison(d_losses, 0xFF);
-    crossentropy_forward_backward((float*)dptr(d_losses), (__nv_bfloat16*)dptr(d_logits), (const int*)dptr(d_targets),
-                                  dloss, N, V, Vp, g_stream);
-    sync_or_die(g_stream, name_train, "kernel");
-    dev_download(losses, d_losses, N * 4);
-    dev_download(back, d_logits, n * 2);
-    bad = 0;
-    double err_loss = rel_error_f32(losses, ref_loss, N, &bad);
-    check_written(problems, sizeof(problems), "losses", bad, N);
-    double num = 0.0, den = 0.0;
-    size_t bad_grad = 0, pad_nonzero = 0;
-    for (int r = 0; r < N; r++) {
-        bits_to_double(row, logits + (size_t)r * Vp, Vp);
-        memset(drow, 0, Vp * sizeof(double));
-        ref_crossentropy_backward(drow, row, &targets[r], (double)dloss, 1, V, Vp);
-        const uint16_t* g = back + (size_t)r * Vp;
-        for (int c = 0; c < Vp; c++) {
-            if (c >= V) {
-                pad_nonzero += g[c] != 0;
-                continue;
-            }
-            if (!bf16_is_finite(g[c])) bad_grad++;
-            double d = bf16_value(g[c]) - drow[c];
-            num += d * d;
-            den += drow[c] * drow[c];
-        }
-    }
-    double err_grad = sqrt(num / den);
-    printf("%s: losses %.2e, dlogits %.2e\n", name_train, err_loss, err_grad);
-    check_written(problems, sizeof(problems), "dlogits", bad_grad, (size_t)N * V);
-    check_error(problems, sizeof(problems), "losses", err_loss, TOL_F32);
-    check_error(problems, sizeof(problems), "dlogits", err_grad, TOL_BF16);
-    if (pad_nonzero) add_problem(problems, sizeof(problems), "%zu padding columns not set to +0", pad_nonzero);
-    check_guards(problems, sizeof(problems), d_logits, "logits");
-    check_guards(problems, sizeof(problems), d_losses, "losses");
-    case_end(name_train, problems);
-
-    dev_free(&d_logits), dev_free(&d_targets), dev_free(&d_losses);
-    free(logits), free(back), free(targets), free(losses), free(ref_loss), free(row), free(drow);
+    CrossEntropySet s = crossentropy_inputs(&rng, N, V, Vp);
+    crossentropy_validation_case(&s, name_val);
+    crossentropy_training_case(&s, name_train);
+    dev_free(&s.d_logits), dev_free(&s.d_targets), dev_free(&s.d_losses);
+    free(s.logits), free(s.back), free(s.targets), free(s.losses), free(s.ref_loss), free(s.row), free(s.drow);
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------------
+
+// Host side of an AdamW case: the initial master weights, what comes back (master, m, v, the bf16
+// params), one step's gradients, and the fp64 reference (params, m, v, the scaled gradients).
+typedef struct {
+    size_t n;
+    float *master0, *master, *m, *v;
+    uint16_t *grads, *params;
+    double *ref_p, *ref_m, *ref_v, *g;
+} AdamwHost;
+
+// Device buffers (between guards) and the slices the update works on, `offset` elements in.
+typedef struct {
+    DevBuf master, params, grads, m, v, scale;
+    float *p_master, *p_m, *p_v;
+    __nv_bfloat16 *p_params, *p_grads;
+} AdamwDev;
+
+// Allocates the host buffers and draws the initial master weights.
+static AdamwHost adamw_inputs(TestRng* rng, size_t n) {
+    AdamwHost h;
+    h.n = n;
+    h.master0 = (float*)host_alloc(n * 4);
+    h.master = (float*)host_alloc(n * 4), h.m = (float*)host_alloc(n * 4), h.v = (float*)host_alloc(n * 4);
+    h.grads = host_bf16(n), h.params = host_bf16(n);
+    h.ref_p = test_alloc(n), h.ref_m = test_alloc(n), h.ref_v = test_alloc(n), h.g = test_alloc(n);
+    for (size_t i = 0; i < n; i++) {
+        h.master0[i] = (float)test_rng_normal(rng);
+        h.ref_p[i] = h.master0[i];
+    }
+    return h;
+}
+
+// Device buffers: master uploaded, m and v zero, the device-side scale uploaded when there is one.
+static AdamwDev adamw_upload(const AdamwHost* h, int offset, float device_scale) {
+    const size_t n = h->n;
+    const size_t fbytes = (n + offset) * 4, hbytes = (n + offset) * 2;
+    AdamwDev d;
+    d.master = dev_alloc(fbytes), d.params = dev_alloc(hbytes), d.grads = dev_alloc(hbytes);
+    d.m = dev_alloc(fbytes), d.v = dev_alloc(fbytes), d.scale = dev_alloc(4);
+    d.p_master = (float*)dptr(d.master) + offset;
+    d.p_m = (float*)dptr(d.m) + offset;
+    d.p_v = (float*)dptr(d.v) + offset;
+    d.p_params = (__nv_bfloat16*)dptr(d.params) + offset;
+    d.p_grads = (__nv_bfloat16*)dptr(d.grads) + offset;
+    CUDA_CHECK(cudaMemcpy(d.p_master, h->master0, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d.p_m, 0, n * 4));
+    CUDA_CHECK(cudaMemset(d.p_v, 0, n * 4));
+    if (device_scale != 0.0f) dev_upload(d.scale, &device_scale, 4);
+    return d;
+}
+
+// `steps` updates, each with fresh gradients, on the device and in the reference; downloads master, m
+// and v at the end. Returns how many bf16 params came back non-finite over all steps.
+static size_t adamw_steps(const char* name, TestRng* rng, AdamwHost* h, const AdamwDev* d, int steps,
+                          float weight_decay, float grad_scale, float device_scale) {
+    const size_t n = h->n;
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    const double total_scale = (double)grad_scale * (device_scale != 0.0f ? (double)device_scale : 1.0);
+    size_t bad_params = 0;
+    for (int step = 1; step <= steps; step++) {
+        fill_bf16_normal(rng, h->grads, NULL, n, 0.01, 0.0);
+        for (size_t i = 0; i < n; i++) h->g[i] = bf16_value(h->grads[i]) * total_scale;
+        ref_adamw_step(h->ref_p, h->g, h->ref_m, h->ref_v, n, lr, beta1, beta2, eps, weight_decay, step);
+        CUDA_CHECK(cudaMemcpy(d->p_grads, h->grads, n * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(d->p_params, 0xFF, n * 2));
+        adamw_update(d->p_master, d->p_params, d->p_grads, d->p_m, d->p_v, n, lr, beta1, beta2, eps, weight_decay,
+                     step, grad_scale, device_scale != 0.0f ? (const float*)dptr(d->scale) : NULL, g_stream);
+        sync_or_die(g_stream, name, "kernel");
+        CUDA_CHECK(cudaMemcpy(h->params, d->p_params, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) bad_params += !bf16_is_finite(h->params[i]);
+    }
+    CUDA_CHECK(cudaMemcpy(h->master, d->p_master, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h->m, d->p_m, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h->v, d->p_v, n * 4, cudaMemcpyDeviceToHost));
+    return bad_params;
+}
+
+// Master weights, their change, m, v and the bf16 copy against the reference; the guards, and the
+// elements before an unaligned slice.
+static void adamw_check(const char* name, const AdamwHost* h, const AdamwDev* d, int steps, int offset,
+                        size_t bad_params, char* problems, size_t size) {
+    const size_t n = h->n;
+    size_t bad = 0, copy_mismatch = 0;
+    double err_p = rel_error_f32(h->master, h->ref_p, n, &bad);
+    double err_m = rel_error_f32(h->m, h->ref_m, n, &bad);
+    double err_v = rel_error_f32(h->v, h->ref_v, n, &bad);
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double dd = ((double)h->master[i] - h->master0[i]) - (h->ref_p[i] - h->master0[i]);
+        num += dd * dd;
+        den += (h->ref_p[i] - h->master0[i]) * (h->ref_p[i] - h->master0[i]);
+        copy_mismatch += h->params[i] != test_float_to_bf16(h->master[i]);
+    }
+    double err_delta = sqrt(num / den);
+    double err_params = rel_error_bf16(h->params, h->ref_p, n, NULL);
+    printf("%s: master %.2e, update %.2e, m %.2e, v %.2e, bf16 params %.2e (%d steps)\n", name, err_p, err_delta, err_m,
+           err_v, err_params, steps);
+    check_written(problems, size, "master/m/v", bad, 3 * n);
+    check_written(problems, size, "params", bad_params, steps * n);
+    check_error(problems, size, "master", err_p, TOL_F32);
+    check_error(problems, size, "master update (master − initial)", err_delta, TOL_F32);
+    check_error(problems, size, "m", err_m, TOL_F32);
+    check_error(problems, size, "v", err_v, TOL_F32);
+    check_error(problems, size, "bf16 params", err_params, TOL_BF16);
+    if (copy_mismatch) add_problem(problems, size, "%zu bf16 params are not the rounded master weights", copy_mismatch);
+    if (offset) {
+        unsigned char head[32];
+        CUDA_CHECK(cudaMemcpy(head, dptr(d->master), offset * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < offset * 4; i++)
+            if (head[i] != 0xFFu) {
+                add_problem(problems, size, "wrote before the master slice");
+                break;
+            }
+    }
+    check_guards(problems, size, d->master, "master");
+    check_guards(problems, size, d->params, "params");
+    check_guards(problems, size, d->m, "m");
+    check_guards(problems, size, d->v, "v");
+}
 
 // `steps` steps over n elements with fresh bf16 gradients each step. grad_scale multiplies on the
 // host side of the call, device_scale (0: none) through grad_scale_device. offset: elements by which
@@ -650,88 +858,17 @@ static void adamw_case(size_t n, float weight_decay, float grad_scale, float dev
              device_scale != 0.0f ? "_devscale" : "", offset ? "_unaligned" : "");
     if (!case_begin(name)) return;
     const int steps = 4;
-    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     TestRng rng = case_rng();
-    float* master0 = (float*)host_alloc(n * 4);
-    float *master = (float*)host_alloc(n * 4), *m = (float*)host_alloc(n * 4), *v = (float*)host_alloc(n * 4);
-    uint16_t *grads = host_bf16(n), *params = host_bf16(n);
-    double *ref_p = test_alloc(n), *ref_m = test_alloc(n), *ref_v = test_alloc(n), *g = test_alloc(n);
-    for (size_t i = 0; i < n; i++) {
-        master0[i] = (float)test_rng_normal(&rng);
-        ref_p[i] = master0[i];
-    }
-    const size_t fbytes = (n + offset) * 4, hbytes = (n + offset) * 2;
-    DevBuf d_master = dev_alloc(fbytes), d_params = dev_alloc(hbytes), d_grads = dev_alloc(hbytes),
-           d_m = dev_alloc(fbytes), d_v = dev_alloc(fbytes), d_scale = dev_alloc(4);
-    float* p_master = (float*)dptr(d_master) + offset;
-    float* p_m = (float*)dptr(d_m) + offset;
-    float* p_v = (float*)dptr(d_v) + offset;
-    __nv_bfloat16* p_params = (__nv_bfloat16*)dptr(d_params) + offset;
-    __nv_bfloat16* p_grads = (__nv_bfloat16*)dptr(d_grads) + offset;
-    CUDA_CHECK(cudaMemcpy(p_master, master0, n * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(p_m, 0, n * 4));
-    CUDA_CHECK(cudaMemset(p_v, 0, n * 4));
-    if (device_scale != 0.0f) dev_upload(d_scale, &device_scale, 4);
-    const double total_scale = (double)grad_scale * (device_scale != 0.0f ? (double)device_scale : 1.0);
+    AdamwHost h = adamw_inputs(&rng, n);
+    AdamwDev d = adamw_upload(&h, offset, device_scale);
     char problems[1024] = "";
-    size_t bad_params = 0;
-    for (int step = 1; step <= steps; step++) {
-        fill_bf16_normal(&rng, grads, NULL, n, 0.01, 0.0);
-        for (size_t i = 0; i < n; i++) g[i] = bf16_value(grads[i]) * total_scale;
-        ref_adamw_step(ref_p, g, ref_m, ref_v, n, lr, beta1, beta2, eps, weight_decay, step);
-        CUDA_CHECK(cudaMemcpy(p_grads, grads, n * 2, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemset(p_params, 0xFF, n * 2));
-        adamw_update(p_master, p_params, p_grads, p_m, p_v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
-                     device_scale != 0.0f ? (const float*)dptr(d_scale) : NULL, g_stream);
-        sync_or_die(g_stream, name, "kernel");
-        CUDA_CHECK(cudaMemcpy(params, p_params, n * 2, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; i++) bad_params += !bf16_is_finite(params[i]);
-    }
-    CUDA_CHECK(cudaMemcpy(master, p_master, n * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(m, p_m, n * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(v, p_v, n * 4, cudaMemcpyDeviceToHost));
-    size_t bad = 0, copy_mismatch = 0;
-    double err_p = rel_error_f32(master, ref_p, n, &bad);
-    double err_m = rel_error_f32(m, ref_m, n, &bad);
-    double err_v = rel_error_f32(v, ref_v, n, &bad);
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = ((double)master[i] - master0[i]) - (ref_p[i] - master0[i]);
-        num += d * d;
-        den += (ref_p[i] - master0[i]) * (ref_p[i] - master0[i]);
-        copy_mismatch += params[i] != test_float_to_bf16(master[i]);
-    }
-    double err_delta = sqrt(num / den);
-    double err_params = rel_error_bf16(params, ref_p, n, NULL);
-    printf("%s: master %.2e, update %.2e, m %.2e, v %.2e, bf16 params %.2e (%d steps)\n", name, err_p, err_delta, err_m,
-           err_v, err_params, steps);
-    check_written(problems, sizeof(problems), "master/m/v", bad, 3 * n);
-    check_written(problems, sizeof(problems), "params", bad_params, steps * n);
-    check_error(problems, sizeof(problems), "master", err_p, TOL_F32);
-    check_error(problems, sizeof(problems), "master update (master − initial)", err_delta, TOL_F32);
-    check_error(problems, sizeof(problems), "m", err_m, TOL_F32);
-    check_error(problems, sizeof(problems), "v", err_v, TOL_F32);
-    check_error(problems, sizeof(problems), "bf16 params", err_params, TOL_BF16);
-    if (copy_mismatch)
-        add_problem(problems, sizeof(problems), "%zu bf16 params are not the rounded master weights", copy_mismatch);
-    if (offset) {
-        unsigned char head[32];
-        CUDA_CHECK(cudaMemcpy(head, dptr(d_master), offset * 4, cudaMemcpyDeviceToHost));
-        for (int i = 0; i < offset * 4; i++)
-            if (head[i] != 0xFFu) {
-                add_problem(problems, sizeof(problems), "wrote before the master slice");
-                break;
-            }
-    }
-    check_guards(problems, sizeof(problems), d_master, "master");
-    check_guards(problems, sizeof(problems), d_params, "params");
-    check_guards(problems, sizeof(problems), d_m, "m");
-    check_guards(problems, sizeof(problems), d_v, "v");
+    size_t bad_params = adamw_steps(name, &rng, &h, &d, steps, weight_decay, grad_scale, device_scale);
+    adamw_check(name, &h, &d, steps, offset, bad_params, problems, sizeof(problems));
     case_end(name, problems);
 
-    dev_free(&d_master), dev_free(&d_params), dev_free(&d_grads), dev_free(&d_m), dev_free(&d_v), dev_free(&d_scale);
-    free(master0), free(master), free(m), free(v), free(grads), free(params);
-    free(ref_p), free(ref_m), free(ref_v), free(g);
+    dev_free(&d.master), dev_free(&d.params), dev_free(&d.grads), dev_free(&d.m), dev_free(&d.v), dev_free(&d.scale);
+    free(h.master0), free(h.master), free(h.m), free(h.v), free(h.grads), free(h.params);
+    free(h.ref_p), free(h.ref_m), free(h.ref_v), free(h.g);
 }
 
 // ---- global norm ------------------------------------------------------------------------------------

@@ -181,6 +181,51 @@ static double* gather_rows(const double* x, int cols, const int* rows, int nrows
     return out;
 }
 
+// The references of the checked rows and channels (in->rows, in->chans): forward and dinp of the rows,
+// dweight of the channels, dbias of every channel; the whole layer's backward when they are all of them.
+static void make_references(InputSet* in) {
+    const int N = in->N, IC = in->IC, OC = in->OC;
+    const size_t n_inp = (size_t)N * IC, n_w = (size_t)OC * IC;
+    in->ref_mm = test_alloc((size_t)in->nrows * OC);
+    in->ref_dinp = test_alloc((size_t)in->nrows * IC);
+    in->ref_dweight = test_alloc((size_t)in->nchans * IC);
+    in->ref_dbias = test_alloc(OC);
+    double* inp_rows = gather_rows(in->inp, IC, in->rows, in->nrows);
+    ref_matmul_forward(in->ref_mm, inp_rows, in->weight, NULL, in->nrows, IC, OC);
+    if (in->nrows == N && in->nchans == OC) {
+        ref_matmul_backward(in->ref_dinp, in->ref_dweight, in->ref_dbias, in->dout, in->inp, in->weight, N, IC, OC);
+    } else {
+        // dinp of the checked rows (the dweight this call also forms is discarded).
+        double* dout_rows = gather_rows(in->dout, OC, in->rows, in->nrows);
+        double* junk_w = test_alloc(n_w);
+        ref_matmul_backward(in->ref_dinp, junk_w, NULL, dout_rows, inp_rows, in->weight, in->nrows, IC, OC);
+        free(junk_w);
+        free(dout_rows);
+        // dweight of the checked channels: the layer restricted to those outputs.
+        double* dout_cols = test_alloc((size_t)N * in->nchans);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < in->nchans; c++)
+                dout_cols[(size_t)n * in->nchans + c] = in->dout[(size_t)n * OC + in->chans[c]];
+        double* weight_chans = gather_rows(in->weight, IC, in->chans, in->nchans);
+        double* junk_x = test_alloc(n_inp);
+        ref_matmul_backward(junk_x, in->ref_dweight, NULL, dout_cols, in->inp, weight_chans, N, IC, in->nchans);
+        free(junk_x);
+        free(weight_chans);
+        free(dout_cols);
+        // dbias of every channel: the backward of a layer with one zero input channel.
+        double* zeros_n = test_alloc(N);
+        double* zeros_oc = test_alloc(OC);
+        double* junk_n = test_alloc(N);
+        double* junk_oc = test_alloc(OC);
+        ref_matmul_backward(junk_n, junk_oc, in->ref_dbias, in->dout, zeros_n, zeros_oc, N, 1, OC);
+        free(zeros_n);
+        free(zeros_oc);
+        free(junk_n);
+        free(junk_oc);
+    }
+    free(inp_rows);
+}
+
 static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     InputSet in;
     memset(&in, 0, sizeof(in));
@@ -222,44 +267,7 @@ static InputSet make_inputs(int N, int IC, int OC, uint64_t seed) {
     }
     in.rows = pick_subset(&rng, N, want_rows, &in.nrows);
     in.chans = pick_subset(&rng, OC, want_chans, &in.nchans);
-
-    in.ref_mm = test_alloc((size_t)in.nrows * OC);
-    in.ref_dinp = test_alloc((size_t)in.nrows * IC);
-    in.ref_dweight = test_alloc((size_t)in.nchans * IC);
-    in.ref_dbias = test_alloc(OC);
-    double* inp_rows = gather_rows(in.inp, IC, in.rows, in.nrows);
-    ref_matmul_forward(in.ref_mm, inp_rows, in.weight, NULL, in.nrows, IC, OC);
-    if (in.nrows == N && in.nchans == OC) {
-        ref_matmul_backward(in.ref_dinp, in.ref_dweight, in.ref_dbias, in.dout, in.inp, in.weight, N, IC, OC);
-    } else {
-        // dinp of the checked rows (the dweight this call also forms is discarded).
-        double* dout_rows = gather_rows(in.dout, OC, in.rows, in.nrows);
-        double* junk_w = test_alloc(n_w);
-        ref_matmul_backward(in.ref_dinp, junk_w, NULL, dout_rows, inp_rows, in.weight, in.nrows, IC, OC);
-        free(junk_w);
-        free(dout_rows);
-        // dweight of the checked channels: the layer restricted to those outputs.
-        double* dout_cols = test_alloc((size_t)N * in.nchans);
-        for (int n = 0; n < N; n++)
-            for (int c = 0; c < in.nchans; c++) dout_cols[(size_t)n * in.nchans + c] = in.dout[(size_t)n * OC + in.chans[c]];
-        double* weight_chans = gather_rows(in.weight, IC, in.chans, in.nchans);
-        double* junk_x = test_alloc(n_inp);
-        ref_matmul_backward(junk_x, in.ref_dweight, NULL, dout_cols, in.inp, weight_chans, N, IC, in.nchans);
-        free(junk_x);
-        free(weight_chans);
-        free(dout_cols);
-        // dbias of every channel: the backward of a layer with one zero input channel.
-        double* zeros_n = test_alloc(N);
-        double* zeros_oc = test_alloc(OC);
-        double* junk_n = test_alloc(N);
-        double* junk_oc = test_alloc(OC);
-        ref_matmul_backward(junk_n, junk_oc, in.ref_dbias, in.dout, zeros_n, zeros_oc, N, 1, OC);
-        free(zeros_n);
-        free(zeros_oc);
-        free(junk_n);
-        free(junk_oc);
-    }
-    free(inp_rows);
+    make_references(&in);
     return in;
 }
 
@@ -457,6 +465,98 @@ static void run_backward(MatmulContext* ctx, const DeviceSet* d, const InputSet*
                                 (v->bias || v->pre) ? d->scratch : NULL, v->pre ? d->dbias_pre_buf + GUARD : NULL);
 }
 
+// The backward's inputs must come back as they were uploaded.
+static void check_backward_inputs_unchanged(const DeviceSet* d, const InputSet* in, char* problems, size_t size) {
+    const uint16_t* bits[] = {in->inp_bits, in->weight_bits, in->dout_bits, in->pre_bits};
+    const __nv_bfloat16* dev[] = {d->inp, d->weight, d->dout, d->pre};
+    const size_t sizes[] = {d->n_inp, d->n_w, d->n_out, d->n_inp};
+    const char* names[] = {"inp", "weight", "dout", "gelu_pre"};
+    for (int t = 0; t < 4; t++) {
+        uint16_t* after = fetch(dev[t], sizes[t]);
+        if (memcmp(after, bits[t], sizes[t] * 2) != 0) add_problem(problems, size, "%s changed", names[t]);
+        free(after);
+    }
+}
+
+// dinp on the checked rows: dout·weight, times GELU'(gelu_pre) with dGELU. dinp: the fetched buffer,
+// guards included. Returns the relative error (checked against the bound).
+static double backward_dinp_error(const InputSet* in, const BwdVariant* v, const uint16_t* dinp, char* problems,
+                                  size_t size) {
+    const int IC = in->IC, nrows = in->nrows;
+    const size_t n_dinp = (size_t)nrows * IC;
+    double* ref_dinp = in->ref_dinp;
+    if (v->gelu) {
+        double* pre_rows = gather_rows(in->pre, IC, in->rows, nrows);
+        ref_dinp = test_alloc(n_dinp);  // zeroed: ref_gelu_backward adds into it
+        ref_gelu_backward(ref_dinp, in->ref_dinp, pre_rows, n_dinp);
+        free(pre_rows);
+    }
+    double* gpu_dinp = rows_to_double(dinp + GUARD, IC, in->rows, nrows);
+    double err_dinp = test_rel_error(gpu_dinp, ref_dinp, n_dinp);
+    check_error(problems, size, "dinp", err_dinp);
+    if (ref_dinp != in->ref_dinp) free(ref_dinp);
+    free(gpu_dinp);
+    return err_dinp;
+}
+
+// dweight on the checked channels, on top of the starting gradient when accumulating.
+static double backward_dweight_error(const InputSet* in, const BwdVariant* v, const uint16_t* dweight, char* problems,
+                                     size_t size) {
+    const int IC = in->IC, nchans = in->nchans;
+    const size_t n_dw = (size_t)nchans * IC;
+    double* ref_dw = test_alloc(n_dw);
+    for (int c = 0; c < nchans; c++)
+        for (int i = 0; i < IC; i++) {
+            size_t at = (size_t)in->chans[c] * IC + i;
+            ref_dw[(size_t)c * IC + i] =
+                in->ref_dweight[(size_t)c * IC + i] + (v->acc ? test_bf16_to_float(in->dweight0_bits[at]) : 0.0);
+        }
+    double* gpu_dw = rows_to_double(dweight + GUARD, IC, in->chans, nchans);
+    double err_dw = test_rel_error(gpu_dw, ref_dw, n_dw);
+    check_error(problems, size, "dweight", err_dw);
+    free(ref_dw);
+    free(gpu_dw);
+    return err_dw;
+}
+
+// dbias_pre: the column sums of the dinp written (itself checked on its rows), in fp64, on top of the
+// starting values when accumulating. Prints its error with the paths taken.
+static void check_backward_dbias_pre(const InputSet* in, const BwdVariant* v, const uint16_t* dinp,
+                                     const uint16_t* dbias_pre, const char* name, const char* dinp_path,
+                                     const char* dbias_pre_path, char* problems, size_t size) {
+    const int IC = in->IC;
+    double* ref_dbp = test_alloc(IC);
+    double* gpu_dbp = test_alloc(IC);
+    for (int n = 0; n < in->N; n++)
+        for (int i = 0; i < IC; i++) ref_dbp[i] += test_bf16_to_float(dinp[GUARD + (size_t)n * IC + i]);
+    for (int i = 0; i < IC; i++) {
+        if (v->acc) ref_dbp[i] += test_bf16_to_float(in->dbias_pre0_bits[i]);
+        gpu_dbp[i] = test_bf16_to_float(dbias_pre[GUARD + i]);
+    }
+    double err_dbp = test_rel_error(gpu_dbp, ref_dbp, IC);
+    check_error(problems, size, "dbias_pre", err_dbp);
+    printf("%s: dbias_pre %.2e [dinp: %s; dbias_pre: %s]\n", name, err_dbp, dinp_path, dbias_pre_path);
+    free(ref_dbp);
+    free(gpu_dbp);
+}
+
+// dbias of every channel, on top of the starting values when accumulating.
+static double backward_dbias_error(const InputSet* in, const BwdVariant* v, const uint16_t* dbias, char* problems,
+                                   size_t size) {
+    const int OC = in->OC;
+    double* ref_db = test_alloc(OC);
+    double* gpu_db = test_alloc(OC);
+    for (int o = 0; o < OC; o++) {
+        ref_db[o] = in->ref_dbias[o] + (v->acc ? test_bf16_to_float(in->dbias0_bits[o]) : 0.0);
+        gpu_db[o] = test_bf16_to_float(dbias[GUARD + o]);
+    }
+    double err_db = test_rel_error(gpu_db, ref_db, OC);
+    check_error(problems, size, "dbias", err_db);
+    free(ref_db);
+    free(gpu_db);
+    return err_db;
+}
+
 static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet* in, const BwdVariant* v,
                           const char* name) {
     const int IC = in->IC, OC = in->OC, nrows = in->nrows, nchans = in->nchans;
@@ -472,74 +572,14 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     uint16_t* dbias = v->bias ? fetch_output(d->dbias_buf, d->n_bias, "dbias", problems, sizeof(problems)) : NULL;
     uint16_t* dbias_pre =
         v->pre ? fetch_output(d->dbias_pre_buf, (size_t)IC, "dbias_pre", problems, sizeof(problems)) : NULL;
-    {
-        const uint16_t* bits[] = {in->inp_bits, in->weight_bits, in->dout_bits, in->pre_bits};
-        const __nv_bfloat16* dev[] = {d->inp, d->weight, d->dout, d->pre};
-        const size_t sizes[] = {d->n_inp, d->n_w, d->n_out, d->n_inp};
-        const char* names[] = {"inp", "weight", "dout", "gelu_pre"};
-        for (int t = 0; t < 4; t++) {
-            uint16_t* after = fetch(dev[t], sizes[t]);
-            if (memcmp(after, bits[t], sizes[t] * 2) != 0) add_problem(problems, sizeof(problems), "%s changed", names[t]);
-            free(after);
-        }
-    }
+    check_backward_inputs_unchanged(d, in, problems, sizeof(problems));
 
-    // dinp on the checked rows: dout·weight, times GELU'(gelu_pre) with dGELU.
-    const size_t n_dinp = (size_t)nrows * IC;
-    double* ref_dinp = in->ref_dinp;
-    if (v->gelu) {
-        double* pre_rows = gather_rows(in->pre, IC, in->rows, nrows);
-        ref_dinp = test_alloc(n_dinp);  // zeroed: ref_gelu_backward adds into it
-        ref_gelu_backward(ref_dinp, in->ref_dinp, pre_rows, n_dinp);
-        free(pre_rows);
-    }
-    double* gpu_dinp = rows_to_double(dinp + GUARD, IC, in->rows, nrows);
-    double err_dinp = test_rel_error(gpu_dinp, ref_dinp, n_dinp);
-    check_error(problems, sizeof(problems), "dinp", err_dinp);
-
-    // dweight on the checked channels, on top of the starting gradient when accumulating.
-    const size_t n_dw = (size_t)nchans * IC;
-    double* ref_dw = test_alloc(n_dw);
-    for (int c = 0; c < nchans; c++)
-        for (int i = 0; i < IC; i++) {
-            size_t at = (size_t)in->chans[c] * IC + i;
-            ref_dw[(size_t)c * IC + i] =
-                in->ref_dweight[(size_t)c * IC + i] + (v->acc ? test_bf16_to_float(in->dweight0_bits[at]) : 0.0);
-        }
-    double* gpu_dw = rows_to_double(dweight + GUARD, IC, in->chans, nchans);
-    double err_dw = test_rel_error(gpu_dw, ref_dw, n_dw);
-    check_error(problems, sizeof(problems), "dweight", err_dw);
-
-    // dbias_pre: the column sums of the dinp written (itself checked above on its rows), in fp64, on top
-    // of the starting values when accumulating.
-    if (v->pre) {
-        double* ref_dbp = test_alloc(IC);
-        double* gpu_dbp = test_alloc(IC);
-        for (int n = 0; n < in->N; n++)
-            for (int i = 0; i < IC; i++) ref_dbp[i] += test_bf16_to_float(dinp[GUARD + (size_t)n * IC + i]);
-        for (int i = 0; i < IC; i++) {
-            if (v->acc) ref_dbp[i] += test_bf16_to_float(in->dbias_pre0_bits[i]);
-            gpu_dbp[i] = test_bf16_to_float(dbias_pre[GUARD + i]);
-        }
-        double err_dbp = test_rel_error(gpu_dbp, ref_dbp, IC);
-        check_error(problems, sizeof(problems), "dbias_pre", err_dbp);
-        printf("%s: dbias_pre %.2e [dinp: %s; dbias_pre: %s]\n", name, err_dbp, dinp_path, dbias_pre_path);
-        free(ref_dbp);
-        free(gpu_dbp);
-    }
-
-    double err_db = 0.0;
+    double err_dinp = backward_dinp_error(in, v, dinp, problems, sizeof(problems));
+    double err_dw = backward_dweight_error(in, v, dweight, problems, sizeof(problems));
+    if (v->pre)
+        check_backward_dbias_pre(in, v, dinp, dbias_pre, name, dinp_path, dbias_pre_path, problems, sizeof(problems));
     if (v->bias) {
-        double* ref_db = test_alloc(OC);
-        double* gpu_db = test_alloc(OC);
-        for (int o = 0; o < OC; o++) {
-            ref_db[o] = in->ref_dbias[o] + (v->acc ? test_bf16_to_float(in->dbias0_bits[o]) : 0.0);
-            gpu_db[o] = test_bf16_to_float(dbias[GUARD + o]);
-        }
-        err_db = test_rel_error(gpu_db, ref_db, OC);
-        check_error(problems, sizeof(problems), "dbias", err_db);
-        free(ref_db);
-        free(gpu_db);
+        double err_db = backward_dbias_error(in, v, dbias, problems, sizeof(problems));
         printf("%s: dinp %.2e dweight %.2e dbias %.2e [dinp: %s; dbias: %s] (rows %d/%d, channels %d/%d)\n", name,
                err_dinp, err_dw, err_db, dinp_path, dbias_path, nrows, in->N, nchans, OC);
     } else {
@@ -548,10 +588,6 @@ static void backward_case(MatmulContext* ctx, const DeviceSet* d, const InputSet
     }
     test_report(name, problems[0] == 0, "%s", problems);
 
-    if (ref_dinp != in->ref_dinp) free(ref_dinp);
-    free(gpu_dinp);
-    free(ref_dw);
-    free(gpu_dw);
     free(dinp);
     free(dweight);
     free(dbias);

@@ -162,10 +162,8 @@ static inline void launcher_reply(int fd, int status, int world, int detail, con
     launcher_io(fd, buf, sizeof(r) + bytes, 1, deadline);
 }
 
-// Rank 0: collects world − 1 hellos, checks them, sends the payload (or the error) to everyone.
-static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const void* payload, size_t bytes,
-                                 double timeout_s, int* keep, char* err, size_t err_len) {
-    const int W = info->world;
+// Rank 0's listening socket on MASTER_PORT (all interfaces), or -1 with the reason in err.
+static inline int launcher_listen(const LaunchInfo* info, char* err, size_t err_len) {
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     if (listener < 0) {
         snprintf(err, err_len, "rendezvous: cannot create a socket: %s", strerror(errno));
@@ -178,66 +176,100 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
     sa.sin_port = htons((uint16_t)info->master_port);
-    if (bind(listener, (struct sockaddr*)&sa, sizeof(sa)) != 0 || listen(listener, W + 16) != 0) {
+    if (bind(listener, (struct sockaddr*)&sa, sizeof(sa)) != 0 || listen(listener, info->world + 16) != 0) {
         snprintf(err, err_len, "rendezvous: rank 0 cannot listen on port %d: %s; set MASTER_PORT to a free port "
                  "(the same for every rank), or end the earlier run that still holds it", info->master_port,
                  strerror(errno));
         close(listener);
         return -1;
     }
+    return listener;
+}
+
+// Rank 0: waits (until `deadline`) for the next connection that says a hello of ours into *h; its
+// socket, or -1 at the deadline. Connections that are not one of ours are closed and skipped.
+static inline int launcher_next_hello(int listener, double deadline, LaunchHello* h) {
+    for (;;) {
+        double left = deadline - launcher_now();
+        struct pollfd pfd = {listener, POLLIN, 0};
+        int r = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        int fd = accept(listener, NULL, NULL);
+        if (fd < 0) continue;
+        if (launcher_io(fd, h, sizeof(*h), 0, launcher_now() + 10.0) != 0 || h->magic != LAUNCH_MAGIC ||
+            h->version != LAUNCH_VERSION) {
+            close(fd);  // not one of ours (a port scanner, another program): ignore it
+            continue;
+        }
+        return fd;
+    }
+}
+
+// Rank 0: checks one hello against its world size and tag. LAUNCH_OK (the rank is marked in `seen`),
+// or the error, with the reason in err, told to that rank (on fd) at once.
+static inline int launcher_check_hello(const LaunchHello* h, int fd, int W, uint64_t tag, size_t bytes, int* seen,
+                                       char* err, size_t err_len) {
+    int status;
+    if (h->world != W) {
+        status = LAUNCH_WORLD_MISMATCH;
+        snprintf(err, err_len, "rendezvous: rank %d says world size %d, rank 0 says %d: start every process "
+                 "with the same -np / WORLD_SIZE / --ntasks", h->rank, h->world, W);
+    } else if (h->rank <= 0 || h->rank >= W || seen[h->rank]) {
+        status = h->rank == 0 || (h->rank > 0 && h->rank < W) ? LAUNCH_DUPLICATE_RANK : LAUNCH_BAD_RANK;
+        snprintf(err, err_len, "rendezvous: two processes say they are rank %d (of %d): give every process its "
+                 "own RANK, or check that two runs do not share MASTER_PORT", h->rank, W);
+    } else if (h->tag != tag) {
+        status = LAUNCH_TAG_MISMATCH;
+        snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, batch, "
+                 "--zero, data or steps differ): start every rank with the same command line", h->rank);
+    } else {
+        seen[h->rank] = 1;
+        return LAUNCH_OK;
+    }
+    launcher_reply(fd, status, W, h->rank, NULL, bytes, launcher_now() + 5.0);
+    return status;
+}
+
+// Rank 0's reason when not every rank arrived in time: how many did, and which are missing (the first 8).
+static inline void launcher_serve_timeout_message(const LaunchInfo* info, int arrived, const int* seen,
+                                                  double timeout_s, char* err, size_t err_len) {
+    const int W = info->world;
+    int n = snprintf(err, err_len, "rendezvous: only %d of %d ranks reached rank 0 on port %d within %g s; "
+                     "missing ranks:", arrived + 1, W, info->master_port, timeout_s);
+    for (int r = 1, shown = 0; r < W && n > 0 && (size_t)n < err_len; r++)
+        if (!seen[r] && shown++ < 8) n += snprintf(err + n, err_len - (size_t)n, " %d", r);
+    if (n > 0 && (size_t)n < err_len)
+        snprintf(err + n, err_len - (size_t)n, "; check that all %d processes were started (-np / WORLD_SIZE) "
+                 "and that they reach MASTER_ADDR:MASTER_PORT (or raise --rendezvous-timeout)", W);
+}
+
+// Rank 0: collects world − 1 hellos, checks them, sends the payload (or the error) to everyone.
+static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const void* payload, size_t bytes,
+                                 double timeout_s, int* keep, char* err, size_t err_len) {
+    const int W = info->world;
+    int listener = launcher_listen(info, err, err_len);
+    if (listener < 0) return -1;
     int* fds = (int*)malloc(sizeof(int) * (size_t)W);
     int* ranks = (int*)malloc(sizeof(int) * (size_t)W);
     int* seen = (int*)calloc((size_t)W, sizeof(int));
     int arrived = 0, status = LAUNCH_OK, detail = 0;
     const double deadline = launcher_now() + timeout_s;
     while (arrived < W - 1 && status == LAUNCH_OK) {
-        double left = deadline - launcher_now();
-        struct pollfd pfd = {listener, POLLIN, 0};
-        int r = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
+        LaunchHello h;
+        int fd = launcher_next_hello(listener, deadline, &h);
+        if (fd < 0) {
             status = LAUNCH_TIMEOUT;
             break;
         }
-        int fd = accept(listener, NULL, NULL);
-        if (fd < 0) continue;
-        LaunchHello h;
-        if (launcher_io(fd, &h, sizeof(h), 0, launcher_now() + 10.0) != 0 || h.magic != LAUNCH_MAGIC ||
-            h.version != LAUNCH_VERSION) {
-            close(fd);  // not one of ours (a port scanner, another program): ignore it
-            continue;
-        }
         ranks[arrived] = h.rank;
         fds[arrived++] = fd;
-        if (h.world != W) {
-            status = LAUNCH_WORLD_MISMATCH, detail = h.rank;
-            snprintf(err, err_len, "rendezvous: rank %d says world size %d, rank 0 says %d: start every process "
-                     "with the same -np / WORLD_SIZE / --ntasks", h.rank, h.world, W);
-            launcher_reply(fd, status, W, h.rank, NULL, bytes, launcher_now() + 5.0);
-        } else if (h.rank <= 0 || h.rank >= W || seen[h.rank]) {
-            status = h.rank == 0 || (h.rank > 0 && h.rank < W) ? LAUNCH_DUPLICATE_RANK : LAUNCH_BAD_RANK;
-            detail = h.rank;
-            snprintf(err, err_len, "rendezvous: two processes say they are rank %d (of %d): give every process its "
-                     "own RANK, or check that two runs do not share MASTER_PORT", h.rank, W);
-            launcher_reply(fd, status, W, h.rank, NULL, bytes, launcher_now() + 5.0);
-        } else if (h.tag != tag) {
-            status = LAUNCH_TAG_MISMATCH, detail = h.rank;
-            snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, batch, "
-                     "--zero, data or steps differ): start every rank with the same command line", h.rank);
-            launcher_reply(fd, status, W, h.rank, NULL, bytes, launcher_now() + 5.0);
-        } else {
-            seen[h.rank] = 1;
-        }
+        status = launcher_check_hello(&h, fd, W, tag, bytes, seen, err, err_len);
+        if (status != LAUNCH_OK) detail = h.rank;
     }
     if (status == LAUNCH_TIMEOUT) {
         detail = arrived + 1;
-        int n = snprintf(err, err_len, "rendezvous: only %d of %d ranks reached rank 0 on port %d within %g s; "
-                         "missing ranks:", arrived + 1, W, info->master_port, timeout_s);
-        for (int r = 1, shown = 0; r < W && n > 0 && (size_t)n < err_len; r++)
-            if (!seen[r] && shown++ < 8) n += snprintf(err + n, err_len - (size_t)n, " %d", r);
-        if (n > 0 && (size_t)n < err_len)
-            snprintf(err + n, err_len - (size_t)n, "; check that all %d processes were started (-np / WORLD_SIZE) "
-                     "and that they reach MASTER_ADDR:MASTER_PORT (or raise --rendezvous-timeout)", W);
+        launcher_serve_timeout_message(info, arrived, seen, timeout_s, err, err_len);
     }
     for (int i = 0; i < arrived; i++) {
         launcher_reply(fds[i], status, W, detail, payload, bytes, launcher_now() + 5.0);
@@ -251,9 +283,9 @@ static inline int launcher_serve(const LaunchInfo* info, uint64_t tag, const voi
     return status == LAUNCH_OK ? 0 : -1;
 }
 
-// Other ranks: connect (retrying), say hello, read the payload or rank 0's reason.
-static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes, double timeout_s,
-                                int* keep, char* err, size_t err_len) {
+// Other ranks: connects to MASTER_ADDR:MASTER_PORT, retrying until timeout_s has passed. The socket, or
+// -1 with the reason (and the last error seen) in err.
+static inline int launcher_connect(const LaunchInfo* info, double timeout_s, char* err, size_t err_len) {
     char port[16];
     snprintf(port, sizeof(port), "%d", info->master_port);
     const double deadline = launcher_now() + timeout_s;
@@ -293,6 +325,46 @@ static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payl
         }
         launcher_sleep_ms(100);
     }
+    return fd;
+}
+
+// Other ranks: the reason rank 0 gave (reply r, status not LAUNCH_OK), into err.
+static inline void launcher_join_reason(const LaunchInfo* info, const LaunchReply* r, char* err, size_t err_len) {
+    switch (r->status) {
+        case LAUNCH_WORLD_MISMATCH:
+            if (r->detail == info->rank)
+                snprintf(err, err_len, "rendezvous: rank %d says world size %d, rank 0 says %d: start every process "
+                         "with the same -np / WORLD_SIZE / --ntasks", info->rank, info->world, r->world);
+            else
+                snprintf(err, err_len, "rendezvous: rank %d disagrees on the world size (rank 0 says %d, this rank "
+                         "%d), so rank 0 stopped the run: start every process with the same -np / WORLD_SIZE / "
+                         "--ntasks", r->detail, r->world, info->world);
+            break;
+        case LAUNCH_DUPLICATE_RANK:
+        case LAUNCH_BAD_RANK:
+            snprintf(err, err_len, "rendezvous: two processes say they are rank %d (of %d), so rank 0 stopped the run: "
+                     "give every process its own RANK, or check that two runs do not share MASTER_PORT", r->detail,
+                     r->world);
+            break;
+        case LAUNCH_TAG_MISMATCH:
+            snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, batch, "
+                     "--zero, data or steps differ), so rank 0 stopped the run: start every rank with the same "
+                     "command line", r->detail);
+            break;
+        case LAUNCH_TIMEOUT:
+            snprintf(err, err_len, "rendezvous: rank 0 gave up waiting: only %d of %d ranks arrived in time; check "
+                     "that all %d processes were started (-np / WORLD_SIZE) and reach MASTER_ADDR:MASTER_PORT",
+                     r->detail, r->world, r->world);
+            break;
+        default: snprintf(err, err_len, "rendezvous: rank 0 refused rank %d (status %d)", info->rank, (int)r->status);
+    }
+}
+
+// Other ranks: connect (retrying), say hello, read the payload or rank 0's reason.
+static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payload, size_t bytes, double timeout_s,
+                                int* keep, char* err, size_t err_len) {
+    int fd = launcher_connect(info, timeout_s, err, err_len);
+    if (fd < 0) return -1;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     LaunchHello h = {LAUNCH_MAGIC, LAUNCH_VERSION, info->rank, info->world, tag};
@@ -317,35 +389,11 @@ static inline int launcher_join(const LaunchInfo* info, uint64_t tag, void* payl
                  "MASTER_PORT; choose another port", info->rank, info->master_addr, info->master_port);
         return -1;
     }
-    switch (r.status) {
-        case LAUNCH_OK: memcpy(payload, buf + sizeof(r), bytes); return 0;
-        case LAUNCH_WORLD_MISMATCH:
-            if (r.detail == info->rank)
-                snprintf(err, err_len, "rendezvous: rank %d says world size %d, rank 0 says %d: start every process "
-                         "with the same -np / WORLD_SIZE / --ntasks", info->rank, info->world, r.world);
-            else
-                snprintf(err, err_len, "rendezvous: rank %d disagrees on the world size (rank 0 says %d, this rank "
-                         "%d), so rank 0 stopped the run: start every process with the same -np / WORLD_SIZE / "
-                         "--ntasks", r.detail, r.world, info->world);
-            break;
-        case LAUNCH_DUPLICATE_RANK:
-        case LAUNCH_BAD_RANK:
-            snprintf(err, err_len, "rendezvous: two processes say they are rank %d (of %d), so rank 0 stopped the run: "
-                     "give every process its own RANK, or check that two runs do not share MASTER_PORT", r.detail,
-                     r.world);
-            break;
-        case LAUNCH_TAG_MISMATCH:
-            snprintf(err, err_len, "rendezvous: rank %d was started with other options than rank 0 (model, batch, "
-                     "--zero, data or steps differ), so rank 0 stopped the run: start every rank with the same "
-                     "command line", r.detail);
-            break;
-        case LAUNCH_TIMEOUT:
-            snprintf(err, err_len, "rendezvous: rank 0 gave up waiting: only %d of %d ranks arrived in time; check "
-                     "that all %d processes were started (-np / WORLD_SIZE) and reach MASTER_ADDR:MASTER_PORT",
-                     r.detail, r.world, r.world);
-            break;
-        default: snprintf(err, err_len, "rendezvous: rank 0 refused rank %d (status %d)", info->rank, (int)r.status);
+    if (r.status == LAUNCH_OK) {
+        memcpy(payload, buf + sizeof(r), bytes);
+        return 0;
     }
+    launcher_join_reason(info, &r, err, err_len);
     return -1;
 }
 
