@@ -301,8 +301,18 @@ static inline int checkpoint_remove_temporaries(const char* dir, char* removed, 
     return count;
 }
 
-// Creates DIR (one level) if it does not exist.
+// Creates DIR and any missing parent folder (as mkdir -p); 0 when it exists as a directory after.
 static inline int checkpoint_make_dir(const char* dir, char* err, size_t err_len) {
+    char parent[CHECKPOINT_PATH_MAX];  // its parents first, as mkdir -p (runs/<model>: runs/ too)
+    snprintf(parent, sizeof(parent), "%s", dir);
+    for (char* slash = strchr(parent + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        if (mkdir(parent, 0777) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "%s: cannot create the checkpoint directory: %s: %s", dir, parent, strerror(errno));
+            return -1;
+        }
+        *slash = '/';
+    }
     if (mkdir(dir, 0777) == 0 || errno == EEXIST) {
         struct stat st;
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return 0;

@@ -413,6 +413,27 @@ static void test_remove_temporaries(void) {
     remove_all(g_dir);
 }
 
+// checkpoint_make_dir makes missing parents (the default runs/<model>), accepts an existing directory
+// and refuses a path whose parent is a file, naming it.
+static void test_make_dir_with_parents(void) {
+    const char* name = "checkpoint_make_dir_makes_missing_parents";
+    char nested[CHECKPOINT_PATH_MAX], runs[CHECKPOINT_PATH_MAX], blocked[CHECKPOINT_PATH_MAX];
+    char err[CHECKPOINT_PATH_MAX + 256];
+    snprintf(runs, sizeof(runs), "%s/runs", g_dir);
+    snprintf(nested, sizeof(nested), "%s/runs/gpt2-124m", g_dir);
+    struct stat st;
+    int ok = checkpoint_make_dir(nested, err, sizeof(err)) == 0 && stat(nested, &st) == 0 && S_ISDIR(st.st_mode);
+    ok = ok && checkpoint_make_dir(nested, err, sizeof(err)) == 0;  // already there: fine
+    touch(runs, "file");
+    snprintf(blocked, sizeof(blocked), "%s/runs/file/sub", g_dir);
+    const int refused = checkpoint_make_dir(blocked, err, sizeof(err)) != 0 && strstr(err, blocked) != NULL;
+    test_report(name, ok && refused, "made: %d, refused under a file: %d (%s)", ok, refused, err);
+    remove_all(runs);
+    rmdir(nested);
+    remove_all(runs);
+    rmdir(runs);
+}
+
 // A tiny model file written by hand (the format's definition), read back through model_file.h.
 // kv_heads: 2 (multi-head, header slot 8 written as 0 as in llm.c's files) or 1 (multi-query).
 static void test_model_file(int kv_heads, const char* name) {
@@ -497,6 +518,7 @@ int main(void) {
     test_sharded();
     test_abort_leaves_nothing();
     test_remove_temporaries();
+    test_make_dir_with_parents();
     test_model_file(2, "model_file_round_trip_fp32_and_bf16");
     test_model_file(1, "model_file_round_trip_fp32_and_bf16_multi_query");
     rmdir(g_dir);
