@@ -53,7 +53,7 @@
 // choice to stderr.
 //
 // Streams: everything runs on ctx->stream (the dweight half on a second stream beside the dinp half
-// was measured no faster on an H100 and removed: layers/PERF_NOTES.md).
+// is no faster on an H100: layers/PERF_NOTES.md).
 // Determinism: every path gives the same bits run to run within a context (cuBLASLt documents bitwise
 // reproducibility for a fixed algorithm and workspace size; each GEMM runs on one stream; the reduction kernels sum in a
 // fixed order); test/test_gpu_matmul.cu checks it.
