@@ -25,7 +25,7 @@ DEPFLAGS = -MMD -MP
 # Offline machines: a folder SHARED_DATA (default ../shared/data, beside the checkout) holding
 # tinyshakespeare.txt and tiktoken_cache/ (tiktoken's cache of the GPT-2 BPE ranks); when it is
 # there, the dataset and the tests take them from it, over any TIKTOKEN_CACHE_DIR already set
-# (scripts/prepare_data.py downloads them otherwise).
+# (scripts/prepare_data.py downloads them otherwise; the tests that need them skip).
 SHARED_DATA ?= ../shared/data
 ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache),)
 export TIKTOKEN_CACHE_DIR := $(abspath $(SHARED_DATA)/tiktoken_cache)
@@ -58,8 +58,10 @@ dataset: $(DATASET)
 
 venv: $(VENV)/.installed
 
+# The Python tests read the data folder as SHARED_DATA_DIR (an absolute path: they run from elsewhere too);
+# without it, only their cases that need the text or the BPE ranks skip, and say so.
 test: train_gpt $(CPU_TESTS) $(TEST_LIBS) $(GPU_TESTS) $(TOOLS) $(VENV)/.installed
-	BUILD=$(BUILD) PYTHON=$(PY) bash test/run_tests.sh
+	BUILD=$(BUILD) PYTHON=$(PY) SHARED_DATA_DIR='$(abspath $(SHARED_DATA))' bash test/run_tests.sh
 
 # ---- trainer -----------------------------------------------------------------------------------
 # NCCL (multi-GPU): the CUDA toolkit's, or NCCL_INCLUDE="-I/path/to/nccl/include" and
@@ -172,6 +174,43 @@ $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAM
 $(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
 		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
+
+# ---- fuzzing (make fuzz) -------------------------------------------------------------------------
+# libFuzzer targets for the parsers of files a user hands us (test/fuzz/README.md): token shards,
+# checkpoints, llm.c model files, the token table and --prompt-tokens files, built with clang under
+# ASan and UBSan (FUZZ_CC; needs libFuzzer's runtime: on Debian, apt-get install clang libclang-rt-dev).
+#   make fuzz                     each target FUZZ_SECONDS (15) from a scratch copy of its seed corpus
+#                                 (test/fuzz/corpus/<target>/); fails on any crash, leak or timeout
+#   make fuzz FUZZ_SECONDS=600    longer; FUZZ_TARGETS="shard checkpoint" runs some of them only
+#   make fuzz-seeds               rewrites the valid_* seeds with the project's own writers
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 15
+FUZZ_TARGETS ?= shard checkpoint model_file tokenizer prompt_tokens
+FUZZ_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -fno-omit-frame-pointer -I.
+
+.PHONY: fuzz fuzz-build fuzz-seeds fuzz-toolchain
+
+fuzz: fuzz-build
+	bash test/fuzz/run_fuzz.sh $(FUZZ_SECONDS) $(BUILD) $(FUZZ_TARGETS)
+
+fuzz-build: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+
+fuzz-toolchain:
+	@printf 'int LLVMFuzzerTestOneInput(const char* d, unsigned long n) { return d && n; }\n' | \
+	    $(FUZZ_CC) -x c - -fsanitize=fuzzer -o /dev/null >/dev/null 2>&1 || \
+	    { echo "make fuzz: $(FUZZ_CC) cannot link -fsanitize=fuzzer; install clang and libFuzzer's runtime" \
+	           "(Debian: apt-get install clang libclang-rt-dev) or set FUZZ_CC" >&2; exit 1; }
+
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.c | $(BUILD) fuzz-toolchain
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -MF $(BUILD)/fuzz_$*.d -o $@ $<
+
+$(BUILD)/make_fuzz_seeds: test/fuzz/make_seeds.c | $(BUILD) fuzz-toolchain
+	$(FUZZ_CC) -std=c11 -g -O1 -Wall -Wextra -Werror -fsanitize=address,undefined -I. -MMD -MP \
+	    -MF $(BUILD)/make_fuzz_seeds.d -o $@ $<
+
+fuzz-seeds: $(BUILD)/make_fuzz_seeds
+	$(BUILD)/make_fuzz_seeds test/fuzz/corpus
 
 # ---- Python environment and data ---------------------------------------------------------------
 $(VENV)/.installed: scripts/requirements.txt

@@ -37,6 +37,10 @@
 #define CHECKPOINT_VERSION 1
 #define CHECKPOINT_HEADER_BYTES 1024
 #define CHECKPOINT_PATH_MAX 4096
+// The most parameters (and sharded state elements, all ranks together) a header may claim: far above
+// any model, and low enough that no size computed from a header overflows int64 (a corrupt header is
+// refused with a message, found by test/fuzz/fuzz_checkpoint.c).
+#define CHECKPOINT_MAX_PARAMS ((int64_t)1 << 48)
 
 typedef struct {
     char magic[8];              // CHECKPOINT_MAGIC
@@ -438,11 +442,12 @@ static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, 
         snprintf(detail, sizeof(detail), "checkpoint format version %d, this build reads version %d",
                  (int)h->version, CHECKPOINT_VERSION);
         why = detail;
-    } else if (h->num_params <= 0 || h->step < 0) {
+    } else if (h->num_params <= 0 || h->num_params > CHECKPOINT_MAX_PARAMS || h->step < 0) {
         why = "corrupt header (num_params or step out of range)";
     } else if (h->zero_stage < 0 || h->zero_stage > 1 ||
                (h->zero_stage == 1 && (h->world_size < 1 || h->rank < 0 || h->rank >= h->world_size ||
-                                       h->shard_size <= 0 || h->shard_offset != (int64_t)h->rank * h->shard_size ||
+                                       h->shard_size <= 0 || h->shard_size > CHECKPOINT_MAX_PARAMS / h->world_size ||
+                                       h->shard_offset != (int64_t)h->rank * h->shard_size ||
                                        h->shard_size * h->world_size < h->num_params))) {
         why = "corrupt header (zero_stage, rank or shard out of range)";
     } else if (h->num_kv_heads < 0 || h->num_heads < 1 || h->num_heads % checkpoint_kv_heads(h) != 0) {

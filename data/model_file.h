@@ -36,6 +36,23 @@ typedef struct {
 
 static inline int model_file_bytes_per_value(int version) { return version == MODEL_FILE_FP32 ? 4 : 2; }
 
+// The values of a model of config `c` (NH >= 1, 0 < NKV <= NH), counted in double from gpt_config.h's
+// table, so a header of absurd sizes is caught before the exact size_t count could wrap around.
+static inline double model_file_values_estimate(const GPTConfig* c) {
+    const double Vp = c->padded_vocab_size, C = c->channels, L = c->num_layers, maxT = c->max_seq_len;
+    const double QKV = ((double)c->num_heads + 2.0 * c->num_kv_heads) * (double)(c->channels / c->num_heads);
+    double total = 0;
+#define MODEL_FILE_VALUES(id, name, rows, cols, stacked, init, decay) \
+    total += (stacked == GPT_PER_LAYER ? L : 1) * (double)(rows) * (double)(cols);
+    GPT_PARAM_TENSORS(MODEL_FILE_VALUES)
+#undef MODEL_FILE_VALUES
+    return total;
+}
+
+// The most values a header may describe: far above any model, and low enough that the file size
+// computed from it fits a long long exactly (test/fuzz/fuzz_model_file.c found the overflow).
+#define MODEL_FILE_MAX_VALUES 4503599627370496.0  // 2^52
+
 // Opens PATH and checks its header and size against itself; the caller compares model->config
 // with the run's config and then reads the tensors in order with model_file_read_tensor.
 static inline int model_file_open(ModelFile* m, const char* path, char* err, size_t err_len) {
@@ -68,6 +85,8 @@ static inline int model_file_open(ModelFile* m, const char* path, char* err, siz
             snprintf(detail, sizeof(detail), "corrupt header: %d key/value heads do not divide %d heads", (int)h[8],
                      (int)h[5]);
             why = detail;
+        } else if (model_file_values_estimate(&m->config) > MODEL_FILE_MAX_VALUES) {
+            why = "corrupt header (its sizes give a model of more than 2^52 values)";
         } else {
             gpt_param_sizes(m->sizes, &m->config);
             long long want = MODEL_FILE_HEADER_INTS * 4;

@@ -5,8 +5,9 @@
 #
 #   bash scripts/run_tests_on_gpu.sh [LOG_DIR]     (from the repository root)
 #
-# Writes LOG_DIR/environment.txt, LOG_DIR/test_log.txt and LOG_DIR/plans.txt (train_gpt's plan
-# for the paper's configurations on the default dataset). Exits non-zero when a test failed.
+# Writes LOG_DIR/environment.txt, LOG_DIR/test_log.txt (the runner's summary), LOG_DIR/test_logs/
+# (each program's full output, every case's line) and LOG_DIR/plans.txt (train_gpt's plan for the
+# paper's configurations on the default dataset). Exits non-zero when a test failed.
 set -uo pipefail
 LOG_DIR=${1:-build/gpu_run}
 mkdir -p "$LOG_DIR"
@@ -26,6 +27,7 @@ done
 
 bash test/run_tests.sh 2>&1 | tee "$LOG_DIR/test_log.txt"
 status=${PIPESTATUS[0]}
+mkdir -p "$LOG_DIR/test_logs" && cp -p build/test_logs/*.log "$LOG_DIR/test_logs/" 2>/dev/null
 
 {
     for args in "--model gpt3-1.3b -t 2048 -b 8" "--model gpt3-1.3b -t 8192 -b 2" \

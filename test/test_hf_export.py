@@ -18,7 +18,8 @@ The scripts run as subprocesses, as a user runs them, on small random models wri
     ZeRO-1 rank file; on import: head dims train_gpt lacks, another activation, an untied head, missing and
     misshapen tensors, pytorch_model.bin-only folders, another vocabulary;
   - the tokenizer files: vocab.json and merges.txt encode text exactly as tiktoken's r50k_base does (a BPE
-    written here from GPT-2's published algorithm), offline from the shared BPE ranks;
+    written here from GPT-2's published algorithm), offline from the shared data folder's BPE ranks
+    (test/harness.py; skipped without them);
   - plot_log.py draws a PNG with something on it from small logs, and fails clearly on bad input;
   - with transformers and PyTorch installed (not in CI: skipped otherwise): GPT2LMHeadModel.from_pretrained
     loads the export and its logits match our PyTorch reference model, and AutoTokenizer loads the tokenizer.
@@ -39,15 +40,12 @@ import harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
-SHARED = os.environ.get("SHARED_DATA_DIR", os.path.join(ROOT, "..", "shared", "data"))
 BUILD = os.environ.get("BUILD", "build")
 V, VP = 50257, 50304
 MODEL_MAGIC, CKPT_MAGIC = 20240326, b"GPTCKPT\0"
 CKPT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQiiqq"  # data/checkpoint.h, written out here independently
 
 sys.path.insert(0, SCRIPTS)
-if os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
-    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")  # the tests run offline
 WORK = tempfile.TemporaryDirectory(prefix="test_hf_export_")  # removed at exit
 RNG = np.random.default_rng()
 
@@ -556,8 +554,7 @@ def test_import_refuses_what_train_gpt_cannot_run():
 
 @functools.lru_cache(maxsize=None)
 def tokenizer_folder():
-    if not os.environ.get("TIKTOKEN_CACHE_DIR") and not os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
-        raise harness.Skip(f"no offline BPE ranks at {SHARED}/tiktoken_cache (set SHARED_DATA_DIR)")
+    harness.need_ranks()
     L, C, NH, maxT = 1, 64, 1, 16
     src = write_model_file(path("tok.bin"), L, C, NH, maxT, random_tensors(L, C, maxT))
     run_ok("export_hf.py", src, path("tok_hf"), "--tokenizer")
@@ -611,9 +608,8 @@ def gpt2_bpe_encoder(folder):
 
 def sample_text():
     text = "Hello world! It's 2024: naïve café, Привет, 日本語, emoji 🤖🚀, tabs\tand  spaces\n\n\nend  "
-    shakespeare = os.path.join(SHARED, "tinyshakespeare.txt")
-    if os.path.exists(shakespeare):
-        text += open(shakespeare, encoding="utf-8").read()[:20000]
+    if os.path.exists(harness.SHAKESPEARE):  # more text when the shared data folder has it
+        text += open(harness.SHAKESPEARE, encoding="utf-8").read()[:20000]
     return text
 
 

@@ -1,8 +1,9 @@
 """test_prepare_data.py: tests of scripts/prepare_data.py (run from the repo root).
 
-Runs the script as a subprocess into temporary folders, offline, on the Tiny Shakespeare copy
-and the tiktoken cache of the offline data folder ($SHARED_DATA_DIR, default ../shared/data beside the
-checkout, as the Makefile's SHARED_DATA: tinyshakespeare.txt and tiktoken_cache/).
+Runs the script as a subprocess into temporary folders, offline. The cases on Tiny Shakespeare need
+the shared data folder's copy of it and its tiktoken cache of the GPT-2 BPE ranks; the cases that
+tokenize need the ranks; the error cases and the shard format's checks need neither and always run
+(test/harness.py: $SHARED_DATA_DIR, the Makefile's SHARED_DATA, default ../shared/data).
 Shard headers are parsed here independently of scripts/shard_format.py, and documents are
 split here independently of the script, so that a bug in either shows up as a mismatch.
 """
@@ -15,26 +16,22 @@ import tempfile
 
 import numpy as np
 
-import harness
+import harness  # first: points TIKTOKEN_CACHE_DIR at the shared ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "prepare_data.py")
-SHARED = os.environ.get("SHARED_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
-SHAKESPEARE = os.path.join(SHARED, "tinyshakespeare.txt")
+SHAKESPEARE = harness.SHAKESPEARE
 EOT = 50256
 VOCAB = 50257
 MAGIC, VERSION = 20240520, 1
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
-if os.path.isdir(SHARED):
-    # The shared ranks, even where TIKTOKEN_CACHE_DIR points elsewhere: the tests run offline.
-    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")
 _tmp = tempfile.TemporaryDirectory(prefix="test_prepare_data_")  # removed at exit
 
 
-def need_shared():
-    if not os.path.isfile(SHAKESPEARE):
-        raise harness.Skip(f"shared data not found at {SHARED} (set SHARED_DATA_DIR)")
+def need_shakespeare_and_ranks():
+    harness.need_shakespeare()
+    harness.need_ranks()
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,7 +101,7 @@ def shakespeare_run():
 
 
 def test_shakespeare_headers():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder, out = shakespeare_run()
     names = sorted(os.listdir(folder))
     assert names == ["gpt2_tokenizer.bin", "tinyshakespeare_train_000000.bin", "tinyshakespeare_val_000000.bin"], names
@@ -117,7 +114,7 @@ def test_shakespeare_headers():
 
 
 def test_shakespeare_round_trip_and_documents():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder, _ = shakespeare_run()
     text = open(SHAKESPEARE, encoding="utf-8", newline="").read()
     docs = paragraphs(text)
@@ -135,7 +132,7 @@ def test_shakespeare_round_trip_and_documents():
 
 
 def test_shakespeare_val_split_at_document_boundary():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder, _ = shakespeare_run()
     tokens, n_val = stream(folder, "tinyshakespeare")
     _, train = read_raw(shards(folder, "tinyshakespeare", "train")[0])
@@ -148,14 +145,14 @@ def test_shakespeare_val_split_at_document_boundary():
 
 
 def test_shakespeare_tokens_in_vocab():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder, _ = shakespeare_run()
     tokens, _ = stream(folder, "tinyshakespeare")
     assert tokens.max() < VOCAB, f"token {tokens.max()} >= {VOCAB}"
 
 
 def test_small_shards_concatenate_to_the_same_stream():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder, _ = shakespeare_run()
     whole, n_val_whole = stream(folder, "tinyshakespeare")
     small = new_dir("small")
@@ -171,7 +168,7 @@ def test_small_shards_concatenate_to_the_same_stream():
 
 
 def test_rerun_removes_stale_shards():
-    need_shared()
+    need_shakespeare_and_ranks()
     folder = new_dir("rerun")
     run_ok("--input", SHAKESPEARE, "--paragraph-docs", "--out-dir", folder, "--shard-tokens", 100000)
     assert len(shards(folder, "tinyshakespeare", "train")) == 4
@@ -181,7 +178,7 @@ def test_rerun_removes_stale_shards():
 
 
 def test_literal_endoftext_is_ordinary_text():
-    need_shared()
+    harness.need_ranks()
     folder = new_dir("literal")
     text = "Before <|endoftext|> after.\n"
     path = os.path.join(folder, "lit.txt")
@@ -195,7 +192,7 @@ def test_literal_endoftext_is_ordinary_text():
 
 
 def test_files_are_documents():
-    need_shared()
+    harness.need_ranks()
     folder = new_dir("files")
     texts = ["First file.\n\nStill the first.\n", "Second file, a bit longer than the first one.\n"]
     paths = []
@@ -210,10 +207,17 @@ def test_files_are_documents():
     assert train.tolist() == [EOT] + enc.encode_ordinary(texts[1]), "train is not exactly the second file"
 
 
+def small_text():
+    """A small UTF-8 text file of two paragraphs, for the cases that need no shared data."""
+    path = os.path.join(new_dir("small_in"), "small.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("First paragraph.\n\nSecond paragraph.\n")
+    return path
+
+
 def check_error(tag, args, words):
     """The script must exit non-zero, say something containing every word, print no
     traceback and write no shard."""
-    need_shared()
     folder = new_dir(tag)
     rc, out, err = run(*args, "--out-dir", folder)
     assert rc != 0, f"exit 0 for {args}"
@@ -230,39 +234,36 @@ def test_error_missing_input():
 
 
 def test_error_single_document_with_val_fraction():
-    need_shared()
+    harness.need_ranks()
     path = os.path.join(new_dir("single_in"), "one.txt")
     open(path, "w").write("only one document here\n")
     check_error("single", ["--input", path], ["--paragraph-docs", "--val-fraction 0"])
 
 
 def test_error_bad_val_fraction():
-    check_error("badfrac", ["--input", SHAKESPEARE, "--val-fraction", 1.5], ["--val-fraction"])
+    check_error("badfrac", ["--input", small_text(), "--val-fraction", 1.5], ["--val-fraction"])
 
 
 def test_error_shard_tokens_over_int32():
-    check_error("bigshard", ["--input", SHAKESPEARE, "--shard-tokens", 2**31], ["--shard-tokens"])
+    check_error("bigshard", ["--input", small_text(), "--shard-tokens", 2**31], ["--shard-tokens"])
 
 
 def test_error_not_utf8():
-    need_shared()
     path = os.path.join(new_dir("binary_in"), "bin.txt")
     open(path, "wb").write(b"abc\xff\xfe")
     check_error("binary", ["--input", path], [path, "UTF-8"])
 
 
 def test_error_offline_without_tiktoken_cache():
-    need_shared()
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=new_dir("empty_cache"))
     folder = new_dir("nocache")
-    rc, _, err = run("--input", SHAKESPEARE, "--out-dir", folder, env=env)
+    rc, _, err = run("--input", small_text(), "--paragraph-docs", "--out-dir", folder, env=env)
     if rc == 0:
         raise harness.Skip("online: tiktoken downloaded the ranks, so the offline message cannot be seen")
     assert "TIKTOKEN_CACHE_DIR" in err and "Traceback" not in err, f"message: {err.strip()!r}"
 
 
 def test_error_offline_default_dataset():
-    need_shared()
     folder = new_dir("nodownload")
     rc, _, err = run("--out-dir", folder)
     if rc == 0:

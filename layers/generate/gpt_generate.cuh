@@ -16,6 +16,7 @@
 #include <math.h>
 #include <time.h>
 
+#include "data/prompt_tokens.h"
 #include "data/tokenizer.h"
 #include "layers/training/train_state.cuh"
 #include "layers/generate/gpt_decode.cuh"
@@ -201,51 +202,17 @@ static void training_sample(TrainingSampler* t, const Tokenizer* tok, long long 
 // ---- command-line helpers -------------------------------------------------------------------------------
 
 // Token ids from `text`: a comma list ("464,3290") or, when it is not one, a file of ids separated by
-// commas or white space. *n ids into a malloc'ed array; exits (2) with the reason when unusable.
+// commas or white space (data/prompt_tokens.h). *n ids into a malloc'ed array; exits (2) with the reason
+// when unusable.
 static int* generate_parse_prompt(const char* text, int* n) {
-    const int is_list = text[0] != '\0' && strspn(text, "0123456789, ") == strlen(text);
-    char* content = NULL;
-    if (is_list) {
-        content = strdup(text);
-    } else {
-        FILE* f = fopen(text, "rb");
-        if (!f) {
-            fprintf(stderr, "error: --prompt-tokens %s: neither a comma list of token ids nor a readable file (%s); "
-                            "scripts/encode_prompt.py writes one from text\n", text, strerror(errno));
-            exit(2);
-        }
-        size_t cap = 1 << 16, len = 0, got;
-        content = (char*)malloc(cap + 1);
-        while ((got = fread(content + len, 1, cap - len, f)) > 0)
-            if ((len += got) == cap) content = (char*)realloc(content, (cap *= 2) + 1);
-        content[len] = '\0';
-        fclose(f);
-    }
-    int cap = 256, count = 0;
-    int* ids = (int*)malloc(cap * sizeof(int));
-    for (char* p = content; *p;) {
-        if (*p == ',' || isspace((unsigned char)*p)) {
-            p++;
-            continue;
-        }
-        char* end = NULL;
-        errno = 0;
-        const long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end))) {
-            fprintf(stderr, "error: --prompt-tokens %s: \"%.20s\" is not a token id (whole numbers separated by commas "
-                            "or spaces)\n", is_list ? "" : text, p);
-            exit(2);
-        }
-        if (count == cap) ids = (int*)realloc(ids, (cap *= 2) * sizeof(int));
-        ids[count++] = (int)v;
-        p = end;
-    }
-    free(content);
-    if (count == 0) {
-        fprintf(stderr, "error: --prompt-tokens %s holds no token ids\n", text);
+    const size_t err_len = strlen(text) + 512;  // the messages quote the argument whole
+    char* err = (char*)malloc(err_len);
+    int* ids = err ? prompt_tokens_parse(text, n, err, err_len) : NULL;
+    if (!ids) {
+        fprintf(stderr, "error: %s\n", err ? err : "out of memory");
         exit(2);
     }
-    *n = count;
+    free(err);
     return ids;
 }
 
