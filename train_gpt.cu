@@ -9,13 +9,14 @@
 // AdamW → log, validate, checkpoint.
 //
 // Where the rest lives:
-//   data/gpt_config.h    the shape, the table of parameter tensors, FLOPs
-//   layers/model/gpt_model.cuh   the model on the GPU: parameters, activations, forward, backward
-//   layers/optimizer/optimizer.cuh   fp32 master weights, AdamW, clipping, the ZeRO-1 shard, GPT-2 init
-//   layers/training/train_state.cuh   checkpoints (format: data/checkpoint.h) and llm.c weight files
-//   data/dataloader.h      token shards
-//   attention/attention.h  the attention backends (--attn)
-//   layers/generate/gpt_generate.cuh --generate and the samples of --sample-every (KV cache: layers/generate/gpt_decode.cuh)
+//   data/gpt_config.h                  the shape, the table of parameter tensors, FLOPs
+//   data/dataloader.h                  token shards
+//   layers/model/gpt_model.cuh         the model on the GPU: parameters, activations, forward, backward
+//   layers/optimizer/optimizer.cuh     fp32 master weights, AdamW, clipping, the ZeRO-1 shard, GPT-2 init
+//   layers/training/train_state.cuh    checkpoints (format: data/checkpoint.h) and llm.c weight files
+//   layers/multi_gpu/multi_gpu.cuh     NCCL, the gradient all-reduce, the watchdog
+//   layers/generate/gpt_generate.cuh   --generate and the samples after training (KV cache: gpt_decode.cuh)
+//   attention/attention.h              the attention backends (--attn)
 //
 // Sections, top to bottom: options, plan, training, generation, main.
 #include <errno.h>
@@ -438,7 +439,10 @@ static Options parse_options(int argc, char** argv) {
         fprintf(stderr, "error: unexpected argument \"%s\"; run ./train_gpt --help for the options\n", argv[optind]);
         exit(2);
     }
-    if (opt.checkpoint_dir && strcmp(opt.checkpoint_dir, "none") == 0) opt.checkpoint_dir = NULL, opt.no_checkpoints = 1;
+    if (opt.checkpoint_dir && strcmp(opt.checkpoint_dir, "none") == 0) {
+        opt.checkpoint_dir = NULL;
+        opt.no_checkpoints = 1;
+    }
     check_option_combinations(&opt);
     return opt;
 }
@@ -519,15 +523,9 @@ static void plan_launch(Plan* p, Options* opt) {
 
 // The shape in --init-from's model file, so a run from a file needs no --model/--layers/--hidden/--heads.
 static void shape_from_model_file(const Options* opt, GPTConfig* config) {
-    ModelFile file;
-    char err[CHECKPOINT_PATH_MAX + 256];
-    if (model_file_open(&file, opt->init_from, err, sizeof(err)) != 0) {
-        fprintf(stderr, "error: --init-from: %s\n", err);
-        exit(1);
-    }
-    config->num_layers = file.config.num_layers, config->channels = file.config.channels;
-    config->num_heads = file.config.num_heads, config->num_kv_heads = file.config.num_kv_heads;
-    model_file_close(&file);
+    const GPTConfig file = train_state_model_file_config(opt->init_from);
+    config->num_layers = file.num_layers, config->channels = file.channels;
+    config->num_heads = file.num_heads, config->num_kv_heads = file.num_kv_heads;
 }
 
 static GPTConfig plan_config(const Options* opt) {
@@ -597,9 +595,9 @@ static int looks_like_text(const char* path) {
     unsigned char head[1024];
     const size_t n = fread(head, 1, sizeof(head), f);
     fclose(f);
-    size_t printable = 0;
-    for (size_t i = 0; i < n; i++) printable += head[i] >= 0x20 || head[i] == '\n' || head[i] == '\r' || head[i] == '\t';
-    return n > 0 && printable == n;
+    for (size_t i = 0; i < n; i++)
+        if (head[i] < 0x20 && head[i] != '\n' && head[i] != '\r' && head[i] != '\t') return 0;
+    return n > 0;
 }
 
 // Opens a loader over `pattern` or exits with the loader's message (which names the file) and a hint.
@@ -615,8 +613,8 @@ static void open_data_or_exit(DataLoader* loader, const char* what, const char* 
     else if (looks_like_text(pattern))
         fprintf(stderr, "hint: %s is text; train_gpt reads token shards: tokenize it first with\n"
                         "  python scripts/prepare_data.py --input %s --name NAME\n"
-                        "then train with --train-data 'data/NAME/NAME_train_*.bin' --val-data 'data/NAME/NAME_val_*.bin'\n",
-                pattern, pattern);
+                        "then train with --train-data 'data/NAME/NAME_train_*.bin' "
+                        "--val-data 'data/NAME/NAME_val_*.bin'\n", pattern, pattern);
     exit(1);
 }
 

@@ -73,7 +73,7 @@ typedef struct {
 } CheckpointHeader;
 
 // The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
-// every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (README).
+// every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (data/README.md).
 typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 216 ? 1 : -1];
 #define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"
 

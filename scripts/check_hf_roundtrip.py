@@ -60,6 +60,7 @@ import hf_gpt2  # noqa: E402
 import import_hf  # noqa: E402
 import results_common  # noqa: E402
 import shard_format  # noqa: E402
+import train_runs  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO_ROOT, "data", "tinyshakespeare", "tinyshakespeare_{}_*.bin")
@@ -127,11 +128,7 @@ def run_train_gpt(args, flags, work, tag, report):
     log_path, out_path = os.path.join(work, f"{tag}.jsonl"), os.path.join(work, f"{tag}.log")
     if os.path.exists(log_path):
         os.remove(log_path)
-    cmd = [args.train_gpt, *flags, "--attn", args.attn, "--log-file", log_path]
-    if "--checkpoint-dir" not in flags and "--resume" not in flags:
-        cmd += ["--checkpoint-dir", "none"]  # train_gpt's default: a checkpoint after the last step
-    if "--sample-every" not in flags:
-        cmd += ["--sample-tokens", "0"]  # train_gpt's default: a sample after the last step
+    cmd = [args.train_gpt, *flags, *train_runs.quiet_flags(flags), "--attn", args.attn, "--log-file", log_path]
     report(f"$ {shlex.join(cmd)}")
     start = time.time()
     with open(out_path, "w") as out:

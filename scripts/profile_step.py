@@ -37,6 +37,8 @@ import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_runs  # noqa: E402  (quiet_flags)
 
 # Model shapes: layers, hidden, heads (as train_gpt's named configs); vocab padded as gpt_config.h.
 MODELS = {"gpt2-124m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-774m": (36, 1280, 20),
@@ -124,12 +126,7 @@ def train_command(args, steps, log_file=None):
     if log_file:
         cmd += ["--log-file", log_file]
     extra = args.extra.split()
-    given = {a.split("=", 1)[0] for a in extra}
-    if not given & {"--checkpoint-dir", "--resume"}:
-        cmd += ["--checkpoint-dir", "none"]  # no checkpoint after the last step (train_gpt's default)
-    if "--sample-every" not in given:
-        cmd += ["--sample-tokens", "0"]  # no sample after the last step (train_gpt's default)
-    return cmd + extra
+    return cmd + train_runs.quiet_flags(extra) + extra
 
 
 def profile_kernels(args):

@@ -263,7 +263,7 @@ def test_token_out_of_range():
     expect_error(run("--train-data", path, "--val-data", "", "--batch-size", "1", "--seq-len", "8"), 1, path)
 
 
-# ---- checkpoints and weight files (format: README.md, data/checkpoint.h, data/model_file.h) ----------
+# ---- checkpoints and weight files (format: data/README.md, data/checkpoint.h, data/model_file.h) ----------
 
 CKPT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQ"  # data/checkpoint.h's CheckpointHeader, no padding
 
@@ -279,7 +279,7 @@ TINY = ["--layers", "1", "--hidden", "64", "--heads", "1"]
 
 
 def write_checkpoint(path, step=3, layers=1, hidden=64, heads=1, batch=4, seq=64, payload_bytes=None, **fields):
-    """A checkpoint header as the README documents it, and a sparse payload of the right size."""
+    """A checkpoint header as data/README.md documents it, and a sparse payload of the right size."""
     num_params = tiny_config_params(layers, hidden, heads, seq)
     h = dict(layers=layers, hidden=hidden, heads=heads, batch=batch, seq=seq, total=batch * seq, seed=1337,
              train_tokens=len(TRAIN_TOKENS), train_shards=1, step=step, epoch=0, shard=0, chunk=step % 3,

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 
 #include "attention/backends.h"
+#include "attention/common/alignment.h"
 #include "attention/common/cuda_check.h"
 #include "attention/common/mma_backward_step.cuh"
 #include "attention/common/mma_common.cuh"
@@ -267,15 +268,7 @@ static void dispatch_flash1_backward(const Flash1BackwardParams* p, int B, int H
 
 void flash1_attention_backward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    flash1_require_aligned(args->q, args->qkv_stride, "q");
-    flash1_require_aligned(args->k, attention_kv_stride(args), "k");
-    flash1_require_aligned(args->v, attention_kv_stride(args), "v");
-    flash1_require_aligned(args->out, args->out_stride, "out");
-    flash1_require_aligned(args->dout, args->out_stride, "dout");
-    flash1_require_aligned(args->dq, args->dqkv_stride, "dq");
-    flash1_require_aligned(args->dk, attention_dkv_stride(args), "dk");
-    flash1_require_aligned(args->dv, attention_dkv_stride(args), "dv");
-    flash1_require_aligned(args->workspace, 8, "the workspace");
+    attention_require_backward_aligned("flash1", args);
     Flash1BackwardParams p;
     p.q = args->q;
     p.k = args->k;

@@ -30,6 +30,7 @@
 #include "attention/common/cuda_check.h"
 #include "attention/common/attention_math.cuh"
 #include "attention/backends.h"
+#include "attention/common/alignment.h"
 #include "attention/common/mma_common.cuh"
 #include "attention/flash1/flash1_params.h"
 
@@ -350,25 +351,9 @@ size_t flash1_attention_workspace_bytes(const AttentionShape* s) {
     return rows * s->HD * sizeof(float) + 2 * rows * sizeof(float);
 }
 
-// cp.async moves rows in 16-byte pieces: every row must start 16-byte aligned.
-void flash1_require_aligned(const void* ptr, long stride, const char* what) {
-    if ((uintptr_t)ptr % 16 != 0 || stride % 8 != 0) {
-        fprintf(stderr,
-                "error: flash1 needs %s 16-byte aligned with a row stride that is a multiple of 8 values "
-                "(pointer %p, stride %ld); allocate tensors with cudaMalloc and use head dims that are "
-                "multiples of 8\n",
-                what, ptr, stride);
-        exit(EXIT_FAILURE);
-    }
-}
-
 void flash1_attention_forward(const AttentionArgs* args, cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    flash1_require_aligned(args->q, args->qkv_stride, "q");
-    flash1_require_aligned(args->k, attention_kv_stride(args), "k");
-    flash1_require_aligned(args->v, attention_kv_stride(args), "v");
-    flash1_require_aligned(args->out, args->out_stride, "out");
-    flash1_require_aligned(args->workspace, 8, "the workspace");
+    attention_require_forward_aligned("flash1", args);
     Flash1ForwardParams p;
     const size_t rows = (size_t)s->B * s->NH * s->T;
     p.q = args->q;

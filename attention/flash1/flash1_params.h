@@ -1,5 +1,5 @@
 // flash1_params.h: the parameter structs of flash1's forward (flash1_forward.cu) and backward
-// (flash1_backward.cu) kernels, and the alignment check both launchers apply to every tensor they pass.
+// (flash1_backward.cu) kernels.
 #ifndef FLASH1_PARAMS_H
 #define FLASH1_PARAMS_H
 
@@ -26,9 +26,5 @@ typedef struct {
     int T, NH, NKV;
     float scale, scale_log2;
 } Flash1BackwardParams;
-
-// Exits with a message unless ptr is 16-byte aligned and stride a multiple of 8 values: cp.async
-// moves rows in 16-byte pieces (defined in flash1_forward.cu).
-void flash1_require_aligned(const void* ptr, long stride, const char* what);
 
 #endif  // FLASH1_PARAMS_H

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "attention/backends.h"
+#include "attention/common/alignment.h"
 #include "attention/flash2/flash2_params.h"
 #include "attention/flash2/flash2_tiles.h"
 #include "attention/flash2/sm80/flash2_backward_kernel.cuh"
@@ -70,15 +71,7 @@ int flash2_sums_dq_columns(const AttentionShape* s, const AttentionFlash2Setting
 void flash2_attention_backward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
                                cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    flash2_require_aligned(args->q, args->qkv_stride, "q");
-    flash2_require_aligned(args->k, attention_kv_stride(args), "k");
-    flash2_require_aligned(args->v, attention_kv_stride(args), "v");
-    flash2_require_aligned(args->out, args->out_stride, "out");
-    flash2_require_aligned(args->dout, args->out_stride, "dout");
-    flash2_require_aligned(args->dq, args->dqkv_stride, "dq");
-    flash2_require_aligned(args->dk, attention_dkv_stride(args), "dk");
-    flash2_require_aligned(args->dv, attention_dkv_stride(args), "dv");
-    flash2_require_aligned(args->workspace, 8, "the workspace");
+    attention_require_backward_aligned("flash2", args);
     Flash2BackwardParams p;
     p.q = args->q;
     p.k = args->k;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "attention/backends.h"
+#include "attention/common/alignment.h"
 #include "attention/flash2/flash2_params.h"
 #include "attention/flash2/flash2_tiles.h"
 #include "attention/flash2/sm80/flash2_forward_kernel.cuh"
@@ -86,25 +87,10 @@ int flash2_supports_head_dim(int head_dim) {
     return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
 
-// cp.async and TMA move rows in 16-byte pieces: every row must start 16-byte aligned.
-void flash2_require_aligned(const void* ptr, long stride, const char* what) {
-    if ((uintptr_t)ptr % 16 != 0 || stride % 8 != 0) {
-        fprintf(stderr,
-                "error: flash2 needs %s 16-byte aligned with a row stride that is a multiple of 8 values "
-                "(pointer %p, stride %ld); allocate tensors with cudaMalloc and use head dims that are "
-                "multiples of 8\n",
-                what, ptr, stride);
-        exit(EXIT_FAILURE);
-    }
-}
-
 void flash2_attention_forward(const AttentionArgs* args, const AttentionFlash2Settings* settings,
                               cudaStream_t stream) {
     const AttentionShape* s = &args->shape;
-    flash2_require_aligned(args->q, args->qkv_stride, "q");
-    flash2_require_aligned(args->k, attention_kv_stride(args), "k");
-    flash2_require_aligned(args->v, attention_kv_stride(args), "v");
-    flash2_require_aligned(args->out, args->out_stride, "out");
+    attention_require_forward_aligned("flash2", args);
     Flash2ForwardParams p;
     p.q = args->q;
     p.k = args->k;

@@ -1,6 +1,5 @@
 // flash2_params.h: the parameter structs of flash2's forward and backward kernels, which both kernel
-// families take (the mma.sync kernels of sm80/ and the Hopper kernels of sm90/), and the alignment
-// check the two launchers (flash2_forward.cu, flash2_backward.cu) apply to every tensor they pass.
+// families take (the mma.sync kernels of sm80/ and the Hopper kernels of sm90/).
 #ifndef FLASH2_PARAMS_H
 #define FLASH2_PARAMS_H
 
@@ -36,9 +35,5 @@ typedef struct {
     __nv_bfloat16* dq_colsum;  // NULL, or (NH·HD) (+)= Σ_{b,t} dq (AttentionArgs.dq_colsum; Hopper only)
     int dq_colsum_accumulate;
 } Flash2BackwardParams;
-
-// Exits with a message unless ptr is 16-byte aligned and stride a multiple of 8 values: cp.async and
-// TMA move rows in 16-byte pieces (defined in flash2_forward.cu).
-void flash2_require_aligned(const void* ptr, long stride, const char* what);
 
 #endif  // FLASH2_PARAMS_H

@@ -267,14 +267,7 @@ static GPTConfig generate_read_config(const GenerateRun* g, char* path, size_t p
         c.num_kv_heads = checkpoint_kv_heads(&h);
         c.vocab_size = h.vocab_size, c.padded_vocab_size = h.padded_vocab_size, c.max_seq_len = h.max_seq_len;
     } else {
-        ModelFile file;
-        char err[CHECKPOINT_PATH_MAX + 256];
-        if (model_file_open(&file, g->init_from, err, sizeof(err)) != 0) {
-            fprintf(stderr, "error: --init-from: %s\n", err);
-            exit(1);
-        }
-        c = file.config;
-        model_file_close(&file);
+        c = train_state_model_file_config(g->init_from);
         snprintf(path, path_size, "%s", g->init_from);
     }
     char err[512];
@@ -402,7 +395,8 @@ static int generate_run(const GenerateRun* g) {
     const Tokenizer* tok = generate_open_tokenizer(&table, g->tokenizer, g->shard_pattern) ? &table : NULL;
     const GpuInfo gpu = gpu_info(0);
     if (!gpu.found) {
-        fprintf(stderr, "error: no CUDA GPU found: generation needs an NVIDIA GPU of compute capability 8.0 or newer\n");
+        fprintf(stderr,
+                "error: no CUDA GPU found: generation needs an NVIDIA GPU of compute capability 8.0 or newer\n");
         return 1;
     }
     cudaStream_t stream;

@@ -246,6 +246,20 @@ static void train_state_load(const char* path, GPTModel* model, const Optimizer*
 
 // ---- llm.c weight files -----------------------------------------------------------------------------
 
+// The config stored in an llm.c model file (max_seq_len: the file's positions); exits with the reason
+// when the file cannot be read.
+static GPTConfig train_state_model_file_config(const char* path) {
+    ModelFile file;
+    char err[CHECKPOINT_PATH_MAX + 256];
+    if (model_file_open(&file, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: --init-from: %s\n", err);
+        exit(1);
+    }
+    const GPTConfig config = file.config;
+    model_file_close(&file);
+    return config;
+}
+
 // Opens an llm.c model file and checks that it holds this model (the same shape, at least T
 // positions); exits with a message otherwise.
 static void train_state_open_model_file(ModelFile* file, const char* path, const GPTConfig* config) {
