@@ -38,13 +38,13 @@ CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \
-             $(BUILD)/test_gpu_generate
+             $(BUILD)/test_gpu_generate $(BUILD)/test_gpu_fp8
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
              $(BUILD)/kv_cache.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
-         $(BUILD)/gpu_ceilings
+         $(BUILD)/gpu_ceilings $(BUILD)/sanitize_kernels $(BUILD)/bench_fp8_gemm
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -119,6 +119,10 @@ $(BUILD)/flash2_tune: attention/tools/flash2_tune.cu | $(BUILD)
 $(BUILD)/gpu_ceilings: layers/tools/gpu_ceilings.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/gpu_ceilings.d -o $@ $< -lcublasLt
 
+# The linear layers' GEMMs in bf16 and FP8 and the FP8 casts, timed (`build/bench_fp8_gemm --help`).
+$(BUILD)/bench_fp8_gemm: layers/tools/bench_fp8_gemm.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_fp8_gemm.d -o $@ $< -lcublasLt
+
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 
@@ -156,6 +160,10 @@ $(BUILD)/test_gpu_decode: test/test_gpu_decode.cu $(BUILD)/flash2_decode.o $(BUI
 $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas
 
+# The FP8 casts, scales and GEMMs (layers/model/fp8_cast.cuh, fp8_scaling.cuh, matmul_fp8.cuh).
+$(BUILD)/test_gpu_fp8: test/test_gpu_fp8.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_fp8.d -o $@ $< -lcublasLt -lcublas
+
 $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o
 
@@ -174,6 +182,12 @@ $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAM
 $(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
 		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
+
+# Every kernel family on small odd shapes, for scripts/sanitize.sh (compute-sanitizer). The launch
+# entry points of the CUDA runtime are wrapped at link time, so the program can say which kernels ran.
+SANITIZE_WRAP := $(foreach fn,cudaLaunchKernel __cudaLaunchKernel cudaLaunchKernelExC,-Xlinker --wrap=$(fn))
+$(BUILD)/sanitize_kernels: test/sanitize_kernels.cu $(ATTN_OBJS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/sanitize_kernels.d -o $@ $< $(ATTN_OBJS) $(SANITIZE_WRAP) -lcublasLt -lcublas
 
 # ---- fuzzing (make fuzz) -------------------------------------------------------------------------
 # libFuzzer targets for the parsers of files a user hands us (test/fuzz/README.md): token shards,

@@ -481,6 +481,7 @@ typedef struct {
     double flops_per_step, state_bytes, peak_tflops;
     double act_bytes[NUM_RECOMPUTE_MODES];  // activations per GPU of each --recompute mode (plan estimate)
     double recompute_flops_per_step;       // per GPU: what recomputation adds (hardware FLOPs, not model FLOPs)
+    double executed_flops_per_step;        // per GPU: what the kernels execute, recomputation included ("hw")
     const char* recompute_what;            // the GEMM and attention work it repeats, for the plan
     int device;
     GpuInfo gpu;
@@ -675,6 +676,7 @@ static void plan_activations(Plan* p) {
     const GPTModelOptions o = model_options(p, opt->recompute, 0);
     gpt_memory_plan(&memory, &p->config, &o, 0);
     p->recompute_flops_per_step = gpt_recompute_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
+    p->executed_flops_per_step = gpt_executed_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
     p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
                         : opt->recompute == RECOMPUTE_SELECTIVE && memory.att_saved_bytes > 0
                             ? "the attention forward (its T^2 part) again in the backward, "
@@ -887,7 +889,13 @@ static void print_plan_run(const Plan* p) {
         printf("samples      after the last step: %d tokens from <|endoftext|>, temperature %g, top-k %d (0: all), "
                "seed %llu (--sample-every N: more; --sample-tokens 0: none)\n", sample_tokens(opt), opt->temperature,
                opt->top_k, (unsigned long long)opt->seed);
-    printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence)\n", p->flops_per_step / 1e12);
+    printf("model FLOPs  %.3f TFLOP per optimizer step (6*s*P + 12*L*h*s^2 per sequence: the paper's count, for "
+           "TFLOP/s and MFU)\n", p->flops_per_step / 1e12);
+    const int flash = opt->attn == ATTN_FLASH1 || opt->attn == ATTN_FLASH2;
+    printf("hw FLOPs     %.3f TFLOP per optimizer step per GPU: what the kernels execute (%s%s), for hw TFLOP/s\n",
+           p->executed_flops_per_step / 1e12,
+           flash ? "attention skips the masked half" : "naive attention multiplies all T x T scores",
+           p->recompute_flops_per_step > 0 ? ", recomputation included" : "");
     printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
            opt->zero ? ", the last three sharded over the GPUs" : "");
@@ -1162,16 +1170,16 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
     const double seconds = ms / 1e3;
     const double tokens_per_s = (double)p->total_batch_tokens / seconds;
     const double tflops = p->flops_per_step / p->world / seconds / 1e12;  // per GPU
-    const double hw_tflops = tflops + p->recompute_flops_per_step / seconds / 1e12;  // with recomputation
+    const double hw_tflops = p->executed_flops_per_step / seconds / 1e12;
     const double mfu = p->peak_tflops > 0 ? 100.0 * tflops / p->peak_tflops : 0.0;
     t->steps_done++;
     t->step_seconds += seconds;
-    char eta[32], hw[64] = "";
+    char eta[32];
     format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
                     sizeof(eta));
-    if (p->recompute_flops_per_step > 0) snprintf(hw, sizeof(hw), "hw %.1f TFLOP/s with recompute | ", hw_tflops);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
-           "%sETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, hw, eta);
+           "hw %.1f TFLOP/s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, hw_tflops,
+           eta);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
@@ -1276,10 +1284,10 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
     printf("summary      steps %lld-%lld of %lld in %s (wall), %lld tokens; mean %.1f TFLOP/s per GPU, %s (over "
            "the steps' own time)\n", last_step - t->steps_done + 1, last_step, p->steps, wall,
            t->steps_done * p->total_batch_tokens, tflops, mfu);
-    if (p->recompute_flops_per_step > 0 && t->steps_done)
-        printf("             hardware %.1f TFLOP/s per GPU with the recomputation (--recompute %s)\n",
-               tflops + p->recompute_flops_per_step * (double)t->steps_done / t->step_seconds / 1e12,
-               RECOMPUTE_NAMES[p->opt->recompute]);
+    if (t->steps_done)
+        printf("             hardware %.1f TFLOP/s per GPU (the FLOPs the kernels execute%s)\n",
+               p->executed_flops_per_step * (double)t->steps_done / t->step_seconds / 1e12,
+               p->recompute_flops_per_step > 0 ? ", recomputation included" : "");
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->last_checkpoint[0])

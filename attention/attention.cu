@@ -114,6 +114,18 @@ size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* sha
     return backend == ATTN_NAIVE ? naive_attention_saved_bytes(shape) : 0;
 }
 
+double attention_executed_flops(AttentionBackend backend, const AttentionShape* shape, int backward) {
+    const double T = shape->T, heads = (double)shape->B * shape->NH, HD = shape->HD;
+    const int flash = backend == ATTN_FLASH1 || backend == ATTN_FLASH2;
+    // Query-key pairs a kernel multiplies: flash visits only keys j <= i under the causal mask (the
+    // diagonal tiles' masked corners are counted as skipped, so this never overstates the work).
+    const double pairs = flash && shape->causal ? T * (T + 1.0) / 2.0 : T * T;
+    // Products of 2·HD FLOPs per pair: forward S = Q Kᵀ and O = P V; backward dV = Pᵀ dO, dP = dO Vᵀ,
+    // dQ = dS K, dK = dSᵀ Q, plus S again where P is not kept.
+    const double products = !backward ? 2.0 : backend == ATTN_NAIVE ? 4.0 : 5.0;
+    return products * 2.0 * HD * pairs * heads;
+}
+
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape) {
     switch (backend) {
         case ATTN_NAIVE: return naive_attention_workspace_bytes(shape);

@@ -103,6 +103,12 @@ int attention_backend_from_name(const char* name, AttentionBackend* backend);
 int attention_check(AttentionBackend backend, const AttentionShape* shape, char* why, size_t why_size);
 // Bytes of `saved` and `workspace` a backend needs for `shape` (0 when none).
 size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* shape);
+// FLOPs of the matrix products one forward (backward = 0) or one backward (backward = 1) call of
+// `backend` executes for `shape` (2 per multiply-add; softmax and masking not counted). The flash
+// backends skip the masked half of causal attention and recompute S = Q Kᵀ in their backward; naive
+// multiplies whole T x T matrices and keeps P (naive-recompute recomputes S). Used for the trainer's
+// hardware TFLOP/s, which must not count work the kernels skip.
+double attention_executed_flops(AttentionBackend backend, const AttentionShape* shape, int backward);
 // 1 when the backend runs cuBLAS (AttentionContext.cublas must be a handle), else 0.
 int attention_uses_cublas(AttentionBackend backend);
 size_t attention_workspace_bytes(AttentionBackend backend, const AttentionShape* shape);

@@ -20,9 +20,9 @@ seconds, "out of GPU memory ... --recompute X would fit"): its record says "oom"
 Method: the step time is the median over the --timed steps after --warmup steps (train_gpt: its JSONL "ms",
 CUDA events around the step; torch: wall time between torch.cuda.synchronize() calls; its first step includes
 torch.compile). TFLOP/s per GPU by the FlashAttention-2 paper's formula, 6·s·P + 12·L·h·s² per sequence
-(model FLOPs: recomputation is not counted). Hardware TFLOP/s count the recomputation too: train_gpt's own
-"hw_tflops_per_gpu"; for torch, checkpointing reruns every block's forward, L·(24·s·h² + 4·s²·h) more per
-sequence. Peak memory: the child's GPU memory polled by nvidia-smi (train_runs.MemoryPoller; the whole GPU's
+(model FLOPs: recomputation is not counted). Hardware TFLOP/s count what the kernels execute (causal
+attention's unmasked half, the recomputation): train_gpt's own "hw_tflops_per_gpu"; for torch the same count
+with every block's forward rerun by checkpointing (torch_gpt.executed_flops_per_sequence). Peak memory: the child's GPU memory polled by nvidia-smi (train_runs.MemoryPoller; the whole GPU's
 where the pid is not listed). Losses of every step are recorded (they fall over the steps).
 
 Writes <results-dir>/long_context_<gpu>.json (records: impl, model, seqlen, recompute, tflops_per_gpu,
@@ -115,9 +115,8 @@ def failure_note(path):
 
 
 def torch_hw_flops_per_sequence(cfg, seqlen):
-    """Model FLOPs plus what per-block checkpointing reruns: every block's forward, 24·s·h² + 4·s²·h each."""
-    s, h = float(seqlen), float(cfg.channels)
-    return tg.flops_per_sequence(cfg, seqlen) + cfg.num_layers * (24.0 * s * h * h + 4.0 * s * s * h)
+    """What the kernels execute with per-block checkpointing, which reruns every block's forward."""
+    return tg.executed_flops_per_sequence(cfg, seqlen, recompute_blocks=True)
 
 
 def run_one(args, impl, model, seqlen, mode, data, peak):
@@ -248,8 +247,9 @@ def main(argv=None):
                       "untimed ones (train_gpt: its JSONL ms; torch: wall time between torch.cuda.synchronize()); "
                       f"lr {args.lr:g}, {args.warmup_steps} warmup steps",
             "flops": "TFLOP/s: 6*s*P + 12*L*h*s^2 per sequence (model FLOPs, MFU against "
-                     f"{peak:g}); hw TFLOP/s add the recomputed work (train_gpt's hw_tflops_per_gpu; torch: "
-                     "L*(24*s*h^2 + 4*s^2*h) per sequence for rerunning every block's forward)",
+                     f"{peak:g}); hw TFLOP/s: the FLOPs the kernels execute, causal attention's unmasked half and the "
+                     "recomputation (train_gpt's hw_tflops_per_gpu; torch: torch_gpt.executed_flops_per_sequence "
+                     "with every block's forward rerun)",
             "memory": "peak GPU memory of the process (nvidia-smi, polled every 0.2 s), GiB"})
     records = results_common.load_previous(json_path, device, args.fresh)
     print(f"{device}; commit {commit}; {args.warmup} + {args.timed} steps per run; logs in {args.out}", flush=True)

@@ -142,6 +142,20 @@ def flops_per_sequence(cfg, seq_len):
     return 6.0 * s * num_params(cfg) + 12.0 * cfg.num_layers * cfg.channels * s * s
 
 
+def executed_flops_per_sequence(cfg, seq_len, recompute_blocks=False):
+    """The FLOPs the kernels execute on one sequence (train_gpt's "hw" count, gpt_executed_flops): 6·s per
+    weight of the four GEMMs of every block and of the LM head, causal flash attention over its s(s+1)/2
+    unmasked pairs (forward 2 products, backward 5: S is recomputed), and, with recompute_blocks, every
+    block's forward once more (its GEMMs and its attention forward)."""
+    s, C, L = float(seq_len), float(cfg.channels), float(cfg.num_layers)
+    qkv = C + 2.0 * C * cfg.num_kv_heads / cfg.num_heads
+    pairs = s * (s + 1.0) / 2.0
+    flops = 6.0 * s * (L * C * (qkv + 9.0 * C) + cfg.padded_vocab_size * C) + L * 14.0 * C * pairs
+    if recompute_blocks:
+        flops += L * (2.0 * s * C * (qkv + 9.0 * C) + 4.0 * C * pairs)
+    return flops
+
+
 # ---------------------------------------------------------------------------------------------
 # Model files (llm.c's format)
 

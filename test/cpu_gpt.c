@@ -202,3 +202,22 @@ double cpu_gpt_forward_backward(const int config[7], int B, int T, const double*
     cpu_gpt_destroy(&model);
     return loss;
 }
+
+int cpu_gpt_likely_targets(const int config[7], int B, int T, const double* params, const int* inputs, int* targets) {
+    const int V = config[3], Vp = config[4], N = B * T;
+    double* logits = (double*)malloc((size_t)N * Vp * sizeof(double));
+    int* any = (int*)calloc((size_t)N, sizeof(int));  // targets for the forward's loss, which is not used
+    int rc = -1;
+    if (logits && any && !isnan(cpu_gpt_forward_backward(config, B, T, params, inputs, any, logits, NULL))) {
+        for (int n = 0; n < N; n++) {
+            const double* row = logits + (size_t)n * Vp;
+            int best = 0;
+            for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+            targets[n] = best;
+        }
+        rc = 0;
+    }
+    free(logits);
+    free(any);
+    return rc;
+}

@@ -66,6 +66,12 @@ int cpu_gpt_backward(CpuGPT* model, const int* inputs, const int* targets);
 double cpu_gpt_forward_backward(const int config[7], int B, int T, const double* params, const int* inputs,
                                 const int* targets, double* logits, double* grads);
 
+// targets (B, T) = the model's most likely next token at each position: the argmax over the first V
+// logits of the forward on inputs (config, params as cpu_gpt_forward_backward). With them the mean
+// loss lies clearly below ln V, the loss of all-zero logits, so a test can tell the two apart.
+// Returns 0, or -1 as cpu_gpt_forward_backward fails.
+int cpu_gpt_likely_targets(const int config[7], int B, int T, const double* params, const int* inputs, int* targets);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,8 @@
 
 A test module defines functions named test_*; run_module() calls each in file order.
 A function passes by returning, fails by raising (AssertionError or any other error),
-and skips by raising Skip("why").
+and skips by raising Skip("why"). Each function is one case: the PLAN line states their number
+first, the END line closes the run (test/test_harness.h describes the protocol).
 
 Offline data: the folder $SHARED_DATA_DIR (`make test` sets it from the Makefile's SHARED_DATA, default
 ../shared/data beside the checkout; the same default when a test runs alone) holds tinyshakespeare.txt
@@ -45,14 +46,15 @@ def need_ranks():
 
 
 def run_module(namespace):
-    failures = 0
-    for name, fn in list(namespace.items()):
-        if not (name.startswith("test_") and callable(fn)):
-            continue
+    cases = [(name, fn) for name, fn in list(namespace.items()) if name.startswith("test_") and callable(fn)]
+    print(f"PLAN {len(cases)}", flush=True)
+    failures = passes = skips = 0
+    for name, fn in cases:
         try:
             fn()
         except Skip as why:
             print(f"SKIP {name}: {why}", flush=True)
+            skips += 1
             continue
         except Exception as err:  # a failing case must not stop the others
             failures += 1
@@ -61,4 +63,6 @@ def run_module(namespace):
             traceback.print_exc(file=sys.stdout)
             continue
         print(f"PASS {name}", flush=True)
+        passes += 1
+    print(f"END {passes} passed, {failures} failed, {skips} skipped", flush=True)
     sys.exit(1 if failures else 0)

@@ -18,6 +18,7 @@
 #include "test/test_harness.h"
 
 #define ERR_LEN (CHECKPOINT_PATH_MAX + 512)
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static char g_dir[256];
 static TestRng g_rng;
@@ -253,6 +254,25 @@ static void bump_version(const char* path) {
     fclose(f);
 }
 
+// Each damage of a good checkpoint, the phase that must refuse it and a word of the error.
+static const struct {
+    const char* name;
+    void (*damage)(const char* path);
+    const char* phase;
+    const char* word;
+} REFUSALS[] = {
+    {"checkpoint_flipped_payload_byte_fails_the_checksum", flip_payload_byte, "finish", "checksum"},
+    {"checkpoint_truncated_is_refused_at_open", truncate_file, "open", "truncated"},
+    {"checkpoint_extra_byte_is_refused_at_open", append_byte, "open", "truncated or corrupt"},
+    {"checkpoint_bad_magic_is_refused_at_open", break_magic, "open", "not a train_gpt checkpoint"},
+    {"checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version"},
+};
+
+static void test_refusals(void) {
+    for (size_t i = 0; i < COUNT(REFUSALS); i++)
+        expect_refused(REFUSALS[i].name, REFUSALS[i].damage, REFUSALS[i].phase, REFUSALS[i].word);
+}
+
 static void test_latest_and_prune(void) {
     const char* name = "checkpoint_find_latest_and_prune_keep_the_newest";
     char err[ERR_LEN], path[CHECKPOINT_PATH_MAX];
@@ -376,14 +396,14 @@ static void test_abort_leaves_nothing(void) {
     const char* name = "checkpoint_abort_leaves_no_file";
     char err[ERR_LEN];
     CheckpointWriter w;
-    if (checkpoint_writer_open(&w, g_dir, 3, err, sizeof(err)) != 0) {
-        test_fail(name, "open: %s", err);
-        return;
+    const int opened = checkpoint_writer_open(&w, g_dir, 3, err, sizeof(err)) == 0;
+    if (opened) {
+        checkpoint_writer_append(&w, "abc", 3, err, sizeof(err));
+        checkpoint_writer_abort(&w);
     }
-    checkpoint_writer_append(&w, "abc", 3, err, sizeof(err));
-    checkpoint_writer_abort(&w);
-    test_report(name, count_files(g_dir, "") == 2, "files left: %d (only . and .. expected)", count_files(g_dir, ""));
-    char missing[CHECKPOINT_PATH_MAX + 32];
+    test_report(name, opened && count_files(g_dir, "") == 2, "open %s; files left: %d (only . and .. expected)",
+                opened ? "ok" : err, count_files(g_dir, ""));
+    char missing[sizeof(g_dir) + 32];  // a path that fits the writer's names, so gcc sees no truncation
     snprintf(missing, sizeof(missing), "%s/no/such/dir", g_dir);
     test_report("checkpoint_unwritable_dir_is_an_error_naming_it",
                 checkpoint_writer_open(&w, missing, 3, err, sizeof(err)) != 0 && strstr(err, missing) != NULL,
@@ -418,7 +438,7 @@ static void test_remove_temporaries(void) {
 static void test_make_dir_with_parents(void) {
     const char* name = "checkpoint_make_dir_makes_missing_parents";
     char nested[CHECKPOINT_PATH_MAX], runs[CHECKPOINT_PATH_MAX], blocked[CHECKPOINT_PATH_MAX];
-    char err[CHECKPOINT_PATH_MAX + 256];
+    char err[2 * CHECKPOINT_PATH_MAX + 256];  // room for both paths the error may name
     snprintf(runs, sizeof(runs), "%s/runs", g_dir);
     snprintf(nested, sizeof(nested), "%s/runs/gpt2-124m", g_dir);
     struct stat st;
@@ -497,8 +517,39 @@ static void test_model_file(int kv_heads, const char* name) {
     remove_all(g_dir);
 }
 
+// kv_heads of the model file, and its round trip's case name (test_model_file also reports a
+// truncated and a foreign file: 3 cases each).
+static const struct {
+    int kv_heads;
+    const char* name;
+} MODEL_FILES[] = {{2, "model_file_round_trip_fp32_and_bf16"}, {1, "model_file_round_trip_fp32_and_bf16_multi_query"}};
+
+static void test_model_files(void) {
+    for (size_t i = 0; i < COUNT(MODEL_FILES); i++) test_model_file(MODEL_FILES[i].kv_heads, MODEL_FILES[i].name);
+}
+
+// Every group in the order it runs, with the number of cases it reports.
+static const struct {
+    void (*run)(void);
+    int cases;
+} GROUPS[] = {
+    {test_hash_pieces_and_sensitivity, 1},
+    {test_round_trip, 1},
+    {test_refusals, (int)COUNT(REFUSALS)},
+    {test_latest_and_prune, 1},
+    {test_names, 1},
+    {test_sharded, 3},
+    {test_abort_leaves_nothing, 2},
+    {test_remove_temporaries, 1},
+    {test_make_dir_with_parents, 1},
+    {test_model_files, 3 * (int)COUNT(MODEL_FILES)},
+};
+
 int main(void) {
     test_begin();
+    int cases = 0;
+    for (size_t i = 0; i < COUNT(GROUPS); i++) cases += GROUPS[i].cases;
+    test_plan(cases);
     g_rng.state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     printf("seed %llu\n", (unsigned long long)g_rng.state);
     snprintf(g_dir, sizeof(g_dir), "/tmp/test_checkpoint_XXXXXX");
@@ -506,21 +557,7 @@ int main(void) {
         test_fail("setup", "mkdtemp: %s", strerror(errno));
         return test_end();
     }
-    test_hash_pieces_and_sensitivity();
-    test_round_trip();
-    expect_refused("checkpoint_flipped_payload_byte_fails_the_checksum", flip_payload_byte, "finish", "checksum");
-    expect_refused("checkpoint_truncated_is_refused_at_open", truncate_file, "open", "truncated");
-    expect_refused("checkpoint_extra_byte_is_refused_at_open", append_byte, "open", "truncated or corrupt");
-    expect_refused("checkpoint_bad_magic_is_refused_at_open", break_magic, "open", "not a train_gpt checkpoint");
-    expect_refused("checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version");
-    test_latest_and_prune();
-    test_names();
-    test_sharded();
-    test_abort_leaves_nothing();
-    test_remove_temporaries();
-    test_make_dir_with_parents();
-    test_model_file(2, "model_file_round_trip_fp32_and_bf16");
-    test_model_file(1, "model_file_round_trip_fp32_and_bf16_multi_query");
+    for (size_t i = 0; i < COUNT(GROUPS); i++) GROUPS[i].run();
     rmdir(g_dir);
     return test_end();
 }

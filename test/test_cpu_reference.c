@@ -8,6 +8,7 @@
 #include "test/cpu_reference.h"
 #include "test/test_harness.h"
 
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define FD_STEP 1e-6       // central differences in fp64: error ~ step² + 1e-16 / step
 #define FD_TOLERANCE 1e-6  // relative error ‖analytic − numeric‖ / ‖numeric‖
 
@@ -475,13 +476,55 @@ static void fill_params(TestRng* rng, CpuGPT* model, double weight_scale) {
     }
 }
 
+// Per model (test_model): the init loss, causality, one gradient per parameter tensor, the vocab padding.
+#define MODEL_CASES (3 + NUM_PARAM_TENSORS)
+
+// The name of case k of a model whose names start with prefix ("model" or "model_gqa").
+static void model_case_name(char* buf, size_t size, const char* prefix, int k) {
+    if (k == 0) snprintf(buf, size, "%s_forward_init_loss_near_log_vocab", prefix);
+    else if (k == 1) snprintf(buf, size, "%s_forward_is_causal", prefix);
+    else if (k < 2 + NUM_PARAM_TENSORS) snprintf(buf, size, "%s_backward_d%s", prefix, GPT_PARAMS[k - 2].name);
+    else snprintf(buf, size, "%s_backward_vocab_padding_is_zero", prefix);
+}
+
+// Cases from k on fail with `why` (the model could not be built or run), so every case still reports.
+static void fail_model_cases(const char* prefix, int k, const char* why) {
+    char name[96];
+    for (; k < MODEL_CASES; k++) {
+        model_case_name(name, sizeof(name), prefix, k);
+        test_fail(name, "%s", why);
+    }
+}
+
+// Causality: changing the last input token changes no logit before it (case 1).
+static void check_model_causal(CpuGPT* model, int* inputs, const int* targets, int T, const char* name) {
+    size_t row = (size_t)model->config.padded_vocab_size, n_logits = (size_t)model->B * T * row;
+    double* before = test_alloc(n_logits);
+    cpu_gpt_forward(model, inputs, targets);
+    memcpy(before, model->logits, n_logits * sizeof(double));
+    int saved = inputs[T - 1];
+    inputs[T - 1] = (saved + 1) % model->config.vocab_size;
+    cpu_gpt_forward(model, inputs, targets);
+    inputs[T - 1] = saved;
+    double earlier = 0.0, last = 0.0;
+    for (size_t i = 0; i < (size_t)(T - 1) * row; i++) earlier = fmax(earlier, fabs(model->logits[i] - before[i]));
+    for (size_t i = (size_t)(T - 1) * row; i < (size_t)T * row; i++)
+        last = fmax(last, fabs(model->logits[i] - before[i]));
+    test_report(name, earlier == 0.0 && last > 0.0,
+                "max change before the edited position %.3e (want 0), at it %.3e (want > 0)", earlier, last);
+    free(before);
+}
+
 // prefix: "model" (multi-head) or "model_gqa" (2 key/value heads for 4 heads), the test names' start.
 static void test_model(TestRng* rng, int kv_heads, const char* prefix) {
     enum { B = 2, T = 16 };
     GPTConfig cfg = tiny_config(kv_heads);
     char name[96];
     CpuGPT model;
-    if (cpu_gpt_create(&model, cfg, B, T) != 0) { test_fail("model_create", "out of memory"); return; }
+    if (cpu_gpt_create(&model, cfg, B, T) != 0) {
+        fail_model_cases(prefix, 0, "cpu_gpt_create: out of memory");
+        return;
+    }
     int inputs[B * T], targets[B * T];
     fill_tokens(rng, inputs, B * T, cfg.vocab_size);
     fill_tokens(rng, targets, B * T, cfg.vocab_size);
@@ -490,33 +533,17 @@ static void test_model(TestRng* rng, int kv_heads, const char* prefix) {
     // At GPT-2's init scale the logits are near zero, so the loss is near log V.
     fill_params(rng, &model, 0.02);
     double loss = cpu_gpt_forward(&model, inputs, targets);
-    snprintf(name, sizeof(name), "%s_forward_init_loss_near_log_vocab", prefix);
+    model_case_name(name, sizeof(name), prefix, 0);
     test_report(name, fabs(loss - log((double)cfg.vocab_size)) < 0.05,
                 "loss %.4f, log V = %.4f", loss, log((double)cfg.vocab_size));
-
-    // Causality: changing the last input token changes no logit before it.
     fill_params(rng, &model, 0.3);
-    size_t row = (size_t)cfg.padded_vocab_size, n_logits = (size_t)B * T * row;
-    double* before = test_alloc(n_logits);
-    cpu_gpt_forward(&model, inputs, targets);
-    memcpy(before, model.logits, n_logits * sizeof(double));
-    int saved = inputs[T - 1];
-    inputs[T - 1] = (saved + 1) % cfg.vocab_size;
-    cpu_gpt_forward(&model, inputs, targets);
-    inputs[T - 1] = saved;
-    double earlier = 0.0, last = 0.0;
-    for (size_t i = 0; i < (size_t)(T - 1) * row; i++) earlier = fmax(earlier, fabs(model.logits[i] - before[i]));
-    for (size_t i = (size_t)(T - 1) * row; i < (size_t)T * row; i++)
-        last = fmax(last, fabs(model.logits[i] - before[i]));
-    snprintf(name, sizeof(name), "%s_forward_is_causal", prefix);
-    test_report(name, earlier == 0.0 && last > 0.0,
-                "max change before the edited position %.3e (want 0), at it %.3e (want > 0)", earlier, last);
-    free(before);
+    model_case_name(name, sizeof(name), prefix, 1);
+    check_model_causal(&model, inputs, targets, T, name);
 
     // Backward against finite differences on a sample of every parameter tensor.
     cpu_gpt_forward(&model, inputs, targets);
     if (cpu_gpt_backward(&model, inputs, targets) != 0) {
-        test_fail("model_backward", "out of memory");
+        fail_model_cases(prefix, 2, "cpu_gpt_backward: out of memory");
         cpu_gpt_destroy(&model);
         return;
     }
@@ -528,7 +555,7 @@ static void test_model(TestRng* rng, int kv_heads, const char* prefix) {
             analytic[s] = model.grad_tensors[t][i];
             finite_differences(&numeric[s], model_loss, &mc, &model.param_tensors[t][i], 1);
         }
-        snprintf(name, sizeof(name), "%s_backward_d%s", prefix, GPT_PARAMS[t].name);
+        model_case_name(name, sizeof(name), prefix, 2 + t);
         double err = test_rel_error(analytic, numeric, SAMPLES);
         test_report(name, err <= FD_TOLERANCE, "relative error %.3e > %.0e on %d sampled elements", err,
                     FD_TOLERANCE, SAMPLES);
@@ -537,30 +564,79 @@ static void test_model(TestRng* rng, int kv_heads, const char* prefix) {
     double padding = 0.0;
     for (size_t i = (size_t)cfg.vocab_size * cfg.channels; i < model.param_sizes[0]; i++)
         padding = fmax(padding, fabs(model.grad_tensors[0][i]));
-    snprintf(name, sizeof(name), "%s_backward_vocab_padding_is_zero", prefix);
+    model_case_name(name, sizeof(name), prefix, MODEL_CASES - 1);
     test_report(name, padding == 0.0, "max |grad| %.3e", padding);
     cpu_gpt_destroy(&model);
 }
 
+// Finite differences of every qkv element, on odd shapes: causal or not, T = 1, GQA and MQA.
+static const struct {
+    const char* name;
+    int B, T, NH, NKV, HD, causal;
+} ATTENTION_BACKWARD[] = {
+    {"attention_backward_noncausal", 2, 5, 2, 2, 3, 0},
+    {"attention_backward_causal", 2, 5, 2, 2, 3, 1},
+    {"attention_backward_causal_T1", 1, 1, 2, 2, 4, 1},
+    {"attention_backward_causal_T7_HD8", 1, 7, 1, 1, 8, 1},
+    {"attention_backward_gqa_causal_NH4_NKV2", 2, 5, 4, 2, 3, 1},
+    {"attention_backward_mqa_noncausal_NH3_NKV1", 2, 5, 3, 1, 3, 0},
+};
+
+static const struct {
+    const char* name;
+    int NKV, causal;
+} ATTENTION_GQA[] = {
+    {"attention_gqa_NKV2_is_mha_with_repeated_kv_causal", 2, 1},
+    {"attention_mqa_NKV1_is_mha_with_repeated_kv", 1, 0},
+};
+
+// kv_heads of the tiny model, and the start of its cases' names.
+static const struct {
+    int kv_heads;
+    const char* prefix;
+} MODELS[] = {{4, "model"}, {2, "model_gqa"}};
+
+static void test_attention_backward_shapes(TestRng* rng) {
+    for (size_t i = 0; i < COUNT(ATTENTION_BACKWARD); i++) {
+        const int B = ATTENTION_BACKWARD[i].B, T = ATTENTION_BACKWARD[i].T, NH = ATTENTION_BACKWARD[i].NH;
+        test_attention_backward(rng, B, T, NH, ATTENTION_BACKWARD[i].NKV, ATTENTION_BACKWARD[i].HD,
+                                ATTENTION_BACKWARD[i].causal, ATTENTION_BACKWARD[i].name);
+    }
+}
+
+static void test_attention_gqa(TestRng* rng) {
+    for (size_t i = 0; i < COUNT(ATTENTION_GQA); i++)
+        test_attention_gqa_is_repeated_kv(rng, ATTENTION_GQA[i].NKV, ATTENTION_GQA[i].causal, ATTENTION_GQA[i].name);
+}
+
+static void test_models(TestRng* rng) {
+    for (size_t i = 0; i < COUNT(MODELS); i++) test_model(rng, MODELS[i].kv_heads, MODELS[i].prefix);
+}
+
+// Every group in the order it runs, with the number of cases it reports (the fixed ones counted from
+// their test_report and check_gradient calls), so the PLAN line follows the code.
+static const struct {
+    void (*run)(TestRng* rng);
+    int cases;
+} GROUPS[] = {
+    {test_encoder, 3},
+    {test_layernorm, 4},
+    {test_matmul, 4},
+    {test_gelu, 2},
+    {test_attention_forward, 4},
+    {test_attention_backward_shapes, (int)COUNT(ATTENTION_BACKWARD)},
+    {test_attention_gqa, (int)COUNT(ATTENTION_GQA)},
+    {test_crossentropy, 3},
+    {test_adamw, 3},
+    {test_models, (int)COUNT(MODELS) * MODEL_CASES},
+};
+
 int main(void) {
     test_begin();
+    int cases = 0;
+    for (size_t i = 0; i < COUNT(GROUPS); i++) cases += GROUPS[i].cases;
+    test_plan(cases);
     TestRng rng = {20240520u};
-    test_encoder(&rng);
-    test_layernorm(&rng);
-    test_matmul(&rng);
-    test_gelu(&rng);
-    test_attention_forward(&rng);
-    test_attention_backward(&rng, 2, 5, 2, 2, 3, 0, "attention_backward_noncausal");
-    test_attention_backward(&rng, 2, 5, 2, 2, 3, 1, "attention_backward_causal");
-    test_attention_backward(&rng, 1, 1, 2, 2, 4, 1, "attention_backward_causal_T1");
-    test_attention_backward(&rng, 1, 7, 1, 1, 8, 1, "attention_backward_causal_T7_HD8");
-    test_attention_backward(&rng, 2, 5, 4, 2, 3, 1, "attention_backward_gqa_causal_NH4_NKV2");
-    test_attention_backward(&rng, 2, 5, 3, 1, 3, 0, "attention_backward_mqa_noncausal_NH3_NKV1");
-    test_attention_gqa_is_repeated_kv(&rng, 2, 1, "attention_gqa_NKV2_is_mha_with_repeated_kv_causal");
-    test_attention_gqa_is_repeated_kv(&rng, 1, 0, "attention_mqa_NKV1_is_mha_with_repeated_kv");
-    test_crossentropy(&rng);
-    test_adamw(&rng);
-    test_model(&rng, 4, "model");
-    test_model(&rng, 2, "model_gqa");
+    for (size_t i = 0; i < COUNT(GROUPS); i++) GROUPS[i].run(&rng);
     return test_end();
 }

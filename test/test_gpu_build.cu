@@ -18,6 +18,7 @@ static const char* CASES[] = {"gpu_is_sm80_or_newer", "kernel_image_runs_and_wri
 
 int main(void) {
     test_begin();
+    test_plan((int)(sizeof(CASES) / sizeof(CASES[0])));
     GpuInfo gpu = gpu_info(0);
     if (!gpu.found) {
         for (size_t i = 0; i < sizeof(CASES) / sizeof(CASES[0]); i++) test_skip(CASES[i], "no CUDA GPU found");

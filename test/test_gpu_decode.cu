@@ -284,26 +284,30 @@ static void run_case(const InputSet* in, Device* d, int num_splits, const char* 
 
 // ---- CPU cases ---------------------------------------------------------------------------------------
 
+// Shapes (and lengths, splits) decode_check must refuse.
+static const struct {
+    const char* name;
+    DecodeShape s;
+    int max_length, splits;
+} BAD_SHAPES[] = {
+    {"decode_check_rejects_head_dim_72", {2, 1, 8, 2, 72, 100}, 100, 0},
+    {"decode_check_rejects_heads_not_multiple", {2, 1, 6, 4, 128, 100}, 100, 0},
+    {"decode_check_rejects_17_query_tokens", {2, 17, 8, 2, 128, 100}, 100, 0},
+    {"decode_check_rejects_length_over_capacity", {2, 1, 8, 2, 128, 100}, 101, 0},
+    {"decode_check_rejects_length_under_query_tokens", {2, 4, 8, 2, 128, 100}, 3, 0},
+    {"decode_check_rejects_too_many_splits", {2, 1, 8, 2, 128, 100}, 100, DECODE_MAX_SPLITS + 1},
+};
+// cpu_cases: one per BAD_SHAPES entry, the accepted shape and the five named split heuristic cases.
+#define CPU_CASES ((int)COUNT(BAD_SHAPES) + 1 + 5)
+
 static void cpu_cases(void) {
     char why[512];
     DecodeShape ok = {2, 1, 8, 2, 128, 100};
     test_report("decode_check_accepts_gqa", decode_check(&ok, 100, 0, why, sizeof(why)) == 0, "%s", why);
-    struct {
-        const char* name;
-        DecodeShape s;
-        int max_length, splits;
-    } bad[] = {
-        {"decode_check_rejects_head_dim_72", {2, 1, 8, 2, 72, 100}, 100, 0},
-        {"decode_check_rejects_heads_not_multiple", {2, 1, 6, 4, 128, 100}, 100, 0},
-        {"decode_check_rejects_17_query_tokens", {2, 17, 8, 2, 128, 100}, 100, 0},
-        {"decode_check_rejects_length_over_capacity", {2, 1, 8, 2, 128, 100}, 101, 0},
-        {"decode_check_rejects_length_under_query_tokens", {2, 4, 8, 2, 128, 100}, 3, 0},
-        {"decode_check_rejects_too_many_splits", {2, 1, 8, 2, 128, 100}, 100, DECODE_MAX_SPLITS + 1},
-    };
-    for (size_t i = 0; i < COUNT(bad); i++) {
+    for (size_t i = 0; i < COUNT(BAD_SHAPES); i++) {
         why[0] = 0;
-        const int rc = decode_check(&bad[i].s, bad[i].max_length, bad[i].splits, why, sizeof(why));
-        test_report(bad[i].name, rc == -1 && why[0], "accepted (rc %d)", rc);
+        const int rc = decode_check(&BAD_SHAPES[i].s, BAD_SHAPES[i].max_length, BAD_SHAPES[i].splits, why, sizeof(why));
+        test_report(BAD_SHAPES[i].name, rc == -1 && why[0], "accepted (rc %d)", rc);
     }
     // The split heuristic: full GPU → 1; a lone block → many, never more than the tiles or the cap.
     const int full = decode_splits_for(264, 32768, 264), lone = decode_splits_for(1, 32768, 264);
@@ -371,18 +375,22 @@ static void append_case(int HD, int Tn, const int start[BATCH], int Tmax, uint64
     CUDA_CHECK(cudaFree(d_start));
 }
 
+// The cache append's grid: head dims × new tokens per sequence × start positions.
+static const int APPEND_HDS[] = {64, 128}, APPEND_TNS[] = {1, 3, 17};
+static const int APPEND_STARTS[][BATCH] = {{0, 0}, {5, 0}, {30, 37}};  // the last runs past Tmax = 40 for Tn > 3
+#define APPEND_CASES ((int)(COUNT(APPEND_HDS) * COUNT(APPEND_TNS) * COUNT(APPEND_STARTS)))
+
 static void append_cases(const char* skip_why, uint64_t seed) {
-    const int starts[][BATCH] = {{0, 0}, {5, 0}, {30, 37}};  // the last runs past Tmax = 40 for Tn > 3
-    const int HDS[] = {64, 128}, TNS[] = {1, 3, 17};
-    for (size_t h = 0; h < COUNT(HDS); h++)
-        for (size_t t = 0; t < COUNT(TNS); t++)
-            for (size_t s = 0; s < COUNT(starts); s++) {
+    for (size_t h = 0; h < COUNT(APPEND_HDS); h++)
+        for (size_t t = 0; t < COUNT(APPEND_TNS); t++)
+            for (size_t s = 0; s < COUNT(APPEND_STARTS); s++) {
+                const int HD = APPEND_HDS[h], Tn = APPEND_TNS[t];
                 if (!skip_why) {
-                    append_case(HDS[h], TNS[t], starts[s], 40, seed + 977 * (h * 9 + t * 3 + s));
+                    append_case(HD, Tn, APPEND_STARTS[s], 40, seed + 977 * (h * 9 + t * 3 + s));
                 } else {
                     char name[160];
-                    snprintf(name, sizeof(name), "decode_cache_append_hd%d_tn%d_start%d_%d_tmax%d", HDS[h], TNS[t],
-                             starts[s][0], starts[s][1], 40);
+                    snprintf(name, sizeof(name), "decode_cache_append_hd%d_tn%d_start%d_%d_tmax%d", HD, Tn,
+                             APPEND_STARTS[s][0], APPEND_STARTS[s][1], 40);
                     test_skip(name, skip_why);
                 }
             }
@@ -390,20 +398,24 @@ static void append_cases(const char* skip_why, uint64_t seed) {
 
 // ---- main --------------------------------------------------------------------------------------------
 
+// The split settings every input set runs with: one split, automatic, many.
+#define SPLIT_SETTINGS 3
+
 int main(void) {
     test_begin();
+    InputCase cases[160];
+    const int n = list_cases(cases, (int)COUNT(cases));
+    test_plan(CPU_CASES + n * SPLIT_SETTINGS + APPEND_CASES);  // the same without a GPU: skipped there
     const uint64_t seed = pick_and_print_seed();
     cpu_cases();
 
-    InputCase cases[160];
-    const int n = list_cases(cases, (int)COUNT(cases));
     GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the decode kernels");
     char name[200];
     if (skip_why) {
-        const char* settings[] = {"1", "auto", "many"};
+        const char* settings[SPLIT_SETTINGS] = {"1", "auto", "many"};
         for (int i = 0; i < n; i++)
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < SPLIT_SETTINGS; k++) {
                 case_name(name, sizeof(name), &cases[i], settings[k]);
                 test_skip(name, skip_why);
             }
@@ -417,9 +429,9 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         InputSet in = make_inputs(&cases[i], seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1));
         Device d = upload(&in);
-        const int settings[] = {1, 0, many_splits(&cases[i])};
-        const char* labels[] = {"1", "auto", "many"};
-        for (int k = 0; k < 3; k++) {
+        const int settings[SPLIT_SETTINGS] = {1, 0, many_splits(&cases[i])};
+        const char* labels[SPLIT_SETTINGS] = {"1", "auto", "many"};
+        for (int k = 0; k < SPLIT_SETTINGS; k++) {
             const char* label = labels[k];
             case_name(g_running_case, sizeof(g_running_case), &cases[i], label);
             snprintf(name, sizeof(name), "%s", g_running_case);

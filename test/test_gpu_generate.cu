@@ -191,10 +191,24 @@ static double decode_rest(const Problem* pb, GPTDecoder* d, int start, const int
     return worst;
 }
 
+// ---- the GPU cases: per K/V head count, the case names in the order they run -------------------------
+
+static const int NKV[] = {2, 1};  // multi-head, then multi-query
+#define GPU_CASES_PER_NKV 4
+
+static void gpu_case_name(char* buf, size_t size, int nkv, int k) {
+    if (k < 2)
+        snprintf(buf, size, "decode_after_prefill_L2_C128_NH2_NKV%d_B3_T151_%s", nkv,
+                 k == 0 ? "auto_splits" : "3_splits");
+    else if (k == 2)
+        snprintf(buf, size, "decode_from_empty_cache_L2_C128_NH2_NKV%d_B3_T151", nkv);
+    else
+        snprintf(buf, size, "generation_repeats_with_a_seed_NKV%d_B3_P7_M60", nkv);
+}
+
 static void decode_after_prefill_case(const Problem* pb, int splits, cudaStream_t stream) {
     char name[128];
-    snprintf(name, sizeof(name), "decode_after_prefill_L2_C128_NH2_NKV%d_B3_T151_%s", pb->config.num_kv_heads,
-             splits ? "3_splits" : "auto_splits");
+    gpu_case_name(name, sizeof(name), pb->config.num_kv_heads, splits ? 1 : 0);
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     const int P = 5;
     GPTModel m;
@@ -202,6 +216,8 @@ static void decode_after_prefill_case(const Problem* pb, int splits, cudaStream_
     GPTDecoder d;
     if (gpt_decoder_create(&d, &m, pb->B, pb->T, DECODE_MAX_QUERY_TOKENS) != 0) {
         test_fail(name, "gpt_decoder_create failed (see above)");
+        g_running_case[0] = 0;  // reported: the exit report must not count it again
+        gpt_model_destroy(&m);
         return;
     }
     d.splits_override = splits;
@@ -230,13 +246,15 @@ static void decode_after_prefill_case(const Problem* pb, int splits, cudaStream_
 
 static void decode_from_empty_case(const Problem* pb, cudaStream_t stream) {
     char name[128];
-    snprintf(name, sizeof(name), "decode_from_empty_cache_L2_C128_NH2_NKV%d_B3_T151", pb->config.num_kv_heads);
+    gpu_case_name(name, sizeof(name), pb->config.num_kv_heads, 2);
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     GPTModel m;
     model_make(&m, pb, 1, stream);
     GPTDecoder d;
     if (gpt_decoder_create(&d, &m, pb->B, pb->T, DECODE_MAX_QUERY_TOKENS) != 0) {
         test_fail(name, "gpt_decoder_create failed (see above)");
+        g_running_case[0] = 0;  // reported: the exit report must not count it again
+        gpt_model_destroy(&m);
         return;
     }
     poison_decoder(&d);
@@ -267,7 +285,7 @@ static void generate_once(const Problem* pb, GPTDecoder* d, const int* d_prompt,
 
 static void generation_repeats_case(const Problem* pb, uint64_t seed, cudaStream_t stream) {
     char name[128];
-    snprintf(name, sizeof(name), "generation_repeats_with_a_seed_NKV%d_B3_P7_M60", pb->config.num_kv_heads);
+    gpu_case_name(name, sizeof(name), pb->config.num_kv_heads, 3);
     snprintf(g_running_case, sizeof(g_running_case), "%s", name);
     const int P = 7, M = 60, B = pb->B, Vp = pb->config.padded_vocab_size;
     GPTModel m;
@@ -275,6 +293,8 @@ static void generation_repeats_case(const Problem* pb, uint64_t seed, cudaStream
     GPTDecoder d;
     if (gpt_decoder_create(&d, &m, B, P + M - 1, 1) != 0) {
         test_fail(name, "gpt_decoder_create failed (see above)");
+        g_running_case[0] = 0;  // reported: the exit report must not count it again
+        gpt_model_destroy(&m);
         return;
     }
     int* prompt = (int*)host_alloc((size_t)B * P * sizeof(int));
@@ -328,6 +348,9 @@ static void generation_repeats_case(const Problem* pb, uint64_t seed, cudaStream
 
 // ---- CPU cases ----------------------------------------------------------------------------------------
 
+// The named cases of sampler_cases.
+#define SAMPLER_CASES 3
+
 static void sampler_cases(uint64_t seed) {
     const int V = 5;
     uint16_t logits[V];
@@ -375,28 +398,30 @@ static void sampler_cases(uint64_t seed) {
 
 int main(void) {
     test_begin();
+    test_plan(SAMPLER_CASES + (int)COUNT(NKV) * GPU_CASES_PER_NKV);  // the same without a GPU: skipped there
     atexit(report_exit_during_case);
     const uint64_t seed = pick_and_print_seed();
     sampler_cases(seed);
 
-    const char* gpu_cases[] = {"decode_after_prefill_L2_C128_NH2_NKV{2,1}_B3_T151_auto_splits",
-                               "decode_after_prefill_L2_C128_NH2_NKV{2,1}_B3_T151_3_splits",
-                               "decode_from_empty_cache_L2_C128_NH2_NKV{2,1}_B3_T151",
-                               "generation_repeats_with_a_seed_NKV{2,1}_B3_P7_M60"};
     const GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the model");
     if (skip_why) {
-        for (size_t i = 0; i < COUNT(gpu_cases); i++) test_skip(gpu_cases[i], skip_why);
+        char name[128];
+        for (size_t i = 0; i < COUNT(NKV); i++)
+            for (int k = 0; k < GPU_CASES_PER_NKV; k++) {
+                gpu_case_name(name, sizeof(name), NKV[i], k);
+                test_skip(name, skip_why);
+            }
         return test_end();
     }
     printf("device: %s, sm_%d%d, %d SMs; bound: logits rel err %.0e per step\n", gpu.name, gpu.major, gpu.minor,
            gpu.num_sms, TOL_LOGITS);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-    for (int nkv = 2; nkv >= 1; nkv--) {  // multi-head, then multi-query
+    for (size_t i = 0; i < COUNT(NKV); i++) {  // the GPU_CASES_PER_NKV cases, in gpu_case_name's order
         Problem pb;
         memset(&pb, 0, sizeof(pb));
-        problem_make(&pb, seed, nkv);
+        problem_make(&pb, seed, NKV[i]);
         gpu_full_forward(&pb, stream);
         decode_after_prefill_case(&pb, 0, stream);
         decode_after_prefill_case(&pb, 3, stream);

@@ -6,15 +6,20 @@
 // exactly those values. Outputs are poisoned with NaN (0xFF bytes) before every run and every output
 // element must come back finite (written); every device buffer sits between guards of poison that
 // must stay untouched; scratch is poisoned too. Relative errors ‖x − ref‖/‖ref‖ are printed for every
-// case; bounds: 1e-2 for bf16 outputs, 1e-4 for fp32 outputs (mean, rstd, losses, master weights,
-// AdamW moments, the norm). Where a result is exactly defined (a bf16 sum of two bf16 values, the
-// bf16 copy of the fp32 master weights, untouched gradient rows, padding columns) it must match bit
-// for bit. Gradients the layers ADD into start from random values, and the reference adds to the same.
+// case; bounds (TOL_* below, with their reasons): 1e-2 for bf16 outputs, 1e-6 for fp32 outputs (mean,
+// rstd, losses, master weights, AdamW moments, the norm), 1e-4 for the change AdamW makes to the
+// master weights. Where a result is exactly defined (a bf16 sum of two bf16 values, the bf16 copy of
+// the fp32 master weights, untouched gradient rows, padding columns) it must match bit for bit.
+// Gradients the layers ADD into start from random values, and the reference adds to the same; the
+// encoder's are checked by what the backward added (result − start against the reference's sum),
+// since at N = 1 a row's starting value would hide a sum 30% wrong.
 //
 // Cases (N = B·T rows):
 // - encoder forward and backward: N in {1, 37, 1000}, C in {64, 768, 2048, 2560}, V = 1000 (Vp = 1024),
 //   tokens uniform or skewed (60% one token, so its run spans many sort chunks; the last real token
 //   id appears); plus V = 50257 (Vp = 50304) at C = 64. The backward runs twice: bit-identical.
+//   Planted errors on the backward's output at N = 1, C = 768: increments 30% and 3% too large
+//   (encoder_backward_planted_*) must fail the increment bound.
 // - layernorm forward and backward (the backward run twice: bit-identical), same N and C; rows
 //   offset from zero so the variance is not E[x²].
 // - gelu forward, backward, backward in place, and an unaligned (scalar path) slice.
@@ -47,8 +52,18 @@
 #include "test/gpu_test_util.h"
 #include "test/test_harness.h"
 
+// bf16 outputs: rounding to bf16 alone errs by up to 2^-9 = 2e-3 per element (all of a single
+// element's error); measured <= 3.4e-3 (gelu at n = 1), else <= 2.4e-3.
 #define TOL_BF16 1e-2
-#define TOL_F32 1e-4
+// fp32 outputs: fp32 arithmetic, a few ulps (6e-8) through sums of up to C or V terms; measured
+// <= 1.2e-7 (LayerNorm's rstd). Below what a LayerNorm without its eps would make (5e-6 in rstd).
+#define TOL_F32 1e-6
+// AdamW's change to the master weights (~1e-2 over 4 steps) carries the fp32 rounding of the master
+// weights (6e-8 of ~1): ~1e-5 where the steps nearly cancel; measured <= 5.2e-6.
+#define TOL_UPDATE 1e-4
+// The encoder backward's increments: bf16 rounding of start + increment, at N = 1 as large as the
+// increment itself: <= 4.0e-3 of it (these cases with 150 seeds, the kernel's arithmetic on the host).
+#define TOL_INCREMENT 1e-2
 #define GUARD_BYTES 256
 
 static const int ROWS[] = {1, 37, 1000};
@@ -59,8 +74,16 @@ static uint64_t g_set_index;
 static const char* g_skip_why;  // non-NULL: no usable GPU, every GPU case is skipped
 static cudaStream_t g_stream;
 
-// Starts a GPU case: returns 0 (after printing SKIP) where there is no GPU.
+// The cases are listed twice: first only counted (for the PLAN line), then run; the same calls do both.
+static int g_counting = 0;
+static int g_num_cases = 0;
+
+// Starts a GPU case: returns 0 when only counting, and (after printing SKIP) where there is no GPU.
 static int case_begin(const char* name) {
+    if (g_counting) {
+        g_num_cases++;
+        return 0;
+    }
     if (g_skip_why) {
         test_skip(name, g_skip_why);
         return 0;
@@ -243,83 +266,177 @@ static void encoder_forward_case(int N, int C, int V, int Vp) {
     free(wte), free(wpe), free(out), free(tokens), free(dwte), free(dwpe), free(ref);
 }
 
-// Runs encoder_backward `runs` times from the same initial dwte and dwpe (scratch poisoned with a
-// different byte each run) and checks run 1 against the reference, later runs bit for bit against run 1.
-static void encoder_backward_case(const char* prefix, int N, int C, int V, int Vp, TokenMix mix, int runs) {
+// One output the encoder backward adds into: what came back, its starting values, and the sum the
+// reference says the backward adds.
+typedef struct {
+    const char* name;
+    const uint16_t *result, *start;  // n bf16
+    const double* ref_inc;           // n
+    size_t n;
+} Increment;
+
+// ‖(result − start) − ref_inc‖/‖ref_inc‖: the error of what the backward added, which a starting value
+// as large as the sum (N = 1) would hide in the error of the result. *nonfinite counts non-finite results.
+static double increment_error(const Increment* x, size_t* nonfinite) {
+    double num = 0.0, den = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        if (!bf16_is_finite(x->result[i])) bad++;
+        const double d = (bf16_value(x->result[i]) - bf16_value(x->start[i])) - x->ref_inc[i];
+        num += d * d;
+        den += x->ref_inc[i] * x->ref_inc[i];
+    }
+    if (nonfinite) *nonfinite += bad;
+    if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+    return sqrt(num / den);
+}
+
+// Planted errors: every increment of a backward's dwte and dwpe made this much too large (then rounded
+// to bf16, as a kernel's result would be) must fail TOL_INCREMENT. 3%, not 1%: at N = 1 the rounding
+// alone is up to 4.0e-3 of the increment, so a 1% error would stand out of it only 2.5-fold.
+static const double ENCODER_PLANTS[] = {0.30, 0.03};
+
+// The planted cases on the increments `outs` of the case named `source` (num_outs 0: list them only,
+// as case_begin does when counting or skipping).
+static void encoder_plant_cases(const char* source, const Increment* outs, int num_outs) {
+    for (size_t p = 0; p < COUNT(ENCODER_PLANTS); p++) {
+        char name[160];
+        snprintf(name, sizeof(name), "encoder_backward_planted_increments_%g_percent_too_large_rejected",
+                 100.0 * ENCODER_PLANTS[p]);
+        if (!case_begin(name)) continue;
+        char problems[512] = "";
+        for (int k = 0; k < num_outs; k++) {
+            const Increment* x = &outs[k];
+            uint16_t* wrong = host_bf16(x->n);
+            for (size_t i = 0; i < x->n; i++) {
+                const double start = bf16_value(x->start[i]);
+                wrong[i] = bf16_bits(start + (1.0 + ENCODER_PLANTS[p]) * (bf16_value(x->result[i]) - start));
+            }
+            Increment planted = *x;
+            planted.result = wrong;
+            const double before = increment_error(x, NULL), after = increment_error(&planted, NULL);
+            printf("%s (on %s): %s increments' error %.2e -> %.2e (bound %.0e)\n", name, source, x->name, before, after,
+                   TOL_INCREMENT);
+            if (!(before <= TOL_INCREMENT))
+                add_problem(problems, sizeof(problems), "uncorrupted %s error %.3e is over its bound already", x->name,
+                            before);
+            if (after <= TOL_INCREMENT)
+                add_problem(problems, sizeof(problems), "%s: corrupted increments' error %.3e within %.0e: not rejected",
+                            x->name, after, TOL_INCREMENT);
+            free(wrong);
+        }
+        case_end(name, problems);
+    }
+}
+
+// Host side of an encoder backward case: the gradients' starting values (…0), what the first run left
+// and what a later run left (…_again), dout, tokens and the reference increments.
+typedef struct {
+    uint16_t *dwte0, *dwpe0, *dwte, *dwpe, *dwte_again, *dwpe_again, *dout;
+    int* tokens;
+    double *inc_wte, *inc_wpe;
+} EncoderBackwardHost;
+
+static EncoderBackwardHost encoder_backward_inputs(TestRng* rng, int N, int C, int V, int Vp, int T, TokenMix mix) {
+    const size_t n_wte = (size_t)Vp * C, n_wpe = (size_t)(T + 3) * C, n_out = (size_t)N * C;
+    EncoderBackwardHost h;
+    h.dwte0 = host_bf16(n_wte), h.dwpe0 = host_bf16(n_wpe), h.dout = host_bf16(n_out);
+    h.dwte = host_bf16(n_wte), h.dwpe = host_bf16(n_wpe), h.dwte_again = host_bf16(n_wte);
+    h.dwpe_again = host_bf16(n_wpe);
+    h.tokens = (int*)host_alloc(N * sizeof(int));
+    h.inc_wte = test_alloc(n_wte), h.inc_wpe = test_alloc(n_wpe);  // zeroed: the reference adds into them
+    double* ddout = test_alloc(n_out);
+    fill_bf16_normal(rng, h.dwte0, NULL, n_wte, 1.0, 0.0);
+    fill_bf16_normal(rng, h.dwpe0, NULL, n_wpe, 1.0, 0.0);
+    fill_bf16_normal(rng, h.dout, ddout, n_out, 1.0, 0.0);
+    make_tokens(rng, h.tokens, N, V, mix);
+    ref_encoder_backward(h.inc_wte, h.inc_wpe, ddout, h.tokens, N / T, T, C);
+    free(ddout);
+    return h;
+}
+
+static void encoder_backward_free(EncoderBackwardHost* h) {
+    free(h->dwte0), free(h->dwpe0), free(h->dwte), free(h->dwpe), free(h->dwte_again), free(h->dwpe_again);
+    free(h->dout), free(h->tokens), free(h->inc_wte), free(h->inc_wpe);
+}
+
+// Runs encoder_backward `runs` times from the same starting dwte and dwpe (scratch poisoned with a
+// different byte each run): run 1's results in h->dwte, h->dwpe, later runs' compared bit for bit.
+// Checks the guards; returns 1 when the runs were identical.
+static int encoder_backward_runs(const char* name, EncoderBackwardHost* h, int N, int C, int Vp, int T, int runs,
+                                 char* problems, size_t size) {
+    const size_t n_wte = (size_t)Vp * C, n_wpe = (size_t)(T + 3) * C, n_out = (size_t)N * C;
+    const size_t scratch_bytes = encoder_backward_scratch_bytes(N, C, Vp);
+    DevBuf d_wte = dev_alloc(n_wte * 2), d_wpe = dev_alloc(n_wpe * 2), d_dout = dev_alloc(n_out * 2),
+           d_tok = dev_alloc(N * sizeof(int)), d_scratch = dev_alloc(scratch_bytes);
+    dev_upload(d_dout, h->dout, n_out * 2);
+    dev_upload(d_tok, h->tokens, N * sizeof(int));
+    int identical = 1;
+    for (int run = 0; run < runs; run++) {
+        dev_upload(d_wte, h->dwte0, n_wte * 2);
+        dev_upload(d_wpe, h->dwpe0, n_wpe * 2);
+        dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
+        encoder_backward((__nv_bfloat16*)dptr(d_wte), (__nv_bfloat16*)dptr(d_wpe), dptr(d_scratch), scratch_bytes,
+                         (const __nv_bfloat16*)dptr(d_dout), (const int*)dptr(d_tok), N / T, T, C, Vp, g_stream);
+        sync_or_die(g_stream, name, "kernel");
+        dev_download(run == 0 ? h->dwte : h->dwte_again, d_wte, n_wte * 2);
+        dev_download(run == 0 ? h->dwpe : h->dwpe_again, d_wpe, n_wpe * 2);
+        if (run > 0 && (memcmp(h->dwte, h->dwte_again, n_wte * 2) != 0 || memcmp(h->dwpe, h->dwpe_again, n_wpe * 2) != 0)) {
+            identical = 0;
+            add_problem(problems, size, "run %d differs from run 1 (not deterministic)", run + 1);
+        }
+    }
+    check_guards(problems, size, d_wte, "dwte");
+    check_guards(problems, size, d_wpe, "dwpe");
+    check_guards(problems, size, d_scratch, "scratch");
+    dev_free(&d_wte), dev_free(&d_wpe), dev_free(&d_dout), dev_free(&d_tok), dev_free(&d_scratch);
+    return identical;
+}
+
+// Checks run 1 of encoder_backward against the reference increments, later runs bit for bit against
+// run 1 (encoder_backward_runs). plant: the planted cases follow, on this case's output.
+static void encoder_backward_case(const char* prefix, int N, int C, int V, int Vp, TokenMix mix, int runs, int plant) {
     char name[160];
     snprintf(name, sizeof(name), "%s_N%d_C%d_V%d_%s", prefix, N, C, V, TOKEN_MIX_NAMES[mix]);
-    if (!case_begin(name)) return;
+    if (!case_begin(name)) {
+        if (plant) encoder_plant_cases(name, NULL, 0);
+        return;
+    }
     int B, T;
     encoder_shape(N, &B, &T);
     const int maxT = T + 3;
     TestRng rng = case_rng();
-    const size_t n_wte = (size_t)Vp * C, n_wpe = (size_t)maxT * C, n_out = (size_t)N * C;
-    uint16_t* dwte0 = host_bf16(n_wte);
-    uint16_t* dwpe0 = host_bf16(n_wpe);
-    uint16_t* dout = host_bf16(n_out);
-    uint16_t* dwte = host_bf16(n_wte);
-    uint16_t* dwpe = host_bf16(n_wpe);
-    uint16_t* dwte_again = host_bf16(n_wte);
-    uint16_t* dwpe_again = host_bf16(n_wpe);
-    int* tokens = (int*)host_alloc(N * sizeof(int));
-    double *ref_wte = test_alloc(n_wte), *ref_wpe = test_alloc(n_wpe), *ddout = test_alloc(n_out);
-    fill_bf16_normal(&rng, dwte0, ref_wte, n_wte, 1.0, 0.0);
-    fill_bf16_normal(&rng, dwpe0, ref_wpe, n_wpe, 1.0, 0.0);
-    fill_bf16_normal(&rng, dout, ddout, n_out, 1.0, 0.0);
-    make_tokens(&rng, tokens, N, V, mix);
-    ref_encoder_backward(ref_wte, ref_wpe, ddout, tokens, B, T, C);
-
-    const size_t scratch_bytes = encoder_backward_scratch_bytes(N, C, Vp);
-    DevBuf d_wte = dev_alloc(n_wte * 2), d_wpe = dev_alloc(n_wpe * 2), d_dout = dev_alloc(n_out * 2),
-           d_tok = dev_alloc(N * sizeof(int)), d_scratch = dev_alloc(scratch_bytes);
-    dev_upload(d_dout, dout, n_out * 2);
-    dev_upload(d_tok, tokens, N * sizeof(int));
+    EncoderBackwardHost h = encoder_backward_inputs(&rng, N, C, V, Vp, T, mix);
     char problems[1024] = "";
-    int identical = 1;
-    for (int run = 0; run < runs; run++) {
-        dev_upload(d_wte, dwte0, n_wte * 2);
-        dev_upload(d_wpe, dwpe0, n_wpe * 2);
-        dev_poison(d_scratch, run == 0 ? 0xFF : run == 1 ? 0x00 : 0x7F);
-        encoder_backward((__nv_bfloat16*)dptr(d_wte), (__nv_bfloat16*)dptr(d_wpe), dptr(d_scratch), scratch_bytes,
-                         (const __nv_bfloat16*)dptr(d_dout), (const int*)dptr(d_tok), B, T, C, Vp, g_stream);
-        sync_or_die(g_stream, name, "kernel");
-        dev_download(run == 0 ? dwte : dwte_again, d_wte, n_wte * 2);
-        dev_download(run == 0 ? dwpe : dwpe_again, d_wpe, n_wpe * 2);
-        if (run > 0 && (memcmp(dwte, dwte_again, n_wte * 2) != 0 || memcmp(dwpe, dwpe_again, n_wpe * 2) != 0)) {
-            identical = 0;
-            add_problem(problems, sizeof(problems), "run %d differs from run 1 (not deterministic)", run + 1);
-        }
-    }
+    const int identical = encoder_backward_runs(name, &h, N, C, Vp, T, runs, problems, sizeof(problems));
+    const Increment outs[2] = {{"dwte", h.dwte, h.dwte0, h.inc_wte, (size_t)Vp * C},
+                               {"dwpe", h.dwpe, h.dwpe0, h.inc_wpe, (size_t)maxT * C}};
     size_t bad = 0;
-    double err_wte = rel_error_bf16(dwte, ref_wte, n_wte, &bad);
-    check_written(problems, sizeof(problems), "dwte", bad, n_wte);
+    double err_wte = increment_error(&outs[0], &bad);
+    check_written(problems, sizeof(problems), "dwte", bad, outs[0].n);
     bad = 0;
-    double err_wpe = rel_error_bf16(dwpe, ref_wpe, n_wpe, &bad);
-    check_written(problems, sizeof(problems), "dwpe", bad, n_wpe);
+    double err_wpe = increment_error(&outs[1], &bad);
+    check_written(problems, sizeof(problems), "dwpe", bad, outs[1].n);
     // Rows no position touches must be exactly as they were.
     char* present = (char*)calloc(Vp, 1);
-    for (int i = 0; i < N; i++) present[tokens[i]] = 1;
+    for (int i = 0; i < N; i++) present[h.tokens[i]] = 1;
     size_t changed_rows = 0;
     int distinct = 0;
     for (int v = 0; v < Vp; v++) {
         distinct += present[v];
-        if (!present[v] && memcmp(dwte + (size_t)v * C, dwte0 + (size_t)v * C, C * 2) != 0) changed_rows++;
+        if (!present[v] && memcmp(h.dwte + (size_t)v * C, h.dwte0 + (size_t)v * C, C * 2) != 0) changed_rows++;
     }
-    if (memcmp(dwpe + (size_t)T * C, dwpe0 + (size_t)T * C, (size_t)(maxT - T) * C * 2) != 0)
+    if (memcmp(h.dwpe + (size_t)T * C, h.dwpe0 + (size_t)T * C, (size_t)(maxT - T) * C * 2) != 0)
         add_problem(problems, sizeof(problems), "dwpe rows t >= T changed");
     if (changed_rows) add_problem(problems, sizeof(problems), "%zu dwte rows of absent tokens changed", changed_rows);
-    printf("%s: dwte %.2e, dwpe %.2e (%d distinct tokens in %d positions), %d runs %s\n", name, err_wte, err_wpe,
-           distinct, N, runs, identical ? "bit-identical" : "DIFFER");
-    check_error(problems, sizeof(problems), "dwte", err_wte, TOL_BF16);
-    check_error(problems, sizeof(problems), "dwpe", err_wpe, TOL_BF16);
-    check_guards(problems, sizeof(problems), d_wte, "dwte");
-    check_guards(problems, sizeof(problems), d_wpe, "dwpe");
-    check_guards(problems, sizeof(problems), d_scratch, "scratch");
+    printf("%s: increments of dwte %.2e, dwpe %.2e (%d distinct tokens in %d positions), %d runs %s\n", name, err_wte,
+           err_wpe, distinct, N, runs, identical ? "bit-identical" : "DIFFER");
+    check_error(problems, sizeof(problems), "dwte increment", err_wte, TOL_INCREMENT);
+    check_error(problems, sizeof(problems), "dwpe increment", err_wpe, TOL_INCREMENT);
     case_end(name, problems);
-
-    dev_free(&d_wte), dev_free(&d_wpe), dev_free(&d_dout), dev_free(&d_tok), dev_free(&d_scratch);
-    free(dwte0), free(dwpe0), free(dout), free(dwte), free(dwpe), free(dwte_again), free(dwpe_again);
-    free(tokens), free(ref_wte), free(ref_wpe), free(ddout), free(present);
+    if (plant) encoder_plant_cases(name, outs, 2);
+    free(present);
+    encoder_backward_free(&h);
 }
 
 // ---- layernorm --------------------------------------------------------------------------------------
@@ -715,9 +832,9 @@ static void crossentropy_cases(int N, int V, int Vp) {
     char name_val[160], name_train[160];
     snprintf(name_val, sizeof(name_val), "crossentropy_validation_N%d_V%d_Vp%d", N, V, Vp);
     snprintf(name_train, sizeof(name_train), "crossentropy_training_N%d_V%d_Vp%d", N, V, Vp);
-    if (g_skip_why) {
-        test_skip(name_val, g_skip_why);
-        test_skip(name_train, g_skip_why);
+    if (g_counting || g_skip_why) {  // counted or skipped by case_begin
+        case_begin(name_val);
+        case_begin(name_train);
         return;
     }
     TestRng rng = case_rng();
@@ -829,7 +946,7 @@ static void adamw_check(const char* name, const AdamwHost* h, const AdamwDev* d,
     check_written(problems, size, "master/m/v", bad, 3 * n);
     check_written(problems, size, "params", bad_params, steps * n);
     check_error(problems, size, "master", err_p, TOL_F32);
-    check_error(problems, size, "master update (master − initial)", err_delta, TOL_F32);
+    check_error(problems, size, "master update (master − initial)", err_delta, TOL_UPDATE);
     check_error(problems, size, "m", err_m, TOL_F32);
     check_error(problems, size, "v", err_v, TOL_F32);
     check_error(problems, size, "bf16 params", err_params, TOL_BF16);
@@ -975,7 +1092,9 @@ static void global_norm_clip_scale_case(void) {
     double want0 = 1.5 / (3.0 + 1e-6);
     char problems[256] = "";
     printf("%s: %.9g (want %.9g), %.9g (want 1)\n", name, (double)got[0], want0, (double)got[1]);
-    if (!(fabs(got[0] - want0) <= 1e-6 * want0)) add_problem(problems, sizeof(problems), "clip below the norm wrong");
+    // fp32: 3 + 1e-6 rounds to 3 + 4 ulps (9.5e-7) and the quotient to 1 ulp, 3.6e-8 off in all; dropping
+    // the 1e-6 would be 3.3e-7 off.
+    if (!(fabs(got[0] - want0) <= 1e-7 * want0)) add_problem(problems, sizeof(problems), "clip below the norm wrong");
     if (got[1] != 1.0f) add_problem(problems, sizeof(problems), "clip above the norm is not exactly 1");
     case_end(name, problems);
     CUDA_CHECK(cudaFree(d_norm));
@@ -994,6 +1113,10 @@ static void reject_crossentropy_Vp50257(void) {
 
 // Runs fn in a child process; passes when it exits non-zero with a message on stderr that mentions `mention`.
 static void expect_rejection(const char* name, void (*fn)(void), const char* mention) {
+    if (g_counting) {
+        g_num_cases++;
+        return;
+    }
     fflush(stdout);
     fflush(stderr);
     int fds[2];
@@ -1066,11 +1189,15 @@ static void init_weights_case(void) {
     check_written(problems, sizeof(problems), "master", nonfinite, n);
     if (copy_mismatch) add_problem(problems, sizeof(problems), "%zu bf16 weights differ from bf16(master)", copy_mismatch);
     const double mean = sum / n, sd = sqrt(sum_sq / n - mean * mean), frac = (double)within / n;
-    printf("  init: mean %.3e (bound %.1e), std %.5f (want %.5f), within one std %.4f (want 0.6827)\n", mean,
-           4 * std / sqrt((double)n), sd, std, frac);
+    // Each statistic within 4 of its standard errors (a false alarm once in ~16000 runs each): std/√n for
+    // the mean, 1/√(2n) relative for the std, √(p(1 − p)/n) for the fraction p within one std.
+    const double frac_bound = 4 * sqrt(0.6827 * 0.3173 / n);
+    printf("  init: mean %.3e (bound %.1e), std %.5f (want %.5f), within one std %.4f (want 0.6827 +- %.4f)\n", mean,
+           4 * std / sqrt((double)n), sd, std, frac, frac_bound);
     if (fabs(mean) > 4 * std / sqrt((double)n)) add_problem(problems, sizeof(problems), "mean %.3e not near 0", mean);
     if (fabs(sd / std - 1) > 4 / sqrt(2.0 * n)) add_problem(problems, sizeof(problems), "std %.5f not %.5f", sd, std);
-    if (fabs(frac - 0.6827) > 0.003) add_problem(problems, sizeof(problems), "%.4f within one std, not 0.6827", frac);
+    if (fabs(frac - 0.6827) > frac_bound)
+        add_problem(problems, sizeof(problems), "%.4f within one std, not 0.6827", frac);
     dev_download(y, shard, m * sizeof(float));
     if (memcmp(y, x + first, m * sizeof(float)) != 0)
         add_problem(problems, sizeof(problems), "the shard [%zu, %zu) differs from that slice of the whole tensor",
@@ -1086,9 +1213,11 @@ static void init_weights_case(void) {
         init_weights((float*)dptr(other), NULL, n, 0, std, 0.0f, seeds[k], tensors[k], g_stream);
         sync_or_die(g_stream, name, "kernel");
         dev_download(y, other, n * sizeof(float));
+        // Two independent fp32 normals of std 0.02 are equal with probability ~4e-8: ~0.04 of 10^6
+        // pairs. 100 lets chance be and still catches a block of one thread's values repeated.
         size_t same = 0;
         for (size_t j = 0; j < n; j++) same += x[j] == y[j];
-        if (same > n / 100)
+        if (same > 100)
             add_problem(problems, sizeof(problems), "%s %zu of %zu values equal", k ? "another tensor:" : "another seed:",
                         same, n);
     }
@@ -1108,33 +1237,24 @@ static void init_weights_case(void) {
     case_end(name, problems);
 }
 
-int main(void) {
-    test_begin();
-    g_seed = pick_and_print_seed();
-
+// Every case, in order; run twice by main: counting, then running (case_begin).
+static void all_cases(void) {
     expect_rejection("layernorm_rejects_C_not_multiple_of_8", reject_layernorm_C100, "multiple of 8");
     expect_rejection("encoder_rejects_C_not_multiple_of_8", reject_encoder_C100, "multiple of 8");
     expect_rejection("crossentropy_rejects_Vp_not_multiple_of_8", reject_crossentropy_Vp50257, "multiple of 8");
-
-    GpuInfo gpu = gpu_info(0);
-    g_skip_why = gpu_skip_reason(&gpu, "the layers");
-    if (!g_skip_why) {
-        printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
-        printf("errors: ||x - ref|| / ||ref|| (bounds: bf16 %.0e, fp32 %.0e)\n", TOL_BF16, TOL_F32);
-        // A blocking stream: it waits for the poisoning cudaMemset calls on the default stream.
-        CUDA_CHECK(cudaStreamCreate(&g_stream));
-        atexit(report_exit_during_case);
-    }
 
     for (size_t r = 0; r < COUNT(ROWS); r++)
         for (size_t c = 0; c < COUNT(CHANNELS); c++) encoder_forward_case(ROWS[r], CHANNELS[c], 1000, 1024);
     encoder_forward_case(1000, 64, GPT2_VOCAB_SIZE, 50304);
     for (size_t r = 0; r < COUNT(ROWS); r++)
         for (size_t c = 0; c < COUNT(CHANNELS); c++)
-            for (int mix = 0; mix < 2; mix++)
-                encoder_backward_case("encoder_backward", ROWS[r], CHANNELS[c], 1000, 1024, (TokenMix)mix, 2);
-    encoder_backward_case("encoder_backward", 1000, 64, GPT2_VOCAB_SIZE, 50304, TOKENS_SKEWED, 2);
-    encoder_backward_case("encoder_backward_deterministic", 1000, 2560, 1000, 1024, TOKENS_SKEWED, 3);
+            for (int mix = 0; mix < 2; mix++) {
+                // the planted errors go on one N = 1 case: there a starting value could hide them
+                const int plant = ROWS[r] == 1 && CHANNELS[c] == 768 && mix == TOKENS_UNIFORM;
+                encoder_backward_case("encoder_backward", ROWS[r], CHANNELS[c], 1000, 1024, (TokenMix)mix, 2, plant);
+            }
+    encoder_backward_case("encoder_backward", 1000, 64, GPT2_VOCAB_SIZE, 50304, TOKENS_SKEWED, 2, 0);
+    encoder_backward_case("encoder_backward_deterministic", 1000, 2560, 1000, 1024, TOKENS_SKEWED, 3, 0);
 
     for (size_t r = 0; r < COUNT(ROWS); r++)
         for (size_t c = 0; c < COUNT(CHANNELS); c++)
@@ -1177,7 +1297,27 @@ int main(void) {
     global_norm_clip_scale_case();
     global_norm_huge_case();
     init_weights_case();
+}
 
+int main(void) {
+    test_begin();
+    g_seed = pick_and_print_seed();
+    g_counting = 1;
+    all_cases();
+    g_counting = 0;
+    test_plan(g_num_cases);
+
+    GpuInfo gpu = gpu_info(0);
+    g_skip_why = gpu_skip_reason(&gpu, "the layers");
+    if (!g_skip_why) {
+        printf("device: %s, sm_%d%d, %d SMs\n", gpu.name, gpu.major, gpu.minor, gpu.num_sms);
+        printf("errors: ||x - ref|| / ||ref|| (bounds: bf16 %.0e, fp32 %.0e, AdamW's update %.0e, encoder "
+               "backward's increments %.0e)\n", TOL_BF16, TOL_F32, TOL_UPDATE, TOL_INCREMENT);
+        // A blocking stream: it waits for the poisoning cudaMemset calls on the default stream.
+        CUDA_CHECK(cudaStreamCreate(&g_stream));
+        atexit(report_exit_during_case);
+    }
+    all_cases();
     if (!g_skip_why) CUDA_CHECK(cudaStreamDestroy(g_stream));
     return test_end();
 }

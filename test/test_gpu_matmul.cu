@@ -120,6 +120,9 @@ static void bwd_name(char* buf, size_t size, int N, Dims d, const BwdVariant* v)
              v->unfused ? "_unfused" : "", v->autofuse ? "_auto" : "");
 }
 
+// The determinism case runs on the largest input sets only.
+static int has_determinism_case(int N) { return N == 1000; }
+
 static void det_name(char* buf, size_t size, int N, Dims d) {
     snprintf(buf, size, "matmul_deterministic_N%d_IC%d_OC%d", N, d.IC, d.OC);
 }
@@ -628,6 +631,9 @@ static void determinism_case(MatmulContext* ctx, const DeviceSet* d, const Input
 
 // ---- CPU-only cases ----------------------------------------------------------------------------------
 
+// The named cases of cpu_cases.
+#define CPU_CASES 6
+
 static void cpu_cases(void) {
     char why[512];
     {
@@ -692,10 +698,19 @@ static void cpu_cases(void) {
 
 // ---- main --------------------------------------------------------------------------------------------
 
+// Every case of this run, with or without a GPU (without one, the GPU cases are reported as skipped).
+static int num_cases(void) {
+    int n = CPU_CASES;
+    for (size_t r = 0; r < COUNT(ROWS); r++)
+        n += (int)COUNT(DIMS) * ((int)COUNT(FWD_VARIANTS) + NUM_BWD_VARIANTS + has_determinism_case(ROWS[r]));
+    return n;
+}
+
 int main(void) {
     test_begin();
-    uint64_t seed = pick_and_print_seed();
     make_bwd_variants();
+    test_plan(num_cases());
+    uint64_t seed = pick_and_print_seed();
 
     cpu_cases();
 
@@ -713,7 +728,7 @@ int main(void) {
                     bwd_name(name, sizeof(name), ROWS[r], DIMS[s], &BWD_VARIANTS[v]);
                     test_skip(name, skip_why);
                 }
-                if (ROWS[r] == 1000) {
+                if (has_determinism_case(ROWS[r])) {
                     det_name(name, sizeof(name), ROWS[r], DIMS[s]);
                     test_skip(name, skip_why);
                 }
@@ -753,7 +768,7 @@ int main(void) {
                 backward_case(BWD_VARIANTS[v].autofuse ? &tuned : &ctx, &d, &in, &BWD_VARIANTS[v], name);
                 g_running_case[0] = 0;
             }
-            if (N == 1000) {
+            if (has_determinism_case(N)) {
                 det_name(g_running_case, sizeof(g_running_case), N, dims);
                 snprintf(name, sizeof(name), "%s", g_running_case);
                 determinism_case(&ctx, &d, &in, name);

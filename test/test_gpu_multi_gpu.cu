@@ -21,7 +21,7 @@
 static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_never_completes",
                               "multi_gpu_nonblocking_communicator_and_watched_sum",
                               "multi_gpu_norm_loss_and_stop_flag_in_one_all_reduce"};
-#define NUM_CASES 3
+#define NUM_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
 #if MULTI_GPU_AVAILABLE
 // Holds the stream until *flag is set or `ns` nanoseconds passed (a stand-in for a peer that never
@@ -170,6 +170,7 @@ static void test_in_process(void) {
 
 int main(void) {
     test_begin();
+    test_plan(NUM_CASES);
 #if MULTI_GPU_AVAILABLE
     signal(SIGPIPE, SIG_IGN);
     test_watchdog_fires();  // first: the child forks before this process touches CUDA

@@ -4,6 +4,11 @@
 //   PASS <name>            the case ran and met its bound
 //   FAIL <name>: <why>     the case ran and did not
 //   SKIP <name>: <why>     the case could not run here (e.g. no GPU)
+// framed by two lines the runner also checks:
+//   PLAN <n>               first: how many cases this run will report, for its arguments
+//                          (test_plan, before any case; computed from the same lists the cases
+//                          are made from, so a case that stops being reported is noticed)
+//   END <p> passed, <f> failed, <s> skipped    last (test_end): the program reached its end
 // and the binary exits non-zero when any case failed. Output is line-buffered
 // so a crash still leaves every earlier line behind.
 #ifndef TEST_HARNESS_H
@@ -16,11 +21,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_test_failures = 0;
+static int g_test_failures = 0, g_test_passes = 0, g_test_skips = 0;
 
 static inline void test_begin(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
 
-static inline void test_pass(const char* name) { printf("PASS %s\n", name); }
+// States how many cases this run reports (the PLAN line); call once, before the first case.
+static inline void test_plan(int num_cases) { printf("PLAN %d\n", num_cases); }
+
+static inline void test_pass(const char* name) {
+    printf("PASS %s\n", name);
+    g_test_passes++;
+}
 
 static inline void test_vfail(const char* name, const char* fmt, va_list ap) {
     printf("FAIL %s: ", name);
@@ -36,7 +47,10 @@ static inline void test_fail(const char* name, const char* fmt, ...) {
     va_end(ap);
 }
 
-static inline void test_skip(const char* name, const char* why) { printf("SKIP %s: %s\n", name, why); }
+static inline void test_skip(const char* name, const char* why) {
+    printf("SKIP %s: %s\n", name, why);
+    g_test_skips++;
+}
 
 // Reports a case as passed when ok, failed with the formatted reason otherwise.
 static inline void test_report(const char* name, int ok, const char* fmt, ...) {
@@ -47,7 +61,11 @@ static inline void test_report(const char* name, int ok, const char* fmt, ...) {
     va_end(ap);
 }
 
-static inline int test_end(void) { return g_test_failures == 0 ? 0 : 1; }
+// Prints the END line and returns the exit status: 1 when any case failed.
+static inline int test_end(void) {
+    printf("END %d passed, %d failed, %d skipped\n", g_test_passes, g_test_failures, g_test_skips);
+    return g_test_failures == 0 ? 0 : 1;
+}
 
 // Deterministic random numbers (splitmix64), so a failure can be replayed with the same seed.
 typedef struct { uint64_t state; } TestRng;

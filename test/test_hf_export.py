@@ -65,7 +65,10 @@ def need_torch_transformers():
         import torch
         import transformers
     except ImportError as err:
-        raise harness.Skip(f"needs PyTorch and transformers ({err.name} is not installed)")
+        if os.environ.get("CI"):  # CI installs test/requirements.txt, so a skip there would hide a broken setup
+            raise AssertionError(f"{err.name} is not importable, but test/requirements.txt lists it")
+        raise harness.Skip(f"needs PyTorch and transformers ({err.name} is not installed; "
+                           "pip install -r test/requirements.txt)")
     return torch, transformers
 
 

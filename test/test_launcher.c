@@ -15,6 +15,7 @@
 #include "test/test_ports.h"
 
 #define PAYLOAD 128
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define ERR_LEN 1024
 
 static const char* const ENV_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
@@ -160,6 +161,15 @@ static void test_rendezvous_ok(int world, int clients_first) {
             ok = 0, snprintf(why, sizeof(why), "rank %d got another payload", procs[i].rank);
     }
     test_report(name, ok, "%s", why);
+}
+
+// (world, clients first): rank 0 first, the clients first (they must retry), and a world of one.
+static const struct {
+    int world, clients_first;
+} RENDEZVOUS[] = {{2, 0}, {4, 1}, {1, 0}};
+
+static void test_rendezvous_worlds(void) {
+    for (size_t i = 0; i < COUNT(RENDEZVOUS); i++) test_rendezvous_ok(RENDEZVOUS[i].world, RENDEZVOUS[i].clients_first);
 }
 
 static int contains(const Result* r, const char* word) { return strstr(r->err, word) != NULL; }
@@ -319,24 +329,33 @@ static void remove_dir(void) {
     if (system(cmd) != 0) printf("note: could not remove %s\n", g_dir);
 }
 
+// Every group in the order it runs, with the number of cases it reports.
+static const struct {
+    void (*run)(void);
+    int cases;
+} GROUPS[] = {
+    {test_detect, 7},
+    {test_rendezvous_worlds, (int)COUNT(RENDEZVOUS)},
+    {test_world_mismatch, 1},
+    {test_duplicate_rank_and_tag, 2},
+    {test_timeouts, 2},
+    {test_file_ok, 2},
+    {test_file_stale, 2},
+    {test_file_errors, 4},
+};
+
 int main(void) {
     test_begin();
+    int cases = 0;
+    for (size_t i = 0; i < COUNT(GROUPS); i++) cases += GROUPS[i].cases;
+    test_plan(cases);
     signal(SIGPIPE, SIG_IGN);
-    test_detect();
-    test_rendezvous_ok(2, 0);
-    test_rendezvous_ok(4, 1);
-    test_world_mismatch();
-    test_duplicate_rank_and_tag();
-    test_timeouts();
-    test_rendezvous_ok(1, 0);
-    snprintf(g_dir, sizeof(g_dir), "/tmp/test_launcher_XXXXXX");
+    snprintf(g_dir, sizeof(g_dir), "/tmp/test_launcher_XXXXXX");  // the file exchange's folder
     if (!mkdtemp(g_dir)) {
-        test_fail("file_rendezvous", "cannot make a temporary directory");
+        test_fail("setup", "cannot make a temporary directory");
         return test_end();
     }
-    test_file_ok();
-    test_file_stale();
-    test_file_errors();
+    for (size_t i = 0; i < COUNT(GROUPS); i++) GROUPS[i].run();
     remove_dir();
     return test_end();
 }

@@ -1,5 +1,5 @@
 """test_scripts.py: the helpers the benchmark scripts share (scripts/results_common.py, scripts/train_runs.py,
-scripts/power_poller.py).
+scripts/power_poller.py), and the test runner (test/run_tests.sh) on stand-in programs that break its rules.
 
 CPU only: the GPU peak table against data/gpt_config.h's (a small C program compiled here), GPU name
 tags, results files written whole, running a child with its log and step records, and the power poller's
@@ -243,6 +243,88 @@ def test_profile_step_joins_helpers_only_to_the_gemm_they_follow():
                ("nvjet_sm90_tst_NNT", 2.0, 0)]
     launches = profile_step.gemm_launches_of(kernels)
     assert launches == [["nvjet_sm90_tst_gelu", 1.375], ["nvjet_sm90_tst_NNT", 2.0]], launches
+
+
+# ---- test/run_tests.sh on stand-in programs (TEST_PROGRAMS, TEST_CASE_COUNTS) -----------------------------
+
+RUNNER = os.path.join(ROOT, "test", "run_tests.sh")
+GOOD = ["PLAN 2", "PASS a", "SKIP b: not here", "END 1 passed, 0 failed, 1 skipped"]
+
+
+def run_runner(programs, counts, **env):
+    """Runs the runner on `programs` ({name: output lines}, each a shell script printing them; a trailing int
+    is its exit status) with `counts` as its case_counts.txt; returns (exit status, output)."""
+    folder = tempfile.mkdtemp(dir=WORK, prefix="runner_")
+    commands = []
+    for name, lines in programs.items():
+        status = lines[-1] if lines and isinstance(lines[-1], int) else 0
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in lines if isinstance(line, str)))
+            f.write(f"exit {status}\n")
+        os.chmod(path, 0o755)
+        commands.append(path)
+    with open(os.path.join(folder, "case_counts.txt"), "w") as f:
+        f.write("# stand-in counts\n" + "".join(f"{name} {n}\n" for name, n in counts.items()))
+    clean = {k: v for k, v in os.environ.items() if k not in ("TEST_ONLY", "TEST_EXCLUDE", "ATTENTION_TEST_SEQ_LENS")}
+    run_env = dict(clean, BUILD=os.path.join(folder, "build"), TEST_PROGRAMS="\n".join(commands),
+                   TEST_CASE_COUNTS=os.path.join(folder, "case_counts.txt"), **env)
+    done = subprocess.run(["bash", RUNNER], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+    # indented, so that an assertion showing it adds no PASS/FAIL line to this test's own output
+    return done.returncode, "\n".join("  | " + line for line in (done.stdout + done.stderr).splitlines())
+
+
+def expect_failure(out_and_status, *words):
+    rc, out = out_and_status
+    assert rc == 1, f"the runner passed:\n{out}"
+    for word in words:
+        assert word in out, f"no {word!r} in:\n{out}"
+
+
+def test_runner_passes_a_program_that_keeps_the_protocol():
+    rc, out = run_runner({"good": GOOD}, {"good": 2})
+    assert rc == 0 and out.endswith("1 passed, 0 failed, 1 skipped"), out
+
+
+def test_runner_fails_a_program_that_reports_fewer_cases_than_planned():
+    short = ["PLAN 3", "PASS a", "PASS b", "END 2 passed, 0 failed, 0 skipped"]
+    expect_failure(run_runner({"short": short}, {"short": 3}),
+                   "FAIL short: reported 2 cases of the 3 it planned", "2 passed, 1 failed, 0 skipped")
+
+
+def test_runner_fails_a_program_without_an_end_line():
+    expect_failure(run_runner({"stopped": ["PLAN 1", "PASS a"]}, {"stopped": 1}),
+                   "FAIL stopped: printed no END line", "1 passed, 1 failed, 0 skipped")
+
+
+def test_runner_fails_a_program_without_a_plan_line():
+    expect_failure(run_runner({"unplanned": ["PASS a", "END 1 passed, 0 failed, 0 skipped"]}, {"unplanned": 1}),
+                   "FAIL unplanned: printed no PLAN line")
+
+
+def test_runner_fails_a_crash_without_a_failed_case():
+    expect_failure(run_runner({"crash": ["PLAN 1", "PASS a", "END 1 passed, 0 failed, 0 skipped", 3]}, {"crash": 1}),
+                   "FAIL crash: exited with status 3 without reporting a failed case")
+
+
+def test_runner_fails_a_plan_that_disagrees_with_case_counts():
+    expect_failure(run_runner({"good": GOOD}, {"good": 3}),
+                   "FAIL good: planned 2 cases", "says 3: update", "if the change is intended")
+    expect_failure(run_runner({"good": GOOD}, {}), "FAIL good: planned 2 cases", "has no line for it")
+    expect_failure(run_runner({"good": GOOD}, {"good": 2, "gone": 5}), "lists gone, which no command of the list runs")
+
+
+def test_runner_leaves_the_attention_count_alone_with_other_sequence_lengths():
+    programs, counts = {"test_gpu_attention": GOOD}, {"test_gpu_attention": 7}
+    expect_failure(run_runner(programs, counts), "FAIL test_gpu_attention: planned 2 cases")
+    rc, out = run_runner(programs, counts, ATTENTION_TEST_SEQ_LENS="17,300")
+    assert rc == 0, out
+
+
+def test_runner_fails_a_filter_that_selects_nothing_or_is_invalid():
+    expect_failure(run_runner({"good": GOOD}, {"good": 2}, TEST_ONLY="nothing_is_named_so"),
+                   "FAIL no test program left to run by TEST_ONLY='nothing_is_named_so'")
+    expect_failure(run_runner({"good": GOOD}, {"good": 2}, TEST_EXCLUDE="("), "is not a valid")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@
 #include "layers/multi_gpu/stop_signal.h"
 #include "test/test_harness.h"
 
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {}  // a handled signal interrupts it: sleep the rest
@@ -47,14 +49,19 @@ static int run_child(int sig, int twice, int stop_ms) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// The signals that stop a run, each a case.
+static const struct {
+    int sig;
+    const char* name;
+} STOP_SIGNALS[] = {{SIGTERM, "sigterm"}, {SIGINT, "sigint"}, {SIGUSR1, "sigusr1"}};
+
 int main(void) {
     test_begin();
-    const int signals[] = {SIGTERM, SIGINT, SIGUSR1};
-    const char* names[] = {"sigterm", "sigint", "sigusr1"};
-    for (int i = 0; i < 3; i++) {
+    test_plan((int)COUNT(STOP_SIGNALS) + 3);  // and the two second signals, the signal's name
+    for (size_t i = 0; i < COUNT(STOP_SIGNALS); i++) {
         char name[64];
-        snprintf(name, sizeof(name), "stop_signal_%s_finishes_the_step", names[i]);
-        int rc = run_child(signals[i], 0, 0);
+        snprintf(name, sizeof(name), "stop_signal_%s_finishes_the_step", STOP_SIGNALS[i].name);
+        int rc = run_child(STOP_SIGNALS[i].sig, 0, 0);
         test_report(name, rc == EXIT_STOPPED, "exit status %d, want %d", rc, EXIT_STOPPED);
     }
     // the second signal arrives while the first one's "save" (2 s) runs: the child ends at once

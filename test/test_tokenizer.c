@@ -83,6 +83,9 @@ static void case_refused(const char* name, const char* path, const char* word) {
                 "rc %d, message \"%s\" (wants the path and \"%s\")", rc, tok.error, word);
 }
 
+// The named cases of bad_file_cases, one refusal each.
+#define BAD_FILE_CASES 10
+
 static void bad_file_cases(void) {
     char missing[300];
     snprintf(missing, sizeof(missing), "%s/none.bin", g_dir);
@@ -138,9 +141,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     test_begin();
+    const uint32_t versions[] = {2, 1};  // the table layouts read back
+    test_plan((int)(sizeof(versions) / sizeof(versions[0])) + BAD_FILE_CASES);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
-    case_reads_back(2);
-    case_reads_back(1);
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) case_reads_back(versions[i]);
     bad_file_cases();
     char cmd[320];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);

@@ -353,14 +353,25 @@ static void test_heartbeat_bye_and_verdict(void) {
     if (ok) heartbeat_close(&hb);
 }
 
+// Every group in the order it runs, with the number of cases it reports.
+static const struct {
+    void (*run)(void);
+    int cases;
+} GROUPS[] = {
+    {test_completes, 3},
+    {test_timeouts, 5},
+    {test_early_failures, 5},
+    {test_suspect_rules, 2},
+    {test_heartbeat_kill, 1},
+    {test_heartbeat_bye_and_verdict, 2},
+};
+
 int main(void) {
     test_begin();
+    int cases = 0;
+    for (size_t i = 0; i < sizeof(GROUPS) / sizeof(GROUPS[0]); i++) cases += GROUPS[i].cases;
+    test_plan(cases);
     signal(SIGPIPE, SIG_IGN);
-    test_completes();
-    test_timeouts();
-    test_early_failures();
-    test_suspect_rules();
-    test_heartbeat_kill();
-    test_heartbeat_bye_and_verdict();
+    for (size_t i = 0; i < sizeof(GROUPS) / sizeof(GROUPS[0]); i++) GROUPS[i].run();
     return test_end();
 }

@@ -188,20 +188,37 @@ static size_t gpt_activation_bytes(const GPTConfig* config, const GPTModelOption
     return plan.act_bytes;
 }
 
-// FLOPs per micro step (B sequences) that recomputation adds, counted as the model FLOPs are (a GEMM
-// 2·m·n·k; attention's forward 4·B·T²·C, not halved for the causal mask; LayerNorm and GELU nothing):
-// full reruns each block's forward up to its last GEMM (qkv, attproj and fc: 2·N·C·(QKV + C + 4C) per
-// layer, 16·N·C² without GQA) and its attention forward; selective reruns the attention forward where
-// the backend keeps T² data; the LM head recomputes the logits of every chunk but the last, 2·rows·C·Vp.
+// FLOPs per micro step (B sequences) that recomputation adds, as the kernels execute them (a GEMM
+// 2·m·n·k; attention's forward by attention_executed_flops, so causal flash attention counts its
+// unmasked half; LayerNorm and GELU nothing): full reruns each block's forward up to its last GEMM
+// (qkv, attproj and fc: 2·N·C·(QKV + C + 4C) per layer, 16·N·C² without GQA) and its attention
+// forward; selective reruns the attention forward where the backend keeps T² data; the LM head
+// recomputes the logits of every chunk but the last, 2·rows·C·Vp.
 static double gpt_recompute_flops(const GPTConfig* config, const GPTModelOptions* o, const GPTMemoryPlan* p) {
-    const double B = o->B, T = o->T, N = B * T, C = config->channels, L = config->num_layers;
+    const double N = (double)o->B * o->T, C = config->channels, L = config->num_layers;
     const double Vp = config->padded_vocab_size, QKV = (double)gpt_qkv_features(config);
-    const double attention_forward = 4.0 * B * T * T * C;
+    const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);
+    const double attention_forward = attention_executed_flops(o->backend, &shape, 0);
     double flops = 0.0;
     if (p->recompute == RECOMPUTE_FULL) flops += L * (2.0 * N * C * (QKV + 5.0 * C) + attention_forward);
     if (p->recompute == RECOMPUTE_SELECTIVE && p->att_saved_bytes > 0) flops += L * attention_forward;
     const int rows = o->B * o->T, last_chunk_rows = rows - (rows - 1) / p->lm_head_rows * p->lm_head_rows;
     return flops + 2.0 * (double)(rows - last_chunk_rows) * C * Vp;
+}
+
+// FLOPs per micro step the kernels execute (the trainer's "hw" TFLOP/s): every GEMM's forward and
+// both backward products, 6·N per weight (qkv QKV·C, attproj C², fc and fcproj 4C² each, the LM head
+// Vp·C; the embeddings' lookups and LayerNorm are not products), attention's forward and backward as
+// the backend runs them, and the recomputation. Unlike the model FLOPs (6·T·P + 12·L·h·T², the
+// paper's count, which includes the masked half of causal attention) this cannot exceed the peak.
+static double gpt_executed_flops(const GPTConfig* config, const GPTModelOptions* o, const GPTMemoryPlan* p) {
+    const double N = (double)o->B * o->T, C = config->channels, L = config->num_layers;
+    const double Vp = config->padded_vocab_size, QKV = (double)gpt_qkv_features(config);
+    const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);
+    const double attention = attention_executed_flops(o->backend, &shape, 0) +
+                             attention_executed_flops(o->backend, &shape, 1);
+    const double gemms = 6.0 * N * (L * C * (QKV + 9.0 * C) + Vp * C);
+    return gemms + L * attention + gpt_recompute_flops(config, o, p);
 }
 
 #endif  // GPT_MEMORY_PLAN_CUH

@@ -2,7 +2,8 @@
 // workspaces, stream, and the choices made so far), one cuBLASLt GEMM described by MatmulLtGemm and
 // run with an algorithm chosen once per shape (the heuristic's first, or the fastest of its best
 // MATMUL_TUNE_CANDIDATES when ctx->tune is set) and cached in the context, the timing helpers, and
-// the cache of fused-or-kernel path choices. matmul.cuh's header says how these are used.
+// the cache of fused-or-kernel path choices. matmul.cuh's header says how these are used; the FP8
+// GEMMs of matmul_fp8.cuh are the same MatmulLtGemm with FP8 operand types and scales.
 #ifndef MATMUL_LT_CUH
 #define MATMUL_LT_CUH
 
@@ -35,6 +36,7 @@ typedef struct {
     int32_t transa, transb, epilogue, beta_nonzero, has_bias, has_aux;
     int64_t m, n, k, lda, ldb, ldd, aux_ld;
     uint32_t align_a, align_b, align_c, align_d;
+    int32_t a_type, b_type, fast_accum, has_scales;  // operand types (cudaDataType_t), FP8 settings
 } MatmulGemmKey;
 
 typedef struct {
@@ -155,6 +157,12 @@ typedef struct {
     const void* bias;             // BIAS*: input (m); BGRADB: output (n); DGELU_BGRAD: output (m)
     void* aux;                    // GELU_AUX*: output (m, n); DGELU*: input (m, n); ld aux_ld
     int64_t aux_ld;
+    // A and B types: CUDA_R_16BF (matmul_lt_plain), or FP8 (CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2) for
+    // matmul_fp8.cuh, where cuBLASLt needs transa = T, transb = N; C and D stay bf16.
+    cudaDataType_t a_type, b_type;
+    const float* a_scale;         // device fp32 factor applied to A (FP8: its inverse quantization scale); NULL: 1
+    const float* b_scale;         // likewise for B
+    int fast_accum;               // FP8 only: CUBLASLT_MATMUL_DESC_FAST_ACCUM (no periodic promotion to fp32)
 } MatmulLtGemm;
 
 // The GEMM above with the DEFAULT epilogue and no bias or aux (callers set those where they fuse).
@@ -175,7 +183,18 @@ static inline MatmulLtGemm matmul_lt_plain(const char* what, cublasOperation_t t
     g.bias = NULL;
     g.aux = NULL;
     g.aux_ld = 0;
+    g.a_type = g.b_type = CUDA_R_16BF;
+    g.a_scale = g.b_scale = NULL;
+    g.fast_accum = 0;
     return g;
+}
+
+static inline int matmul_lt_is_fp8(const MatmulLtGemm* g) {
+    return g->a_type == CUDA_R_8F_E4M3 || g->a_type == CUDA_R_8F_E5M2;
+}
+
+static inline const char* matmul_type_name(cudaDataType_t t) {
+    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_8F_E4M3 ? "e4m3" : t == CUDA_R_8F_E5M2 ? "e5m2" : "other";
 }
 
 static inline const char* matmul_epilogue_name(cublasLtEpilogue_t e) {
@@ -207,6 +226,18 @@ typedef struct {
     cublasLtMatrixLayout_t a, b, d;
 } MatmulLtDescs;
 
+// The FP8 attributes of g's descriptor: the operand scales and the accumulation mode.
+static inline void matmul_lt_desc_set_fp8(const MatmulLtGemm* g, cublasLtMatmulDesc_t desc) {
+    if (g->a_scale)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a_scale,
+                                                    sizeof(g->a_scale)));
+    if (g->b_scale)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b_scale,
+                                                    sizeof(g->b_scale)));
+    const int8_t fast = g->fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+}
+
 static inline void matmul_lt_descs_create(const MatmulLtGemm* g, MatmulLtDescs* x) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&x->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t transa = g->transa, transb = g->transb;
@@ -224,10 +255,11 @@ static inline void matmul_lt_descs_create(const MatmulLtGemm* g, MatmulLtDescs* 
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->aux_ld,
                                                     sizeof(g->aux_ld)));
     }
+    if (matmul_lt_is_fp8(g)) matmul_lt_desc_set_fp8(g, x->desc);
     const int a_n = g->transa == CUBLAS_OP_N;
     const int b_n = g->transb == CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_16BF, a_n ? g->m : g->k, a_n ? g->k : g->m, g->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_16BF, b_n ? g->k : g->n, b_n ? g->n : g->k, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->a, g->a_type, a_n ? g->m : g->k, a_n ? g->k : g->m, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->b, g->b_type, b_n ? g->k : g->n, b_n ? g->n : g->k, g->ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x->d, CUDA_R_16BF, g->m, g->n, g->ldd));
 }
 
@@ -246,6 +278,8 @@ static inline MatmulGemmKey matmul_gemm_key(const MatmulLtGemm* g) {
     k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldd = g->ldd, k.aux_ld = g->aux ? g->aux_ld : 0;
     k.align_a = matmul_alignment(g->A), k.align_b = matmul_alignment(g->B), k.align_d = matmul_alignment(g->D);
     k.align_c = matmul_alignment(matmul_lt_c(g));
+    k.a_type = (int32_t)g->a_type, k.b_type = (int32_t)g->b_type, k.fast_accum = g->fast_accum != 0;
+    k.has_scales = (g->a_scale != NULL) | (g->b_scale != NULL) << 1;
     return k;
 }
 
@@ -369,9 +403,13 @@ static inline const MatmulAlgoEntry* matmul_lt_algo(MatmulContext* ctx, const Ma
     e->ms = tune && ms[best] > 0.0f ? ms[best] : 0.0f;
     if (ctx->log) {
         const double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-        fprintf(stderr, "matmul tune: %s m=%lld n=%lld k=%lld op(A)=%c op(B)=%c beta=%g epilogue %s: %d candidates\n",
+        char types[64] = "";  // bf16 GEMMs say nothing of their types
+        if (matmul_lt_is_fp8(g))
+            snprintf(types, sizeof(types), " A/B %s/%s%s", matmul_type_name(g->a_type), matmul_type_name(g->b_type),
+                     g->fast_accum ? " fast-accum" : "");
+        fprintf(stderr, "matmul tune: %s m=%lld n=%lld k=%lld op(A)=%c op(B)=%c beta=%g epilogue %s%s: %d candidates\n",
                 g->what, (long long)g->m, (long long)g->n, (long long)g->k, g->transa == CUBLAS_OP_N ? 'N' : 'T',
-                g->transb == CUBLAS_OP_N ? 'N' : 'T', g->beta, matmul_epilogue_name(g->epilogue), count);
+                g->transb == CUBLAS_OP_N ? 'N' : 'T', g->beta, matmul_epilogue_name(g->epilogue), types, count);
         for (int i = 0; i < (tune ? count : 1); i++) {
             char desc[128];
             matmul_algo_describe(&results[i].algo, desc, sizeof(desc));
@@ -397,15 +435,19 @@ static inline int matmul_lt_gemm(MatmulContext* ctx, const MatmulLtGemm* g, int 
     if (allow_missing) return 0;
     fprintf(stderr,
             "error: cuBLASLt (version %zu) found no algorithm for %s: column-major m=%lld n=%lld k=%lld, op(A)=%c "
-            "lda=%lld, op(B)=%c ldb=%lld, ldd=%lld, bf16 in/out, fp32 compute, epilogue %s, alignment A/B/D "
+            "lda=%lld, op(B)=%c ldb=%lld, ldd=%lld, A/B %s/%s, bf16 out, fp32 compute, epilogue %s, alignment A/B/D "
             "%u/%u/%u bytes, workspace %zu bytes\n",
             cublasLtGetVersion(), g->what, (long long)g->m, (long long)g->n, (long long)g->k,
             g->transa == CUBLAS_OP_N ? 'N' : 'T', (long long)g->lda, g->transb == CUBLAS_OP_N ? 'N' : 'T',
-            (long long)g->ldb, (long long)g->ldd, matmul_epilogue_name(g->epilogue), e->key.align_a, e->key.align_b,
-            e->key.align_d, ctx->workspace_bytes);
-    fprintf(stderr,
-            "hint: bf16 GEMMs need a GPU of compute capability 8.0 or newer; check nvidia-smi, that the sizes are "
-            "multiples of 8, and that the CUDA toolkit and driver are recent\n");
+            (long long)g->ldb, (long long)g->ldd, matmul_type_name(g->a_type), matmul_type_name(g->b_type),
+            matmul_epilogue_name(g->epilogue), e->key.align_a, e->key.align_b, e->key.align_d, ctx->workspace_bytes);
+    if (matmul_lt_is_fp8(g))
+        fprintf(stderr, "hint: FP8 GEMMs need a GPU of compute capability 8.9 or newer (an H100 is 9.0), op(A)=T and "
+                        "op(B)=N, sizes and leading dimensions that are multiples of 16, and a recent CUDA toolkit "
+                        "(bf16 GEMMs run elsewhere)\n");
+    else
+        fprintf(stderr, "hint: bf16 GEMMs need a GPU of compute capability 8.0 or newer; check nvidia-smi, that the "
+                        "sizes are multiples of 8, and that the CUDA toolkit and driver are recent\n");
     exit(1);
 }
 

@@ -1,0 +1,291 @@
+// fp8_cast.cuh: bf16 → FP8 casts with a per-tensor scale, the operands of the FP8 GEMMs
+// (matmul_fp8.cuh), and the amax their scales are made from (fp8_scaling.cuh).
+//
+//   stored byte = fp8(x · scale)   x bf16, scale fp32 (a device scalar), the product in fp32, then
+//                                  rounded to nearest even into E4M3 or E5M2, saturating: beyond the
+//                                  format's largest finite value (and ±inf) gives ±max, NaN stays NaN
+//   value of a byte = decode(byte) · scale_inv, scale_inv = 1 / scale (what the GEMMs are given)
+//   amax (fp32, device) = max(amax, max |x|) over the input, before scaling: the casts accumulate
+//                         into it (atomicMax on the bits of a non-negative float), so it must start
+//                         at +0 or at an earlier amax; any NaN in the input makes it NaN (the bit
+//                         pattern of |NaN| is above every number's), so a bad tensor is not hidden.
+//
+// Formats (fp8_format_max): E4M3 (4 exponent bits, 3 mantissa bits, max 448, no infinities) for
+// weights and activations, E5M2 (5, 2, max 57344, four more binades at half the precision) for
+// gradients, whose range is wider.
+//
+// Tensors (row-major):
+//   fp8_cast            inp (N, C) bf16 → out (N, C) FP8
+//   fp8_cast_transpose  inp (N, C) bf16 → out (N, C) FP8 and/or out_t (C, N) FP8, one read of inp.
+//                       cuBLASLt's FP8 GEMMs on Hopper take only operands whose reduction dimension
+//                       is contiguous ("TN"), so the backward GEMMs need x, dy and W transposed
+//                       (matmul_fp8.cuh says which); this writes both layouts in one pass.
+//   fp8_amax            amax of inp (N, C) alone: current scaling needs it before the cast.
+// Sizes: N ≥ 1, C a positive multiple of 16: 16 bf16 (two 16-byte loads) become one 16-byte
+// store of FP8, and the FP8 GEMMs need their leading dimensions to be multiples of 16 bytes
+// anyway. out_t's rows are N bytes apart; any N works here, but as a GEMM operand (the weight
+// gradient's reduction runs over N) N must be a multiple of 16 too. Pointers 16-byte aligned.
+//
+// The casts are also correct (by software conversion) on GPUs without FP8 hardware (sm_80); only
+// the GEMMs need sm_89 or newer.
+#ifndef FP8_CAST_CUH
+#define FP8_CAST_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "layers/cuda_common.h"
+#include "layers/model/layer_common.cuh"
+
+typedef enum {
+    FP8_E4M3 = 0,  // weights and activations
+    FP8_E5M2 = 1,  // gradients
+} Fp8Format;
+
+static __host__ __device__ inline float fp8_format_max(Fp8Format f) { return f == FP8_E5M2 ? 57344.0f : 448.0f; }
+static inline const char* fp8_format_name(Fp8Format f) { return f == FP8_E5M2 ? "e5m2" : "e4m3"; }
+
+#define FP8_CAST_THREADS 256
+#define FP8_CT_ROWS 64      // cast-transpose tile: 64 rows × 128 channels
+#define FP8_CT_COLS 128
+#define FP8_CT_THREADS 128  // phase 1: 4 chunks of 16 channels each; phase 2: one 16 × 4 block each
+#define FP8_CT_WORDS (FP8_CT_COLS / 4 + 1)  // the tile's row in 4-byte words; the extra word keeps both
+                                            // phases free of shared-memory bank conflicts
+
+// ---- device: conversion and amax -------------------------------------------------------------------
+
+// Four floats → four FP8 bytes in memory order (x.x of each pair is the low byte).
+template <int FMT>
+static __device__ __forceinline__ uint32_t fp8x4_from_floats(float a, float b, float c, float d) {
+    const __nv_fp8_interpretation_t kind = FMT == FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
+    return lo | hi << 16;
+}
+
+// 16 bf16 (two 16-byte vectors, memory order) times s → 16 FP8 bytes.
+template <int FMT>
+static __device__ __forceinline__ uint4 fp8x16_from_bf16(uint4 lo, uint4 hi, float s) {
+    float f[16];
+    bf16x8_unpack(f, lo);
+    bf16x8_unpack(f + 8, hi);
+    uint4 v;
+    v.x = fp8x4_from_floats<FMT>(f[0] * s, f[1] * s, f[2] * s, f[3] * s);
+    v.y = fp8x4_from_floats<FMT>(f[4] * s, f[5] * s, f[6] * s, f[7] * s);
+    v.z = fp8x4_from_floats<FMT>(f[8] * s, f[9] * s, f[10] * s, f[11] * s);
+    v.w = fp8x4_from_floats<FMT>(f[12] * s, f[13] * s, f[14] * s, f[15] * s);
+    return v;
+}
+
+// The largest |x| of 8 bf16, as the bits of a bf16 (sign cleared): integer order of non-negative
+// bf16 bits is their numeric order, with NaN above +inf.
+static __device__ __forceinline__ uint32_t bf16x8_absmax_bits(uint4 v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) m = max(m, max(w[k] & 0x7FFFu, (w[k] >> 16) & 0x7FFFu));
+    return m;
+}
+
+// amax = max(amax, the block's largest bits16) with one atomic per block; bits16 as from
+// bf16x8_absmax_bits. Contains __syncthreads: every thread of the block must call it.
+static __device__ void fp8_block_amax(float* amax, uint32_t bits16) {
+    __shared__ uint32_t warp_max[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    bits16 = __reduce_max_sync(0xFFFFFFFFu, bits16);
+    if (lane == 0) warp_max[warp] = bits16;
+    __syncthreads();
+    if (warp == 0) {
+        bits16 = lane < num_warps ? warp_max[lane] : 0u;
+        bits16 = __reduce_max_sync(0xFFFFFFFFu, bits16);
+        // bf16 bits << 16 are the float's bits; for non-negative floats (and +0 to start from)
+        // unsigned order is numeric order
+        if (lane == 0 && bits16 != 0u) atomicMax((unsigned int*)amax, bits16 << 16);
+    }
+}
+
+// ---- kernels -----------------------------------------------------------------------------------------
+
+// out (N·C bytes) = fp8(inp · *scale), 16 elements per thread and step; amax (may be NULL) as above.
+template <int FMT>
+static __global__ void __launch_bounds__(FP8_CAST_THREADS)
+    fp8_cast_kernel(uint8_t* __restrict__ out, const __nv_bfloat16* __restrict__ inp, size_t chunks,
+                    const float* scale, float* amax) {
+    const float s = *scale;
+    uint32_t m = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 lo = load16(inp + 16 * i), hi = load16(inp + 16 * i + 8);
+        m = max(m, max(bf16x8_absmax_bits(lo), bf16x8_absmax_bits(hi)));
+        store16(out + 16 * i, fp8x16_from_bf16<FMT>(lo, hi, s));
+    }
+    if (amax) fp8_block_amax(amax, m);
+}
+
+// amax only (inp's N·C elements as 16-element chunks).
+static __global__ void __launch_bounds__(FP8_CAST_THREADS)
+    fp8_amax_kernel(float* amax, const __nv_bfloat16* inp, size_t chunks) {
+    uint32_t m = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (size_t)gridDim.x * blockDim.x)
+        m = max(m, max(bf16x8_absmax_bits(load16(inp + 16 * i)), bf16x8_absmax_bits(load16(inp + 16 * i + 8))));
+    fp8_block_amax(amax, m);
+}
+
+// 4 × 4 bytes: rows a, b, c, d (byte j of each = column j) → the word of column j (rows in byte order).
+static __device__ __forceinline__ void fp8_transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d,
+                                                        uint32_t col[4]) {
+    const uint32_t ab01 = __byte_perm(a, b, 0x5140), ab23 = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
+    const uint32_t cd01 = __byte_perm(c, d, 0x5140), cd23 = __byte_perm(c, d, 0x7362);
+    col[0] = __byte_perm(ab01, cd01, 0x5410);  // a0 b0 c0 d0
+    col[1] = __byte_perm(ab01, cd01, 0x7632);
+    col[2] = __byte_perm(ab23, cd23, 0x5410);
+    col[3] = __byte_perm(ab23, cd23, 0x7632);
+}
+
+// Phase 2 of a tile: warp w takes the tile's rows 16w..16w+15, lane l its channels 4l..4l+3, and
+// writes those 4 channels' 16 rows into out_t (C, N): one 16-byte store each when all 16 rows
+// exist and N keeps them 16-byte aligned, byte by byte otherwise (the last rows, odd N).
+static __device__ __forceinline__ void fp8_ct_store_transposed(uint8_t* out_t, const uint32_t (*tile)[FP8_CT_WORDS],
+                                                               int r0, int c0, int N, int C) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = r0 + 16 * warp, col = c0 + 4 * lane;
+    if (row >= N || col >= C) return;
+    uint32_t cols[4][4];  // [channel j][word k]: rows 4k..4k+3 of channel col + j
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t c4[4];
+        fp8_transpose4x4(tile[16 * warp + 4 * k][lane], tile[16 * warp + 4 * k + 1][lane],
+                         tile[16 * warp + 4 * k + 2][lane], tile[16 * warp + 4 * k + 3][lane], c4);
+#pragma unroll
+        for (int j = 0; j < 4; j++) cols[j][k] = c4[j];
+    }
+    const int rows = min(16, N - row);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint8_t* dst = out_t + (size_t)(col + j) * N + row;
+        if (rows == 16 && N % 16 == 0) {
+            store16(dst, make_uint4(cols[j][0], cols[j][1], cols[j][2], cols[j][3]));
+        } else {
+            for (int i = 0; i < rows; i++) dst[i] = (uint8_t)(cols[j][i / 4] >> (8 * (i % 4)));
+        }
+    }
+}
+
+// out (N, C) and out_t (C, N) (either may be NULL) = fp8(inp (N, C) · *scale); tiles of 64 × 128
+// taken in turn by a grid that fills the GPU. Phase 1 converts the tile (row-major, 16 channels a
+// thread), writes out and keeps the bytes in shared memory; phase 2 writes them transposed.
+template <int FMT>
+static __global__ void __launch_bounds__(FP8_CT_THREADS)
+    fp8_cast_transpose_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                              const __nv_bfloat16* __restrict__ inp, int N, int C, const float* scale, float* amax) {
+    __shared__ uint32_t tile[FP8_CT_ROWS][FP8_CT_WORDS];
+    const float s = *scale;
+    const int tiles_c = (C + FP8_CT_COLS - 1) / FP8_CT_COLS;
+    const int tiles = ((N + FP8_CT_ROWS - 1) / FP8_CT_ROWS) * tiles_c;
+    uint32_t m = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int r0 = (t / tiles_c) * FP8_CT_ROWS, c0 = (t % tiles_c) * FP8_CT_COLS;
+#pragma unroll
+        for (int it = 0; it < FP8_CT_ROWS * FP8_CT_COLS / 16 / FP8_CT_THREADS; it++) {
+            const int q = threadIdx.x + it * FP8_CT_THREADS;  // a warp: 4 rows × 8 chunks of 16 channels
+            const int r = q / (FP8_CT_COLS / 16), g = q % (FP8_CT_COLS / 16);
+            const int row = r0 + r, col = c0 + 16 * g;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (row < N && col < C) {  // C % 16 == 0: a chunk is wholly inside or outside
+                const __nv_bfloat16* src = inp + (size_t)row * C + col;
+                const uint4 lo = load16(src), hi = load16(src + 8);
+                m = max(m, max(bf16x8_absmax_bits(lo), bf16x8_absmax_bits(hi)));
+                v = fp8x16_from_bf16<FMT>(lo, hi, s);
+                if (out) store16(out + (size_t)row * C + col, v);
+            }
+            tile[r][4 * g] = v.x, tile[r][4 * g + 1] = v.y, tile[r][4 * g + 2] = v.z, tile[r][4 * g + 3] = v.w;
+        }
+        __syncthreads();
+        if (out_t) fp8_ct_store_transposed(out_t, tile, r0, c0, N, C);
+        __syncthreads();  // the next tile overwrites the shared tile
+    }
+    if (amax) fp8_block_amax(amax, m);
+}
+
+// ---- host --------------------------------------------------------------------------------------------
+
+// 0 when inp (N, C) can be cast; otherwise -1 and a message in why saying what to change.
+static inline int fp8_check_cast(int N, int C, char* why, size_t why_size) {
+    if (N < 1) {
+        snprintf(why, why_size, "N = %d rows; it must be at least 1", N);
+        return -1;
+    }
+    if (C < 16 || C % 16 != 0) {
+        snprintf(why, why_size,
+                 "C = %d channels is not a positive multiple of 16; FP8 GEMM operands need leading dimensions of a "
+                 "multiple of 16 bytes (16 FP8 values): choose hidden sizes that are multiples of 16, or use bf16",
+                 C);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void fp8_require_cast(const char* fn, int N, int C, const void* inp, const void* out, const void* out_t,
+                                    const float* scale) {
+    char why[320];
+    if (fp8_check_cast(N, C, why, sizeof(why)) != 0) layer_fail("%s: %s", fn, why);
+    LAYER_REQUIRE(inp && layer_is_aligned16(inp), "%s: inp must be a 16-byte aligned device pointer", fn);
+    LAYER_REQUIRE(!out || layer_is_aligned16(out), "%s: out must be 16-byte aligned", fn);
+    LAYER_REQUIRE(!out_t || layer_is_aligned16(out_t), "%s: out_t must be 16-byte aligned", fn);
+    LAYER_REQUIRE(scale != NULL, "%s: scale must be a device pointer to the fp32 scale", fn);
+}
+
+// Blocks for `blocks` blocks' worth of work: at most as many as the GPU holds at once (the kernels
+// loop over the rest), so that no second, partial wave of blocks trails the first.
+static inline int fp8_cast_grid(const void* kernel, int threads, size_t blocks) {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    const size_t most = (size_t)layer_num_sms() * (size_t)(per_sm > 0 ? per_sm : 1);
+    return (int)(blocks < most ? (blocks > 0 ? blocks : 1) : most);
+}
+
+// out (N, C) = fp8(inp (N, C) · *scale) in format fmt; amax (NULL: not wanted) as at the top.
+static inline void fp8_cast(uint8_t* out, const __nv_bfloat16* inp, int N, int C, Fp8Format fmt, const float* scale,
+                            float* amax, cudaStream_t stream) {
+    fp8_require_cast("fp8_cast", N, C, inp, out, NULL, scale);
+    LAYER_REQUIRE(out != NULL, "fp8_cast: out is NULL");
+    const size_t chunks = (size_t)N * C / 16, blocks = layer_ceil_div(chunks, FP8_CAST_THREADS);
+    if (fmt == FP8_E5M2) {
+        const int grid = fp8_cast_grid((const void*)fp8_cast_kernel<FP8_E5M2>, FP8_CAST_THREADS, blocks);
+        fp8_cast_kernel<FP8_E5M2><<<grid, FP8_CAST_THREADS, 0, stream>>>(out, inp, chunks, scale, amax);
+    } else {
+        const int grid = fp8_cast_grid((const void*)fp8_cast_kernel<FP8_E4M3>, FP8_CAST_THREADS, blocks);
+        fp8_cast_kernel<FP8_E4M3><<<grid, FP8_CAST_THREADS, 0, stream>>>(out, inp, chunks, scale, amax);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// out (N, C) and out_t (C, N) (either may be NULL, not both) = fp8(inp (N, C) · *scale); amax as at the top.
+static inline void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* inp, int N, int C,
+                                      Fp8Format fmt, const float* scale, float* amax, cudaStream_t stream) {
+    fp8_require_cast("fp8_cast_transpose", N, C, inp, out, out_t, scale);
+    LAYER_REQUIRE(out || out_t, "fp8_cast_transpose: out and out_t are both NULL");
+    const size_t tiles = layer_ceil_div((size_t)N, FP8_CT_ROWS) * layer_ceil_div((size_t)C, FP8_CT_COLS);
+    if (fmt == FP8_E5M2) {
+        const int grid = fp8_cast_grid((const void*)fp8_cast_transpose_kernel<FP8_E5M2>, FP8_CT_THREADS, tiles);
+        fp8_cast_transpose_kernel<FP8_E5M2><<<grid, FP8_CT_THREADS, 0, stream>>>(out, out_t, inp, N, C, scale, amax);
+    } else {
+        const int grid = fp8_cast_grid((const void*)fp8_cast_transpose_kernel<FP8_E4M3>, FP8_CT_THREADS, tiles);
+        fp8_cast_transpose_kernel<FP8_E4M3><<<grid, FP8_CT_THREADS, 0, stream>>>(out, out_t, inp, N, C, scale, amax);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// *amax = max(*amax, max |inp (N, C)|) (start it at +0 for the amax of inp alone).
+static inline void fp8_amax(float* amax, const __nv_bfloat16* inp, int N, int C, cudaStream_t stream) {
+    LAYER_REQUIRE(amax != NULL, "fp8_amax: amax must be a device pointer to an fp32 value");
+    fp8_require_cast("fp8_amax", N, C, inp, NULL, NULL, amax);
+    const size_t chunks = (size_t)N * C / 16;
+    const int grid = fp8_cast_grid((const void*)fp8_amax_kernel, FP8_CAST_THREADS, layer_ceil_div(chunks, FP8_CAST_THREADS));
+    fp8_amax_kernel<<<grid, FP8_CAST_THREADS, 0, stream>>>(amax, inp, chunks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+#endif  // FP8_CAST_CUH
