@@ -34,8 +34,10 @@
 // any old value works), so that word is filled before every such call (in the model, before its
 // first forward). By a limit of the tool, memory written by TMA stores (cp.async.bulk.tensor) stays
 // "uninitialized" to initcheck, so every later ordinary read of it is reported although the data is
-// there: cuBLASLt's Hopper GEMMs store D that way, flash2's Hopper forward stores out that way. Such
-// outputs are filled before the call that writes them (see fill_tma_output); nothing else is.
+// there: cuBLASLt's Hopper GEMMs store D that way, flash2's Hopper forward stores out that way, and
+// flash2's Hopper backward writes its fp32 dQ accumulator (the start of its workspace) by bulk copies
+// (cp.async.bulk from shared memory). Such outputs are filled before the call that writes them (see
+// fill_tma_output); nothing else is.
 #include <cuda_bf16.h>
 #include <cxxabi.h>
 #include <stdarg.h>
@@ -603,7 +605,7 @@ typedef struct {
 
 // The model's activations that only TMA stores write, filled once (see "memory that TMA stores
 // write"): the GEMM outputs (qkv, residual2, fch and fch_gelu, residual3, logits; dln and dwide in the
-// backward) and, from flash2's Hopper forward, atty. LayerNorm, encoder, loss and scratch memory,
+// backward) and, from flash2's Hopper forward, atty, and the scratch (flash2's dQ accumulator). LayerNorm, encoder, loss and scratch memory,
 // which this repository's kernels write with ordinary stores, stays unwritten.
 static void model_fill_tma_outputs(GPTModel* m) {
     static const int gemm_outputs[] = {GPT_ACT_qkv,       GPT_ACT_residual2, GPT_ACT_fch, GPT_ACT_fch_gelu,
@@ -611,8 +613,12 @@ static void model_fill_tma_outputs(GPTModel* m) {
     const GPTActTensor* t = m->memory.act_table;
     for (size_t i = 0; i < sizeof(gemm_outputs) / sizeof(gemm_outputs[0]) && g_gemm_stores_by_tma; i++)
         fill_tma_output((char*)m->acts_memory + t[gemm_outputs[i]].offset, t[gemm_outputs[i]].bytes);
-    if (attn_out_stored_by_tma(m->backend))
+    if (attn_out_stored_by_tma(m->backend)) {
         fill_tma_output((char*)m->acts_memory + t[GPT_ACT_atty].offset, t[GPT_ACT_atty].bytes);
+        // the shared scratch holds flash2's backward workspace, whose dQ accumulator bulk copies write;
+        // this fills the other layers' scratch too, which the layers and matmul families check unfilled
+        fill_tma_output(m->scratch, m->memory.scratch_bytes);
+    }
 }
 
 // A model of `config` for (B, T) with GPT-2 initialized weights (init_weights on the GPU) and its
@@ -626,8 +632,8 @@ static void model_make(GPTModel* m, Optimizer* opt, const GPTConfig* config, con
     optimizer_init_gpt2(opt, m, 1234);
     // the attention workspace is the model's shared scratch: flash2's tile counter word, read unzeroed
     // by design (see the top of the file), is filled before the first forward; later ones find it written
-    if (m->backend == ATTN_FLASH2) CUDA_CHECK(cudaMemsetAsync(m->scratch, 0xFF, 8, g_stream));
     model_fill_tma_outputs(m);
+    if (m->backend == ATTN_FLASH2) CUDA_CHECK(cudaMemsetAsync(m->scratch, 0xFF, 8, g_stream));
 }
 
 // Two micro steps (gradients added up), clipping and AdamW, then a validation forward whose mean loss
@@ -901,6 +907,9 @@ static void attn_backward(AttentionBackend be, const AttentionContext* ctx, Atte
         a->dq_colsum = c->causal ? bf16_random(n, 1.0f) : bf16_uninit(n);
         a->dq_colsum_accumulate = c->causal;
     }
+    // flash2's Hopper backward stores dq_accum by bulk copies (see "memory that TMA stores write")
+    if (attn_out_stored_by_tma(be) && a->workspace)
+        fill_tma_output(a->workspace, attention_workspace_bytes(be, &a->shape));
     attention_backward(be, ctx, a, g_stream);
     case_end("%s_backward%s", name, a->dq_colsum ? "_dq_colsum" : "");
     if (be == ATTN_FLASH2 && attention_flash2_uses_wgmma() && c->T >= 128) {
