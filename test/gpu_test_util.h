@@ -105,4 +105,32 @@ static inline size_t changed_poison_bytes(const void* p, size_t nbytes) {
     return changed;
 }
 
+// The planted-loss cases of a model test (CPU only): a model test's loss check must reject the loss of
+// all-zero logits (ln V, what an unwritten or zeroed logits buffer gives) and losses off by twice its
+// bound, both ways. rejects(problem, loss) runs the test's own check: 1 when it rejects loss. Reports
+// PLANTED_LOSS_CASES cases, named <prefix>_planted_loss_...
+#define PLANTED_LOSS_CASES 2
+typedef int (*LossCheck)(const void* problem, double loss);
+
+static inline void planted_loss_cases(const char* prefix, const void* problem, LossCheck rejects, double ref_loss,
+                                      double tol, int vocab_size) {
+    const char* what[PLANTED_LOSS_CASES] = {"of_all_zero_logits", "off_by_twice_the_bound"};
+    const double planted[PLANTED_LOSS_CASES][2] = {{log((double)vocab_size)}, {ref_loss + 2 * tol, ref_loss - 2 * tol}};
+    const int num_planted[PLANTED_LOSS_CASES] = {1, 2};
+    for (int p = 0; p < PLANTED_LOSS_CASES; p++) {
+        char name[160], missed[512] = "";
+        snprintf(name, sizeof(name), "%s_planted_loss_%s_rejected", prefix, what[p]);
+        if (!isfinite(ref_loss)) add_problem(missed, sizeof(missed), "the CPU reference failed (out of memory?)");
+        for (int k = 0; k < num_planted[p] && !missed[0]; k++) {
+            const int rejected = rejects(problem, planted[p][k]);
+            printf("  %s: %.6f against the reference's %.6f: %s\n", name, planted[p][k], ref_loss,
+                   rejected ? "rejected" : "PASSES");
+            if (!rejected)
+                add_problem(missed, sizeof(missed), "loss %.6f passed (reference %.6f, bound %.0e nats)", planted[p][k],
+                            ref_loss, tol);
+        }
+        test_report(name, !missed[0], "%s", missed);
+    }
+}
+
 #endif  // GPU_TEST_UTIL_H

@@ -292,29 +292,11 @@ static void rejected_config_cases(void) {
     }
 }
 
-// Planted errors on a problem's reference (CPU only): every loss of a case must fail check_loss.
-typedef enum { PLANT_ZERO_LOGITS, PLANT_TWICE_THE_BOUND, NUM_PLANTS } Plant;
-static const char* PLANT_NAMES[NUM_PLANTS] = {"gpt_model_planted_loss_of_all_zero_logits_rejected",
-                                              "gpt_model_planted_loss_off_by_twice_the_bound_rejected"};
-
-static void planted_loss_cases(const Problem* pb) {
-    const double zero_logits = log((double)pb->config.vocab_size);  // softmax of equal logits: 1/V each
-    const double planted[NUM_PLANTS][2] = {{zero_logits}, {pb->ref_loss + 2 * TOL_LOSS, pb->ref_loss - 2 * TOL_LOSS}};
-    const int num_planted[NUM_PLANTS] = {1, 2};
-    for (int p = 0; p < NUM_PLANTS; p++) {
-        char missed[512] = "";
-        if (!isfinite(pb->ref_loss)) add_problem(missed, sizeof(missed), "the CPU reference failed (out of memory?)");
-        for (int k = 0; k < num_planted[p] && !missed[0]; k++) {
-            char problems[256] = "";
-            check_loss(pb, planted[p][k], "planted loss", problems, sizeof(problems));
-            printf("  %s: %.6f against the reference's %.6f: %s\n", PLANT_NAMES[p], planted[p][k], pb->ref_loss,
-                   problems[0] ? "rejected" : "PASSES");
-            if (!problems[0])
-                add_problem(missed, sizeof(missed), "loss %.6f passed (reference %.6f, bound %.0e nats)", planted[p][k],
-                            pb->ref_loss, TOL_LOSS);
-        }
-        test_report(PLANT_NAMES[p], !missed[0], "%s", missed);
-    }
+// The test's loss check, for planted_loss_cases (gpu_test_util.h): 1 when it rejects loss.
+static int loss_rejected(const void* problem, double loss) {
+    char problems[256] = "";
+    check_loss((const Problem*)problem, loss, "planted loss", problems, sizeof(problems));
+    return problems[0] != 0;
 }
 
 // (C, NH, NKV): multi-head, grouped-query, multi-query
@@ -324,7 +306,7 @@ static const AttentionBackend BACKENDS[] = {ATTN_NAIVE, ATTN_FLASH1, ATTN_FLASH2
 int main(void) {
     test_begin();
     uint64_t seed = pick_and_print_seed();
-    test_plan((int)(COUNT(REJECTED) + NUM_PLANTS + COUNT(SHAPES) * COUNT(BACKENDS)));
+    test_plan((int)(COUNT(REJECTED) + PLANTED_LOSS_CASES + COUNT(SHAPES) * COUNT(BACKENDS)));
     rejected_config_cases();
 
     GpuInfo gpu = gpu_info(0);
@@ -341,7 +323,7 @@ int main(void) {
         memset(&pb, 0, sizeof(pb));
         // the fp64 reference is quick at these sizes: made without a GPU too, for the planted errors
         problem_make(&pb, seed + 0x9E3779B97F4A7C15ull * k, SHAPES[k][0], SHAPES[k][1], SHAPES[k][2]);
-        if (k == 0) planted_loss_cases(&pb);
+        if (k == 0) planted_loss_cases("gpt_model", &pb, loss_rejected, pb.ref_loss, TOL_LOSS, pb.config.vocab_size);
         for (size_t i = 0; i < COUNT(BACKENDS); i++) gpt_case(&pb, BACKENDS[i], skip_why, stream);
         problem_free(&pb);
     }

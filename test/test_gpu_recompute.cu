@@ -299,30 +299,11 @@ static void activation_bytes_case(const Problem* pb, const char* skip_why) {
     test_report(name, problems[0] == 0, "%s", problems);
 }
 
-// Planted errors on the reference (CPU only): every loss of a case must fail check_reference_loss.
-typedef enum { PLANT_ZERO_LOGITS, PLANT_TWICE_THE_BOUND, NUM_PLANTS } Plant;
-static const char* PLANT_NAMES[NUM_PLANTS] = {"recompute_planted_loss_of_all_zero_logits_rejected",
-                                              "recompute_planted_loss_off_by_twice_the_bound_rejected"};
-
-static void planted_loss_cases(const Problem* pb) {
-    const double zero_logits = log((double)pb->config.vocab_size);  // softmax of equal logits: 1/V each
-    const double planted[NUM_PLANTS][2] = {{zero_logits},
-                                           {pb->ref_loss + 2 * TOL_REF_LOSS, pb->ref_loss - 2 * TOL_REF_LOSS}};
-    const int num_planted[NUM_PLANTS] = {1, 2};
-    for (int p = 0; p < NUM_PLANTS; p++) {
-        char missed[512] = "";
-        if (!isfinite(pb->ref_loss)) add_problem(missed, sizeof(missed), "the CPU reference failed (out of memory?)");
-        for (int k = 0; k < num_planted[p] && !missed[0]; k++) {
-            char problems[256] = "";
-            check_reference_loss(pb, planted[p][k], "planted", problems, sizeof(problems));
-            printf("  %s: %.6f against the CPU's %.6f: %s\n", PLANT_NAMES[p], planted[p][k], pb->ref_loss,
-                   problems[0] ? "rejected" : "PASSES");
-            if (!problems[0])
-                add_problem(missed, sizeof(missed), "loss %.6f passed (CPU %.6f, bound %.0e nats)", planted[p][k],
-                            pb->ref_loss, TOL_REF_LOSS);
-        }
-        test_report(PLANT_NAMES[p], !missed[0], "%s", missed);
-    }
+// The test's loss check, for planted_loss_cases (gpu_test_util.h): 1 when it rejects loss.
+static int loss_rejected(const void* problem, double loss) {
+    char problems[256] = "";
+    check_reference_loss((const Problem*)problem, loss, "planted", problems, sizeof(problems));
+    return problems[0] != 0;
 }
 
 // The recompute cases: backend, GEMM epilogue fusion, LM-head chunk rows (0: one chunk), and whether
@@ -344,13 +325,13 @@ int main(void) {
     test_begin();
     atexit(report_exit_during_case);
     uint64_t seed = pick_and_print_seed();
-    test_plan((int)(1 + COUNT(RECOMPUTE_CASES) + COUNT(CHUNK_BACKENDS) + NUM_PLANTS));
+    test_plan((int)(1 + COUNT(RECOMPUTE_CASES) + COUNT(CHUNK_BACKENDS) + PLANTED_LOSS_CASES));
     GpuInfo gpu = gpu_info(0);
     const char* skip_why = gpu_skip_reason(&gpu, "the model");
     Problem pb;
     memset(&pb, 0, sizeof(pb));
     problem_make(&pb, seed);  // the fp64 reference is quick here: made without a GPU too, for the planted errors
-    planted_loss_cases(&pb);
+    planted_loss_cases("recompute", &pb, loss_rejected, pb.ref_loss, TOL_REF_LOSS, pb.config.vocab_size);
     cudaStream_t stream = 0;
     int hopper = 0;
     if (!skip_why) {
