@@ -17,15 +17,13 @@
 // the kernel producing the tensor) and the FP8 GEMMs plus the three cast-transposes (the gain with
 // separate cast kernels; W's cast is needed once per optimizer step, not per micro-batch).
 // Usage: build/bench_fp8_gemm [--tokens N] [--repeats R] [--model gpt3-1.3b|gpt3-2.7b|all]
-#include <algorithm>
-
 #include "layers/cuda_common.h"
 #include "layers/model/fp8_cast.cuh"
 #include "layers/model/fp8_scaling.cuh"
 #include "layers/model/matmul.cuh"
 #include "layers/model/matmul_fp8.cuh"
+#include "layers/tools/median_time.cuh"
 
-#define BENCH_MAX_REPEATS 1001
 
 // x[i] = uniform in [-1, 1) · scale from a hash of (i, seed), as bf16.
 static __global__ void bench_fill_kernel(__nv_bfloat16* x, size_t n, uint32_t seed, float scale) {
@@ -91,25 +89,22 @@ static void bench_run(const Bench* b, BenchWork w) {
     }
 }
 
+// One work item of a bench, as median_time_ms runs it (on the bench's stream).
+typedef struct {
+    const Bench* bench;
+    BenchWork work;
+} BenchItem;
+
+static void bench_item_run(void* arg, cudaStream_t) {
+    const BenchItem* item = (const BenchItem*)arg;
+    bench_run(item->bench, item->work);
+}
+
 // Median ms of one call of w over `repeats` timed calls, after one warm-up call (which also makes
 // the algorithm choices of a new shape).
 static float bench_median_ms(const Bench* b, BenchWork w, int repeats) {
-    static float ms[BENCH_MAX_REPEATS];
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    bench_run(b, w);
-    for (int r = 0; r < repeats; r++) {
-        CUDA_CHECK(cudaEventRecord(start, b->stream));
-        bench_run(b, w);
-        CUDA_CHECK(cudaEventRecord(stop, b->stream));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
-    }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms, ms + repeats);
-    return ms[repeats / 2];
+    BenchItem item = {b, w};
+    return median_time_ms(bench_item_run, &item, repeats, b->stream);
 }
 
 // The GEMM's (M, N, K) as the table shows them: output rows × columns × reduction.
@@ -225,7 +220,7 @@ static void bench_model(const char* model, int C, int N, int repeats, MatmulCont
 
 static void usage_exit(const char* prog, int status) {
     fprintf(status ? stderr : stdout, "usage: %s [--tokens N (multiple of 16, default 16384)] [--repeats R (1..%d, default 50)] "
-                    "[--model gpt3-1.3b|gpt3-2.7b|all]\n", prog, BENCH_MAX_REPEATS);
+                    "[--model gpt3-1.3b|gpt3-2.7b|all]\n", prog, MEDIAN_TIME_MAX_REPEATS);
     exit(status);
 }
 
@@ -241,7 +236,7 @@ int main(int argc, char** argv) {
         else usage_exit(argv[0], 2);
     }
     const int all = strcmp(model, "all") == 0, small = strcmp(model, "gpt3-1.3b") == 0, big = strcmp(model, "gpt3-2.7b") == 0;
-    if (N < 16 || N % 16 != 0 || repeats < 1 || repeats > BENCH_MAX_REPEATS || !(all || small || big))
+    if (N < 16 || N % 16 != 0 || repeats < 1 || repeats > MEDIAN_TIME_MAX_REPEATS || !(all || small || big))
         usage_exit(argv[0], 2);
     GpuInfo gpu = gpu_info(0);
     if (!gpu.found || gpu.major * 10 + gpu.minor < 89) {

@@ -5,10 +5,9 @@
 //   copy_gbs      cudaMemcpyAsync of 1 GiB, device to device: bytes read + bytes written / time
 // Inputs are random (never zeros: zeros run faster), times are the median of repeated runs after a
 // warm-up, taken with CUDA events. Used by scripts/profile_step.py; `build/gpu_ceilings` alone prints them.
-#include <algorithm>
-
 #include "layers/cuda_common.h"
 #include "layers/model/matmul.cuh"
+#include "layers/tools/median_time.cuh"
 
 #define CEIL_GEMM_SIZE 8192
 #define CEIL_COPY_BYTES ((size_t)1 << 30)
@@ -21,28 +20,6 @@ static __global__ void ceilings_fill_kernel(__nv_bfloat16* x, size_t n, uint32_t
         h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
         x[i] = __float2bfloat16((float)(h >> 8) / 8388608.0f - 1.0f);
     }
-}
-
-// Median milliseconds of one enqueue of work over CEIL_REPEATS timed runs (after one warm-up).
-typedef void (*CeilWork)(void* arg, cudaStream_t stream);
-
-static float median_ms(CeilWork work, void* arg, cudaStream_t stream) {
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    work(arg, stream);
-    float ms[CEIL_REPEATS];
-    for (int r = 0; r < CEIL_REPEATS; r++) {
-        CUDA_CHECK(cudaEventRecord(a, stream));
-        work(arg, stream);
-        CUDA_CHECK(cudaEventRecord(b, stream));
-        CUDA_CHECK(cudaEventSynchronize(b));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[r], a, b));
-    }
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
-    std::sort(ms, ms + CEIL_REPEATS);
-    return ms[CEIL_REPEATS / 2];
 }
 
 typedef struct {
@@ -83,7 +60,7 @@ int main(void) {
     ceilings_fill_kernel<<<1024, 256, 0, stream>>>(g.a, n, 1u);
     ceilings_fill_kernel<<<1024, 256, 0, stream>>>(g.b, n, 2u);
     CUDA_CHECK(cudaGetLastError());
-    const float gemm_ms = median_ms(gemm_work, &g, stream);
+    const float gemm_ms = median_time_ms(gemm_work, &g, CEIL_REPEATS, stream);
     printf("gemm_tflops %.1f\n", 2.0 * CEIL_GEMM_SIZE * (double)n / (gemm_ms * 1e-3) / 1e12);
     CUDA_CHECK(cudaFree(g.a));
     CUDA_CHECK(cudaFree(g.b));
@@ -95,7 +72,7 @@ int main(void) {
     CUDA_CHECK(cudaMalloc(&c.src, CEIL_COPY_BYTES));
     ceilings_fill_kernel<<<1024, 256, 0, stream>>>((__nv_bfloat16*)c.src, CEIL_COPY_BYTES / 2, 3u);
     CUDA_CHECK(cudaGetLastError());
-    const float copy_ms = median_ms(copy_work, &c, stream);
+    const float copy_ms = median_time_ms(copy_work, &c, CEIL_REPEATS, stream);
     printf("copy_gbs %.1f\n", 2.0 * CEIL_COPY_BYTES / (copy_ms * 1e-3) / 1e9);
     CUDA_CHECK(cudaFree(c.dst));
     CUDA_CHECK(cudaFree(c.src));
