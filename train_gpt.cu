@@ -59,6 +59,8 @@ typedef struct {
     AttentionBackend attn;
     int deterministic;            // flash2: dQ added in a fixed order (bit-identical reruns)
     RecomputeMode recompute;      // what the backward recomputes instead of keeping (layers/model/gpt_model.cuh)
+    GPTPrecision precision;       // the blocks' linear layers in bf16 or FP8 (layers/model/gpt_fp8.cuh)
+    Fp8Recipe fp8_recipe;         // how FP8 activation and gradient scales are chosen
     const char* train_data;       // shard path or glob
     const char* val_data;         // shard path or glob; "" = no validation
     int shuffle;
@@ -101,7 +103,8 @@ typedef struct {
 typedef enum {
     OPT_SECTION,  // a heading of --help (help is its title)
     OPT_TEXT,     // a paragraph of --help, printed as it is
-    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_RECOMPUTE, OPT_ZERO, OPT_HELP
+    OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_RECOMPUTE, OPT_PRECISION,
+    OPT_FP8_RECIPE, OPT_ZERO, OPT_HELP
 } OptionKind;
 
 typedef struct {
@@ -140,6 +143,15 @@ static const OptionSpec OPTIONS[] = {
      "and recomputes LayerNorms and GELU (and naive attention's forward) in the backward; full keeps only each "
      "block's input and reruns the block's forward in its backward (about a third more compute). The plan "
      "shows the activation memory of each"},
+    {"precision", 0, OPT_PRECISION, FIELD(precision), "bf16", "P", 0, 0,
+     "bf16 | fp8: fp8 runs the four linear layers of every block (qkv, attention projection, fc, fc projection) "
+     "forward and backward on FP8 tensor cores (Hopper or newer; E4M3 weights and activations, E5M2 gradients, "
+     "per-tensor scales); the LM head, embeddings, LayerNorms, attention and the optimizer stay bf16/fp32. "
+     "Faster, at a small cost in loss (README)"},
+    {"fp8-recipe", 0, OPT_FP8_RECIPE, FIELD(fp8_recipe), "delayed", "R", 0, 0,
+     "delayed | current: with --precision fp8, how activation and gradient scales are chosen: delayed from the "
+     "amax of the last 16 steps, recorded by the casts themselves; current from each tensor's own amax, one more "
+     "pass over it"},
     SECTION("data"),
     {"train-data", 'i', OPT_STRING, FIELD(train_data), "data/tinyshakespeare/tinyshakespeare_train_*.bin",
      "PATTERN", 0, 0, "training shards, a path or a glob"},
@@ -325,6 +337,18 @@ static void set_option(Options* opt, const OptionSpec* o, const char* text) {
                 exit(2);
             }
             break;
+        case OPT_PRECISION:
+            if (gpt_precision_from_name(text, (GPTPrecision*)field) != 0) {
+                fprintf(stderr, "error: --precision expects bf16 or fp8, got \"%s\"\n", text);
+                exit(2);
+            }
+            break;
+        case OPT_FP8_RECIPE:
+            if (fp8_recipe_from_name(text, (Fp8Recipe*)field) != 0) {
+                fprintf(stderr, "error: --fp8-recipe expects delayed or current, got \"%s\"\n", text);
+                exit(2);
+            }
+            break;
         case OPT_ZERO:
             if (strcmp(text, "0") != 0 && strcmp(text, "1") != 0) {
                 fprintf(stderr, "error: --zero expects 0 (no sharding) or 1 (ZeRO-1: optimizer state and master "
@@ -483,6 +507,7 @@ typedef struct {
     double recompute_flops_per_step;       // per GPU: what recomputation adds (hardware FLOPs, not model FLOPs)
     double executed_flops_per_step;        // per GPU: what the kernels execute, recomputation included ("hw")
     const char* recompute_what;            // the GEMM and attention work it repeats, for the plan
+    double fp8_values_per_step;            // per GPU: values the FP8 casts write per step (--precision fp8)
     int device;
     GpuInfo gpu;
 } Plan;
@@ -661,7 +686,20 @@ static GPTModelOptions model_options(const Plan* p, RecomputeMode recompute, cud
     o.deterministic_attention = opt->deterministic;
     o.tune_gemms = !opt->deterministic && opt->attn == ATTN_FLASH2;
     o.pad_multiple = optimizer_pad_multiple(p->world);
+    o.precision = opt->precision;
+    o.fp8_recipe = opt->fp8_recipe;
     return o;
+}
+
+// Values the FP8 casts write per optimizer step and GPU, the denominator of the saturated fraction:
+// per micro step and layer the inputs of the four linear layers (7·N·C; again under --recompute
+// full) and their output gradients (N·(QKV + 6C)); per step the weights (C·(QKV + 9C) per layer).
+static double fp8_values_per_step(const Plan* p) {
+    const GPTConfig* c = &p->config;
+    const double N = (double)p->tokens_per_micro_step, C = c->channels, L = c->num_layers;
+    const double QKV = (double)gpt_qkv_features(c), inputs = 7.0 * N * C;
+    const double micro = L * (inputs * (p->opt->recompute == RECOMPUTE_FULL ? 2.0 : 1.0) + N * (QKV + 6.0 * C));
+    return micro * (double)p->accumulation_steps + L * C * (QKV + 9.0 * C);
 }
 
 // The activation memory of each --recompute mode (from the config alone, before any CUDA call: an
@@ -677,6 +715,7 @@ static void plan_activations(Plan* p) {
     gpt_memory_plan(&memory, &p->config, &o, 0);
     p->recompute_flops_per_step = gpt_recompute_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
     p->executed_flops_per_step = gpt_executed_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
+    p->fp8_values_per_step = opt->precision == PRECISION_FP8 ? fp8_values_per_step(p) : 0.0;
     p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
                         : opt->recompute == RECOMPUTE_SELECTIVE && memory.att_saved_bytes > 0
                             ? "the attention forward (its T^2 part) again in the backward, "
@@ -697,6 +736,7 @@ static void plan_state(Plan* p) {
     h->seed = opt->seed;
     h->train_tokens = p->train.total_tokens, h->train_shards = p->train.num_shards;
     h->attention_backend = (int32_t)opt->attn;
+    h->fp8_state_bytes = opt->precision == PRECISION_FP8 ? (int32_t)gpt_fp8_state_bytes(c->num_layers) : 0;
     h->max_steps = p->steps, h->warmup_steps = opt->warmup_steps;
     h->lr = opt->lr, h->min_lr_fraction = opt->min_lr_fraction;
     h->weight_decay = opt->weight_decay, h->grad_clip = opt->grad_clip;
@@ -711,6 +751,9 @@ static void plan_state(Plan* p) {
     // Per GPU: bf16 weights and gradients, fp32 master weights and two AdamW moments (ZeRO-1: the shard's).
     p->state_bytes = p->world == 1 ? (double)p->num_params * (2 + 2 + 4 + 4 + 4)
                                    : (double)p->padded_params * (2 + 2) + (double)p->state_elems * (4 + 4 + 4);
+    if (opt->precision == PRECISION_FP8)  // the FP8 weights, both layouts, and their scales
+        p->state_bytes += (double)gpt_fp8_weight_bytes(c->num_layers, c->channels, (int)gpt_qkv_features(c)) +
+                          (double)gpt_fp8_state_bytes(c->num_layers);
     p->flops_per_step = gpt_flops_per_sequence(c, opt->seq_len) * (double)(p->total_batch_tokens / opt->seq_len);
     plan_activations(p);
 }
@@ -896,9 +939,13 @@ static void print_plan_run(const Plan* p) {
            p->executed_flops_per_step / 1e12,
            flash ? "attention skips the masked half" : "naive attention multiplies all T x T scores",
            p->recompute_flops_per_step > 0 ? ", recomputation included" : "");
-    printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s); activations extra\n",
+    printf("model state  %.2f GiB%s (bf16 weights + grads, fp32 master + AdamW moments%s%s); activations extra\n",
            gib(p->state_bytes), p->world > 1 ? " per GPU" : "",
-           opt->zero ? ", the last three sharded over the GPUs" : "");
+           opt->zero ? ", the last three sharded over the GPUs" : "",
+           opt->precision == PRECISION_FP8 ? ", FP8 weights in both layouts" : "");
+    if (opt->precision == PRECISION_FP8)
+        printf("precision    fp8: the blocks' linear layers on FP8 tensor cores (E4M3 weights and activations, E5M2 "
+               "gradients), %s scaling; TFLOP/s and MFU keep the bf16 peak\n", FP8_RECIPE_NAMES[opt->fp8_recipe]);
     printf("activations  none %.2f GiB, selective %.2f GiB, full %.2f GiB (--recompute; a %d x %d micro batch%s); "
            "this run: %s\n", gib(p->act_bytes[RECOMPUTE_NONE]), gib(p->act_bytes[RECOMPUTE_SELECTIVE]),
            gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len, p->world > 1 ? ", per GPU" : "",
@@ -1012,6 +1059,7 @@ typedef struct {
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
     TrainingSampler* sampler;  // rank 0 unless --sample-tokens 0, else NULL
     Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
+    unsigned long long fp8_saturated;  // --precision fp8: saturated values counted up to the last step line
 } Trainer;
 
 static double wall_seconds(void) {
@@ -1164,6 +1212,15 @@ static float step_ms(Trainer* t) {
     return ms;
 }
 
+// --precision fp8: the fraction of this step's cast values that saturated (clipped to the format's
+// largest value), 0 when none did or in bf16.
+static double fp8_saturated_fraction(const Plan* p, Trainer* t) {
+    if (p->opt->precision != PRECISION_FP8) return 0.0;
+    const unsigned long long total = gpt_fp8_saturated(&t->model.fp8), step = total - t->fp8_saturated;
+    t->fp8_saturated = total;
+    return (double)step / p->fp8_values_per_step;
+}
+
 // The step line, and its JSON line in --log-file. The ETA: this launch's wall time per step so far
 // (validation and checkpoints included) times the steps left.
 static void log_step(const Plan* p, Trainer* t, long long step, double loss, double lr, float grad_norm, float ms) {
@@ -1177,14 +1234,18 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
     char eta[32];
     format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
                     sizeof(eta));
+    const double saturated = fp8_saturated_fraction(p, t);
+    char fp8[48] = "";
+    if (saturated > 0.0) snprintf(fp8, sizeof(fp8), " | fp8 saturated %.2e", saturated);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
-           "hw %.1f TFLOP/s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu, hw_tflops,
-           eta);
+           "hw %.1f TFLOP/s%s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu,
+           hw_tflops, fp8, eta);
+    if (saturated > 0.0) snprintf(fp8, sizeof(fp8), ", \"fp8_saturated\": %.3e", saturated);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
-                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f, \"hw_tflops_per_gpu\": %.2f}\n",
-                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops);
+                "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f, \"hw_tflops_per_gpu\": %.2f%s}\n",
+                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops, fp8);
 }
 
 // Mean loss over --val-batches validation micro batches (0 or more than there are: all of them).

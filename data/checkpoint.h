@@ -4,13 +4,19 @@
 //   header   CHECKPOINT_HEADER_BYTES (1024): CheckpointHeader below, zero-padded
 //   payload  four arrays of num_params elements, in gpt_config.h's parameter order:
 //            params bf16 (the model's weights), master fp32, adam_m fp32, adam_v fp32
+//   fp8      header.fp8_state_bytes (0: none) of an optional FP8-scales section: the delayed-scaling
+//            states of a --precision fp8 run (amax histories and scales, layers/model/gpt_fp8.cuh's
+//            f->states as they lie in device memory), so that its resume continues exactly. Files of
+//            bf16 runs and of builds before fp8 have 0 there (the field was `reserved`, always zero),
+//            so they stay valid and the header's layout and size are unchanged.
 // ZeRO-1 runs (zero_stage 1, optimizer state sharded over world_size ranks) save one file per rank
 // and step, DIR/step_XXXXXXXX.rankRRofWW.ckpt: the same header with zero_stage, rank and the
 // shard (shard_offset, shard_size elements of the flat parameter vector padded to world_size ·
 // shard_size), and the payload params bf16 (num_params, all of them), then master, adam_m, adam_v
-// fp32 (shard_size each, this rank's shard). A step counts as saved only when all WW files exist.
-// The header's payload_checksum (checkpoint_hash over the payload bytes) catches a corrupt or
-// partly copied file; the file size must be exactly header + payload.
+// fp32 (shard_size each, this rank's shard), then the whole FP8-scales section (every rank's file
+// holds the same one: the states are replicated). A step counts as saved only when all WW files exist.
+// The header's payload_checksum (checkpoint_hash over the payload bytes, the FP8 section included)
+// catches a corrupt or partly copied file; the file size must be exactly header + payload + section.
 //
 // Writing is crash-safe: the payload streams to DIR/.step_XXXXXXXX.ckpt.tmp, the header goes in
 // last, the file is fsync'ed and only then renamed to its final name (rename is atomic on POSIX
@@ -41,6 +47,9 @@
 // any model, and low enough that no size computed from a header overflows int64 (a corrupt header is
 // refused with a message, found by test/fuzz/fuzz_checkpoint.c).
 #define CHECKPOINT_MAX_PARAMS ((int64_t)1 << 48)
+// The largest FP8-scales section a header may claim (64 MiB: 1344 bytes per layer today, so far above
+// any model); a negative or larger fp8_state_bytes is refused as a corrupt header.
+#define CHECKPOINT_MAX_FP8_STATE_BYTES ((int64_t)64 << 20)
 
 typedef struct {
     char magic[8];              // CHECKPOINT_MAGIC
@@ -69,13 +78,15 @@ typedef struct {
     int64_t shard_offset, shard_size;  // the shard: elements [shard_offset, shard_offset + shard_size)
     // grouped-query attention (zero in files of older builds: those models have num_kv_heads = num_heads;
     // checkpoint_kv_heads reads it that way)
-    int32_t num_kv_heads, reserved;
+    int32_t num_kv_heads;
+    // bytes of the FP8-scales section after the four payload arrays (0: none; was `reserved`, always 0)
+    int32_t fp8_state_bytes;
 } CheckpointHeader;
 
 // The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
 // every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (data/README.md).
 typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 216 ? 1 : -1];
-#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"
+#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"  // the last two: num_kv_heads, fp8_state_bytes
 
 // The model's key/value heads: num_kv_heads, or num_heads in a file from before grouped-query attention.
 static inline int32_t checkpoint_kv_heads(const CheckpointHeader* h) {
@@ -90,9 +101,10 @@ static inline int64_t checkpoint_state_elements(const CheckpointHeader* h) {
     return h->zero_stage > 0 ? h->shard_size : h->num_params;
 }
 
-// The payload of a file with header h: bf16 weights (num_params) + three fp32 state arrays.
+// The payload of a file with header h: bf16 weights (num_params) + three fp32 state arrays + the
+// FP8-scales section (fp8_state_bytes, 0 when there is none). Everything the checksum covers.
 static inline int64_t checkpoint_header_payload_bytes(const CheckpointHeader* h) {
-    return h->num_params * 2 + checkpoint_state_elements(h) * 12;
+    return h->num_params * 2 + checkpoint_state_elements(h) * 12 + (int64_t)h->fp8_state_bytes;
 }
 
 // ---- checksum: FNV-1a style over 8-byte little-endian words, fed in pieces of any size ----------
@@ -381,6 +393,10 @@ static inline int checkpoint_writer_commit(CheckpointWriter* w, CheckpointHeader
     header.version = CHECKPOINT_VERSION;
     header.header_bytes = CHECKPOINT_HEADER_BYTES;
     header.payload_checksum = checkpoint_hash_final(&w->hash);
+    if (header.fp8_state_bytes < 0 || header.fp8_state_bytes > CHECKPOINT_MAX_FP8_STATE_BYTES) {
+        errno = EINVAL;
+        return checkpoint_write_fail(w, err, err_len, "fp8_state_bytes out of range (a bug)");
+    }
     if ((int64_t)w->hash.total_bytes != checkpoint_header_payload_bytes(&header)) {
         errno = EINVAL;
         return checkpoint_write_fail(w, err, err_len, "payload size does not match num_params (a bug)");
@@ -452,13 +468,22 @@ static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, 
         why = "corrupt header (zero_stage, rank or shard out of range)";
     } else if (h->num_kv_heads < 0 || h->num_heads < 1 || h->num_heads % checkpoint_kv_heads(h) != 0) {
         why = "corrupt header (num_kv_heads does not divide num_heads)";
+    } else if (h->fp8_state_bytes < 0 || h->fp8_state_bytes > CHECKPOINT_MAX_FP8_STATE_BYTES) {
+        snprintf(detail, sizeof(detail),
+                 "corrupt header (fp8_state_bytes %d: an FP8-scales section must be 0 to %lld bytes)",
+                 (int)h->fp8_state_bytes, (long long)CHECKPOINT_MAX_FP8_STATE_BYTES);
+        why = detail;
     } else {
         long size = -1;
         if (fseek(r->file, 0, SEEK_END) == 0) size = ftell(r->file);
         const int64_t want = CHECKPOINT_HEADER_BYTES + checkpoint_header_payload_bytes(h);
         if (size != (long)want) {
-            snprintf(detail, sizeof(detail), "file is %ld bytes but its header says %lld: truncated or corrupt", size,
-                     (long long)want);
+            char section[96] = "";
+            if (h->fp8_state_bytes > 0)
+                snprintf(section, sizeof(section), " (the payload and a %d-byte FP8-scales section)",
+                         (int)h->fp8_state_bytes);
+            snprintf(detail, sizeof(detail), "file is %ld bytes but its header says %lld%s: truncated or corrupt",
+                     size, (long long)want, section);
             why = detail;
         } else if (fseek(r->file, CHECKPOINT_HEADER_BYTES, SEEK_SET) != 0) {
             why = "cannot seek";

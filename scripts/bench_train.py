@@ -17,6 +17,14 @@ Each optimizer step takes --total-batch-tokens (default 131072: the paper's ~1M-
 8 GPUs, i.e. 8 micro steps of 1.3B at 2k, micro 8). --kv-heads N gives both sides grouped-query attention
 with N key/value heads (train_gpt --kv-heads N; PyTorch SDPA with enable_gqa); records carry kv_heads
 (0: multi-head) and the table names the model gpt3-1.3b/kv4.
+--precision bf16,fp8 runs each implementation in each precision (default bf16 only), in the order
+train_gpt bf16, torch bf16, train_gpt fp8, torch fp8 per config:
+  fp8         train_gpt --precision fp8 (the block GEMMs in FP8); torch_gpt.py bench --fp8: torchao's float8
+              training (tensorwise recipe: dynamic per-tensor scales, cuBLAS FP8 GEMMs) of the blocks' four
+              linear layers, before torch.compile, under the same bf16 autocast (needs torchao on the GPU
+              machine: pip install torchao). Records carry "precision"; the speed and joules-per-step ratios
+              of the precision table are against train_gpt bf16 of the same shape measured by the same
+              invocation. MFU stays against the dense bf16 peak.
 
 Method, the same for both:
   time        a whole optimizer step (all micro steps, clipping, AdamW): train_gpt's JSONL "ms" (CUDA
@@ -41,21 +49,25 @@ Method, the same for both:
 A PyTorch or train_gpt failure (out of memory, a crash, a time-out) becomes a record with its status and
 the last lines of its output; the other configs still run.
 
-Writes <results-dir>/train_<gpu>.json (records: impl, model, seqlen, micro_batch, attn, tokens_per_s,
+Writes <results-dir>/train_<gpu>.json (records: impl, precision, model, seqlen, micro_batch, attn, tokens_per_s,
 tflops_per_gpu, mfu, peak_mem_gb, power_w, sm_mhz, power_capped, joules_per_step, ... with the device,
-date, commit and command) and .md (the table with the train_gpt/torch ratios of TFLOP/s and memory, and
-the power table where power was measured), rewritten after every run. Records of an existing file of the
-same device are kept unless this run measures the same (impl, model, seqlen, micro_batch, attn): several
-invocations with different --configs build one table. Logs of the children go to --out.
+date, commit and command) and .md (the table with the bf16 train_gpt/torch ratios of TFLOP/s and memory,
+the power table where power was measured, and where an fp8 run is there, a table of every (impl,
+precision) with its ratios to train_gpt bf16), rewritten after every run. Records of an existing file of
+the same device are kept unless this run measures the same (impl, precision, model, seqlen, micro_batch,
+attn): several invocations with different --configs build one table. Logs of the children go to --out.
 Prints the table last; exits 1 when a run failed.
 
 Usage (from the repository root on a GPU machine, after `make train_gpt`):
     python3 scripts/bench_train.py                               # the four configs (~10-12 min on an H100)
     python3 scripts/bench_train.py --configs 1.3b-2k,1.3b-8k     # then --configs 2.7b-2k,2.7b-8k: one table
     python3 scripts/bench_train.py --configs gpt2-124m:1024:8 --total-batch-tokens 32768 --impls torch
+    python3 scripts/bench_train.py --configs 1.3b-2k,2.7b-2k --precision bf16,fp8   # + FP8 and torchao float8
 On the lent device machine (10 minutes a call, results only from $OUT), e.g.:
     cp scripts/results/train_h100.json $OUT/ 2>/dev/null; GIT_COMMIT=<sha> python3 scripts/bench_train.py \\
         --configs 1.3b-2k,1.3b-8k --results-dir $OUT --out build/bench_train; tar czf $OUT/logs.tgz build/bench_train
+    (with --precision bf16,fp8 a config takes four runs: one config a call; torchao offline: a wheel fetched
+    elsewhere with `pip download --no-deps torchao`, installed there with `pip install --no-deps <wheel>`)
 """
 import argparse
 import datetime
@@ -80,7 +92,9 @@ CONFIGS = {  # name: (model, seq len, micro batch)
 }
 DEFAULT_CONFIGS = "1.3b-2k,1.3b-8k,2.7b-2k,2.7b-8k"
 IMPLS = ("train_gpt", "torch")
-RECORD_KEY = ("impl", "model", "seqlen", "micro_batch", "attn", "kv_heads")  # kv_heads 0: multi-head
+PRECISIONS = ("bf16", "fp8")  # fp8: train_gpt --precision fp8; torch: torchao float8 of the blocks' linears
+RECORD_KEY = ("impl", "precision", "model", "seqlen", "micro_batch", "attn", "kv_heads")  # kv_heads 0: multi-head
+KEY_DEFAULTS = {"kv_heads": 0, "precision": "bf16"}  # what records from before each key was added measured
 DEFAULT_DATA = "data/tinyshakespeare/tinyshakespeare_train_*.bin"
 
 
@@ -103,13 +117,16 @@ def add_run_options(p, name, warmup, timed, timeout, results):
     p.add_argument("--fresh", action="store_true", help="do not keep the records of an existing results file")
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description="End-to-end training speed and memory: train_gpt vs PyTorch.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Usage" + __doc__.split("Usage", 1)[1])
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated: {', '.join(CONFIGS)} or MODEL:SEQ:MICRO (default {DEFAULT_CONFIGS})")
     p.add_argument("--impls", default="train_gpt,torch", help="comma-separated: train_gpt, torch (default train_gpt,torch)")
+    p.add_argument("--precision", default="bf16",
+                   help="comma-separated: bf16, fp8; each impl runs in each (fp8: train_gpt --precision fp8, torch + "
+                        "torchao float8; include bf16 for the ratios to train_gpt bf16) (default bf16)")
     p.add_argument("--total-batch-tokens", type=int, default=131072, help="tokens per optimizer step (default 131072)")
     add_run_options(p, "bench_train", warmup=2, timed=4, timeout=900, results="train")
     p.add_argument("--kv-heads", type=int, default=0,
@@ -118,10 +135,13 @@ def parse_args():
     p.add_argument("--compile", default="model", choices=("model", "blocks", "none"),
                    help="PyTorch: torch.compile the whole model (default), each block, or nothing")
     p.add_argument("--torch-device", default="cuda", help=argparse.SUPPRESS)  # cpu: to test this script
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     if not args.impls or any(i not in IMPLS for i in args.impls):
         p.error(f"--impls takes {', '.join(IMPLS)}")
+    args.precision = list(dict.fromkeys(x.strip() for x in args.precision.split(",") if x.strip()))
+    if not args.precision or any(x not in PRECISIONS for x in args.precision):
+        p.error(f"--precision takes {', '.join(PRECISIONS)}")
     if args.warmup < 0 or args.timed < 1:
         p.error("--warmup must be >= 0 and --timed >= 1")
     try:
@@ -164,9 +184,14 @@ def log_tail(path, lines=4):
 # ---------------------------------------------------------------------------------------------
 # One run of each implementation
 
-def base_record(impl, args, name, model, seqlen, micro, cmd, log_path):
-    return {"impl": impl, "config": name, "model": model, "seqlen": seqlen, "micro_batch": micro,
-            "kv_heads": args.kv_heads,
+def run_tag(name, impl, precision):
+    """The file name stem of a run's logs: <config>_<impl>, with _fp8 for fp8 runs."""
+    return f"{name.replace(':', '_')}_{impl}" + ("" if precision == "bf16" else f"_{precision}")
+
+
+def base_record(impl, args, name, model, seqlen, micro, cmd, log_path, precision="bf16"):
+    return {"impl": impl, "precision": precision, "config": name, "model": model, "seqlen": seqlen,
+            "micro_batch": micro, "kv_heads": args.kv_heads,
             "attn": args.attn if impl == "train_gpt" else f"sdpa-{args.sdpa}",
             "grad_accum": args.total_batch_tokens // (seqlen * micro), "total_batch_tokens": args.total_batch_tokens,
             "status": "ok", "note": "", "step_ms": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None,
@@ -233,9 +258,9 @@ def finish_record(record, step_ms, args, cfg, peak, poller, wall_s, power):
     return record
 
 
-def run_train_gpt(args, name, model, seqlen, micro, data, peak):
+def run_train_gpt(args, name, model, seqlen, micro, data, peak, precision="bf16"):
     steps = args.warmup + args.timed
-    tag = f"{name.replace(':', '_')}_train_gpt"
+    tag = run_tag(name, "train_gpt", precision)
     log_path, jsonl = os.path.join(args.out, tag + ".log"), os.path.join(args.out, tag + ".jsonl")
     cmd = [args.train_gpt, "--model", model, "--attn", args.attn, "--batch-size", str(micro), "--seq-len",
            str(seqlen), "--total-batch-tokens", str(args.total_batch_tokens), "--max-steps", str(steps),
@@ -245,7 +270,9 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
         cmd += ["--peak-tflops", repr(args.peak_tflops)]
     if args.kv_heads:
         cmd += ["--kv-heads", str(args.kv_heads)]
-    record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path)
+    if precision != "bf16":  # bf16 is train_gpt's default: its command line stays as before --precision
+        cmd += ["--precision", precision]
+    record = base_record("train_gpt", args, name, model, seqlen, micro, cmd, log_path, precision)
     if os.path.exists(jsonl):
         os.unlink(jsonl)
     power = PowerPoller(results_common.gpu_index(), jsonl, is_train_gpt_step)
@@ -260,9 +287,9 @@ def run_train_gpt(args, name, model, seqlen, micro, data, peak):
     return finish_record(record, step_ms, args, cfg, peak, poller, wall, power)
 
 
-def run_torch(args, name, model, seqlen, micro, data, peak):
+def run_torch(args, name, model, seqlen, micro, data, peak, precision="bf16"):
     steps = args.warmup + args.timed
-    tag = f"{name.replace(':', '_')}_torch"
+    tag = run_tag(name, "torch", precision)
     log_path, result_path = os.path.join(args.out, tag + ".log"), os.path.join(args.out, tag + ".json")
     cmd = [args.python, os.path.join("scripts", "torch_gpt.py"), "bench", "--model", model, "--batch-size",
            str(micro), "--seq-len", str(seqlen), "--total-batch-tokens", str(args.total_batch_tokens),
@@ -272,7 +299,9 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
         cmd += ["--device", args.torch_device]
     if args.kv_heads:
         cmd += ["--kv-heads", str(args.kv_heads)]
-    record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path)
+    if precision == "fp8":
+        cmd += ["--fp8"]
+    record = base_record("torch", args, name, model, seqlen, micro, cmd, log_path, precision)
     if os.path.exists(result_path):
         os.unlink(result_path)
     power = PowerPoller(results_common.gpu_index(), log_path, is_torch_step)
@@ -289,7 +318,7 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
     elif rc != 0 or result.get("status") != "ok":
         record["status"] = result["status"] if result.get("status") in ("oom", "error") else "error"
         record["note"] = f"exit {rc}: " + (result.get("message") or log_tail(log_path))
-    for key in ("torch", "peak_reserved_gib", "peak_allocated_gib"):
+    for key in ("torch", "torchao", "fp8_linears", "peak_reserved_gib", "peak_allocated_gib"):
         if key in result:
             record[key] = result[key]
     cfg = tg.gpt_config(model, seq_len=seqlen, kv_heads=args.kv_heads)
@@ -300,20 +329,36 @@ def run_torch(args, name, model, seqlen, micro, data, peak):
 # Results: merge, JSON, markdown, the printed table
 
 def merge(records, new):
-    """records with `new` in place of a record of the same RECORD_KEY (kv_heads 0 in records from before
-    grouped-query attention), or appended."""
-    return results_common.merge(records, new, RECORD_KEY, {"kv_heads": 0})
+    """records with `new` in place of a record of the same RECORD_KEY (KEY_DEFAULTS in records from before
+    grouped-query attention and --precision), or appended."""
+    return results_common.merge(records, new, RECORD_KEY, KEY_DEFAULTS)
 
 
-def grouped(records):
-    """[((model, seqlen, micro_batch), train_gpt's record or None, torch's or None)] in CONFIGS' order."""
+def precision_of(r):
+    """A record's precision; records from before --precision are bf16."""
+    return r.get("precision", "bf16")
+
+
+def run_label(r):
+    """impl, with the precision where it is not bf16: "train_gpt", "torch fp8"."""
+    return r["impl"] + ("" if precision_of(r) == "bf16" else f" {precision_of(r)}")
+
+
+def shape_groups(records):
+    """[((model, seqlen, micro_batch), {(impl, precision): record})] in CONFIGS' order."""
     order = {shape: i for i, shape in enumerate(CONFIGS.values())}
     groups = {}
     for r in records:
         model = r["model"] + (f"/kv{r['kv_heads']}" if r.get("kv_heads") else "")
-        groups.setdefault((model, r["seqlen"], r["micro_batch"]), {})[r["impl"]] = r
-    return [(key, groups[key].get("train_gpt"), groups[key].get("torch"))
-            for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k))]
+        groups.setdefault((model, r["seqlen"], r["micro_batch"]), {})[r["impl"], precision_of(r)] = r
+    return [(key, groups[key]) for key in sorted(groups, key=lambda k: (order.get(k, len(order)), k))]
+
+
+def grouped(records):
+    """[((model, seqlen, micro_batch), train_gpt's bf16 record or None, torch's or None)] in CONFIGS' order,
+    shapes with a bf16 run only."""
+    return [(key, runs.get(("train_gpt", "bf16")), runs.get(("torch", "bf16")))
+            for key, runs in shape_groups(records) if ("train_gpt", "bf16") in runs or ("torch", "bf16") in runs]
 
 
 def shape_cells(key, accum):
@@ -375,8 +420,57 @@ def text_table(rows):
     return results_common.text_table(HEADER, rows)
 
 
+PRECISION_HEADER = ["model", "seq", "micro x accum", "impl", "precision", "TFLOP/s", "MFU", "tok/s", "GiB", "W",
+                    "J/step", "power-capped", "speed / train_gpt bf16", "J/step / train_gpt bf16"]
+PRECISION_NOTE = ("Every implementation in every precision: fp8 = `train_gpt --precision fp8`, and for torch "
+                  "torchao's float8 training (`torch_gpt.py bench --fp8`: convert_to_float8_training, tensorwise "
+                  "recipe, of the blocks' qkv, attproj, fc and fcproj, before torch.compile, under bf16 autocast). "
+                  "Speed (tokens/s) and joules per step against train_gpt bf16 of the same shape measured by the "
+                  "same invocation ('-' where it has none); MFU against the dense bf16 peak.")
+
+
+def has_precisions(records):
+    """Whether any record ran in another precision than bf16 (then the precision table is shown)."""
+    return any(precision_of(r) != "bf16" for r in records)
+
+
+def invocation(r):
+    """What tells one bench_train.py invocation from another in its records: its start time and command."""
+    return r.get("date"), r.get("bench_command")
+
+
+def precision_rows(records):
+    """One row per (shape, impl, precision): train_gpt bf16, train_gpt fp8, torch bf16, torch fp8, with speed
+    and joules per step over train_gpt bf16's, where that run is ok and from the same invocation."""
+    rows = []
+    for key, runs in shape_groups(records):
+        base = runs.get(("train_gpt", "bf16"))
+        for impl in IMPLS:
+            for precision in PRECISIONS:
+                r = runs.get((impl, precision))
+                if r is None:
+                    continue
+                ok = r["status"] == "ok"
+                same_run = ok and base is not None and base["status"] == "ok" and invocation(base) == invocation(r)
+
+                def cell(field, form):
+                    return form(r[field]) if ok and r.get(field) is not None else "-"
+
+                def ratio(field):
+                    return f"{r[field] / base[field]:.2f}x" if same_run and r.get(field) and base.get(field) else "-"
+
+                rows.append([*shape_cells(key, r["grad_accum"]), impl, precision,
+                             cell("tflops_per_gpu", lambda v: f"{v:.0f}") if ok else r["status"].upper(),
+                             cell("mfu", lambda v: f"{100 * v:.1f}%"), cell("tokens_per_s", lambda v: f"{v:.0f}"),
+                             cell("peak_mem_gb", lambda v: f"{v:.1f}"), cell("power_w", lambda v: f"{v:.0f}"),
+                             cell("joules_per_step", lambda v: f"{v:.0f}"),
+                             cell("power_capped", lambda v: f"{100 * v:.0f}%"),
+                             ratio("tokens_per_s"), ratio("joules_per_step")])
+    return rows
+
+
 def notes(records):
-    return [f"{r['impl']} {r['model']} seq {r['seqlen']} micro {r['micro_batch']}: {r['status']}: {r['note']}"
+    return [f"{run_label(r)} {r['model']} seq {r['seqlen']} micro {r['micro_batch']}: {r['status']}: {r['note']}"
             for r in records if r["status"] != "ok" or r["note"]]
 
 
@@ -396,12 +490,18 @@ def write_results(meta, records, json_path, md_path, attn="flash2"):
                "and the share of them in which the software power cap held the clocks back):", "",
                "| " + " | ".join(POWER_HEADER) + " |", "|---|---|---|" + "---:|" * (len(POWER_HEADER) - 3)]
         md += ["| " + " | ".join(r) + " |" for r in power]
+    if has_precisions(records):
+        md += ["", PRECISION_NOTE, "",
+               "| " + " | ".join(PRECISION_HEADER) + " |",
+               "|---|---|---|---|---|" + "---:|" * (len(PRECISION_HEADER) - 5)]
+        md += ["| " + " | ".join(r) + " |" for r in precision_rows(records)]
     md += results_common.runs_and_notes(records, notes(records))
     results_common.write_text(md_path, "\n".join(md) + "\n")
 
 
-def summary_line(r):
-    where = f"{r['config']:14} {r['impl']:9}"
+def summary_line(r, width=9):
+    """A run's line on the terminal; width: of the impl label ("train_gpt fp8" needs 13)."""
+    where = f"{r['config']:14} {run_label(r):{width}}"
     if r["status"] != "ok":
         return f"{where} {r['status'].upper()}: {r['note']}"
     mem = f"{r['peak_mem_gb']:.1f} GiB ({r['mem_source']})" if r["peak_mem_gb"] is not None else "memory not measured"
@@ -444,8 +544,8 @@ def run_meta(device, peak, argv=None):
             "peak_tflops": peak}
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     if "train_gpt" in args.impls and not os.path.exists(args.train_gpt):
         sys.exit(f"bench_train.py: error: {args.train_gpt} not found; build it with `make train_gpt`")
     os.makedirs(args.out, exist_ok=True)
@@ -453,7 +553,7 @@ def main():
     peak = peak_for(args.peak_tflops, device)
     data = training_data(args.train_data, args.out, max(2 * args.total_batch_tokens + 1, 1 << 20))
     json_path, md_path = results_paths(args.results_dir, "train", device)
-    meta = run_meta(device, peak)
+    meta = run_meta(device, peak, argv)
     now, commit, command = meta["date"], meta["commit"], meta["command"]
     meta.update({
             "method": f"median time of a whole optimizer step over {args.timed} steps after {args.warmup} "
@@ -470,14 +570,14 @@ def main():
 
     failed = 0
     for name, model, seqlen, micro in args.configs:
-        for impl in args.impls:
+        for impl, precision in [(i, x) for x in args.precision for i in args.impls]:  # bf16 pair, then fp8 pair
             runner = run_train_gpt if impl == "train_gpt" else run_torch
-            record = runner(args, name, model, seqlen, micro, data, peak)
+            record = runner(args, name, model, seqlen, micro, data, peak, precision)
             record.update(date=now, commit=commit, bench_command=command, data=os.path.relpath(data, REPO_ROOT))
             failed += record["status"] != "ok"
             records = merge(records, record)
             write_results(meta, records, json_path, md_path, args.attn)
-            print(summary_line(record), flush=True)
+            print(summary_line(record, 9 if args.precision == ["bf16"] else 13), flush=True)
 
     print()
     for n in notes(records):
@@ -490,6 +590,10 @@ def main():
     if power:
         print("\npower over the timed steps (NVML):")
         print(results_common.text_table(POWER_HEADER, power))
+    if has_precisions(records):
+        print("\nevery impl and precision (fp8: train_gpt --precision fp8, torch + torchao float8 tensorwise); "
+              "ratios to train_gpt bf16 of the same invocation:")
+        print(results_common.text_table(PRECISION_HEADER, precision_rows(records), left=(0, 3, 4)))
     return 1 if failed else 0
 
 

@@ -26,9 +26,11 @@ Our files (read here without PyTorch; tensors are memory-mapped, not loaded whol
   llm.c model file (data/model_file.h): 256 int32 (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V,
     L, NH, C, Vp, the rest zero), then the 16 tensors.
   checkpoint (data/checkpoint.h): a 1024-byte header (CHECKPOINT_STRUCT_FORMAT), then the bf16 weights
-    (the ones train_gpt computes with), then the fp32 master weights, AdamW m and v. ZeRO-1 runs save one
-    file per rank holding all bf16 weights but only the rank's shard of the master weights. The header's
-    payload checksum is not verified here (train_gpt does it on --resume); the file size is.
+    (the ones train_gpt computes with), then the fp32 master weights, AdamW m and v, then an optional
+    section of FP8 scales (header field fp8_state_bytes, 0: none; a --precision fp8 run's, not read here).
+    ZeRO-1 runs save one file per rank holding all bf16 weights but only the rank's shard of the master
+    weights. The header's payload checksum is not verified here (train_gpt does it on --resume); the file
+    size is.
   Values keep their bits: bf16 as uint16 bit patterns, fp32 as float32; conversion between the two
   happens only when asked (fp32 -> bf16 rounds to nearest even, as train_gpt does; bf16 -> fp32 is exact).
 
@@ -117,9 +119,10 @@ CHECKPOINT_FIELDS = ("magic", "version", "header_bytes", "num_layers", "channels
                      "total_batch_tokens", "seed", "train_tokens", "train_shards", "attention_backend", "step",
                      "data_epoch", "data_shard_index", "data_chunk_index", "max_steps", "warmup_steps", "lr",
                      "min_lr_fraction", "weight_decay", "grad_clip", "num_params", "payload_checksum",
-                     "zero_stage", "rank", "shard_offset", "shard_size", "num_kv_heads", "reserved")
+                     "zero_stage", "rank", "shard_offset", "shard_size", "num_kv_heads", "fp8_state_bytes")
 CHECKPOINT_KNOWN_BYTES = struct.calcsize(CHECKPOINT_STRUCT_FORMAT)  # 216; the rest of the header is zero
 CHECKPOINT_KV_HEADS_BYTE = 208  # num_kv_heads: 0 (older files) or num_heads for a multi-head model
+CHECKPOINT_MAX_FP8_STATE_BYTES = 64 << 20  # data/checkpoint.h: the largest FP8-scales section a header may claim
 
 DTYPES = ("fp32", "bf16")
 SAFETENSORS_CODES = {"fp32": "F32", "bf16": "BF16"}
@@ -298,9 +301,14 @@ def read_checkpoint_header(path):
                                 h["shard_size"] * h["world_size"] >= P):
         raise FormatError(f"{path}: corrupt header (ZeRO-1 rank {h['rank']} of {h['world_size']}, shard "
                           f"{h['shard_offset']} + {h['shard_size']})")
-    want = CHECKPOINT_HEADER_BYTES + 2 * P + 12 * state
+    fp8 = h["fp8_state_bytes"]  # the FP8-scales section after the four arrays (0: none)
+    if not 0 <= fp8 <= CHECKPOINT_MAX_FP8_STATE_BYTES:
+        raise FormatError(f"{path}: corrupt header (fp8_state_bytes {fp8}: an FP8-scales section must be 0 to "
+                          f"{CHECKPOINT_MAX_FP8_STATE_BYTES} bytes)")
+    want = CHECKPOINT_HEADER_BYTES + 2 * P + 12 * state + fp8
     if size != want:
-        raise FormatError(f"{path}: {size} bytes, but its header says {want}: truncated or corrupt")
+        section = f" (the payload and a {fp8}-byte FP8-scales section)" if fp8 else ""
+        raise FormatError(f"{path}: {size} bytes, but its header says {want}{section}: truncated or corrupt")
     h["cfg"] = cfg
     return h
 

@@ -48,6 +48,8 @@ VOCAB_PADDED = 50304
 
 # Layer kind of a kernel, by its name: the first pattern that matches (case-insensitive).
 KINDS = [
+    ("fp8 casts", r"fp8_cast|fp8_amax"),  # --precision fp8: the casts (with GELU, dGELU, dbias sums folded in)
+    ("fp8 scales", r"fp8_delayed|fp8_current"),
     ("gemm bias-grad (cuBLASLt)", r"bgrad"),
     ("gemm split-K reduce (cuBLASLt)", r"splitkreduce|reduce_kernel.*cublas"),
     ("gemm", r"gemm|gemv|xmma|nvjet|cutlass|cublas"),
@@ -64,7 +66,7 @@ KINDS = [
 ]
 OPTIMIZER_KINDS = ("adamw", "global norm")
 EPILOGUE_KINDS = ("matmul dbias/dGELU kernels", "gelu")  # the matmul layer's own kernels after a GEMM
-MEMORY_KINDS = ("matmul dbias/dGELU kernels", "layernorm", "gelu", "cross-entropy", "adamw", "global norm",
+MEMORY_KINDS = ("fp8 casts", "matmul dbias/dGELU kernels", "layernorm", "gelu", "cross-entropy", "adamw", "global norm",
                 "encoder", "gemm bias-grad (cuBLASLt)", "gemm split-K reduce (cuBLASLt)")
 
 

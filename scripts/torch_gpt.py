@@ -36,6 +36,12 @@ optimizer steps:
 It prints one line per step and writes a JSON result (status "ok", "oom" or "error"; the time of every
 step, the first one including torch.compile; losses; peak memory) even when the run fails; exit 0 when
 ok, 3 when out of GPU memory, 1 on another error.
+`--fp8` trains the four linear layers of every block (qkv, attproj, fc, fcproj) in float8 with torchao
+(`pip install torchao`): convert_to_float8_training with the tensorwise recipe (dynamic per-tensor
+scales, e4m3 inputs and weights, e5m2 output gradients, cuBLAS FP8 GEMMs), applied before torch.compile,
+under the same bf16 autocast; the LM head (tied to wte), the embeddings and the LayerNorms stay as they
+are, and so does a layer with a dimension that is not a multiple of 16 (cuBLAS's FP8 GEMMs need that).
+The PyTorch side of `bench_train.py --precision fp8`.
 """
 import argparse
 import dataclasses
@@ -500,8 +506,55 @@ def sdpa_context(name):
     return sdpa_kernel([backend])
 
 
+# The block linear layers --fp8 converts (the LM head is F.linear on wte: there is no nn.Linear to convert)
+FLOAT8_LINEARS = ("qkv", "attproj", "fc", "fcproj")
+TORCHAO_HINT = "pip install torchao (0.10 or newer, the release built for this torch version)"
+
+
+class MissingDependency(RuntimeError):
+    """A package an option needs is not installed; the message says how to install it."""
+
+
+def float8_api():
+    """(Float8LinearConfig, convert_to_float8_training) of torchao, or MissingDependency saying how to get it."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as err:
+        raise MissingDependency(f"--fp8 needs torchao's float8 training, which does not import here ({err}); "
+                                f"install it with: {TORCHAO_HINT}") from err
+    return Float8LinearConfig, convert_to_float8_training
+
+
+def float8_filter(module, fqn):
+    """Whether convert_to_float8_training swaps this module: the four linear layers of a block
+    (blocks.<i>.qkv/attproj/fc/fcproj), when both their dimensions are multiples of 16 (the FP8 GEMMs'
+    requirement; torchao would fail on the others)."""
+    parts = fqn.split(".")
+    return (isinstance(module, nn.Linear) and len(parts) == 3 and parts[0] == "blocks"
+            and parts[2] in FLOAT8_LINEARS and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def convert_to_float8_(model, emulate=False):
+    """Swaps the blocks' linear layers (float8_filter) for torchao's Float8Linear, tensorwise recipe (the
+    default config where from_recipe_name is missing or does not know the name: the same recipe, dynamic
+    per-tensor scales). The parameters stay the same tensors. emulate: float8 casts without FP8 GEMMs
+    (CPU, to test the script). Returns the names of the swapped layers."""
+    Float8LinearConfig, convert = float8_api()
+    try:
+        config = Float8LinearConfig.from_recipe_name("tensorwise")
+    except (AttributeError, AssertionError, ValueError):  # a torchao before the recipe names
+        config = Float8LinearConfig()
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
+    swapped = [name for name, module in model.named_modules() if float8_filter(module, name)]
+    convert(model, module_filter_fn=float8_filter, config=config)
+    return swapped
+
+
 def bench(args):
     """Trains `args.steps` optimizer steps and returns the result record (see the module doc)."""
+    if args.fp8:
+        float8_api()  # before building anything: a missing torchao fails at once, with how to install it
     cfg = gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.kv_heads)
     tokens_per_micro = args.batch_size * args.seq_len
     total = args.total_batch_tokens or tokens_per_micro
@@ -513,6 +566,9 @@ def bench(args):
               "micro_batch": args.batch_size, "grad_accum": accum, "total_batch_tokens": total,
               "sdpa": args.sdpa, "compile": args.compile, "checkpoint_blocks": args.checkpoint_blocks,
               "torch": torch.__version__, "step_ms": [], "losses": []}
+    if args.fp8:
+        import torchao
+        result.update(fp8="torchao float8 tensorwise", torchao=getattr(torchao, "__version__", "unknown"))
     if torch.device(device).type == "cuda":
         result["device"] = torch.cuda.get_device_name()
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls (none under autocast) as PyTorch users run them
@@ -521,12 +577,19 @@ def bench(args):
           f"C{cfg.channels} NH{cfg.num_heads} NKV{cfg.num_kv_heads} ({num_params(cfg)} params), "
           f"B {args.batch_size} x T {args.seq_len}, "
           f"{accum} micro steps per step, SDPA {args.sdpa}, compile {args.compile}"
-          f"{', checkpointing every block' if args.checkpoint_blocks else ''}", flush=True)
+          f"{', checkpointing every block' if args.checkpoint_blocks else ''}"
+          f"{', torchao float8 (tensorwise) ' + result['torchao'] if args.fp8 else ''}", flush=True)
 
     with torch.device(device):  # built on the device: no slow CPU init of billions of parameters
         model = GPT(cfg)
     gpt2_init_(model, args.seed)
     model.checkpoint_blocks = args.checkpoint_blocks
+    if args.fp8:  # before torch.compile, which then fuses the float8 casts and scales
+        swapped = convert_to_float8_(model, emulate=torch.device(device).type != "cuda")
+        result["fp8_linears"] = len(swapped)
+        print(f"float8: {len(swapped)} of {4 * cfg.num_layers} block linear layers swapped"
+              + ("" if len(swapped) == 4 * cfg.num_layers else " (the rest have a dimension not a multiple of 16)"),
+              flush=True)
     optimizer = make_adamw(model, args.lr, args.weight_decay, fused=torch.device(device).type == "cuda")
     if args.compile == "model":
         runner = torch.compile(model, dynamic=False)
@@ -600,10 +663,15 @@ def main(argv=None):
                         "block's input and recompute the block in the backward")
     b.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
                    help="bf16: fp32 parameters under bf16 autocast (default); fp32: no autocast")
+    b.add_argument("--fp8", action="store_true",
+                   help="torchao float8 training (tensorwise recipe) of the blocks' linear layers, under the bf16 "
+                        f"autocast (needs torchao: {TORCHAO_HINT})")
     b.add_argument("--device", default="cuda", help="torch device (default cuda; cpu only to test the script)")
     b.add_argument("--result-json", help="write the result record here (also when the run fails)")
     args = parser.parse_args(argv)
     require_torch()
+    if args.fp8 and args.dtype != "bf16":
+        parser.error("--fp8 runs under the bf16 autocast: use it with --dtype bf16")
 
     try:
         result, code = bench(args), 0
@@ -614,7 +682,8 @@ def main(argv=None):
                   "micro_batch": args.batch_size, "message": f"{type(err).__name__}: {first_line}"[:500]}
         if torch is not None and torch.cuda.is_available():
             result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-        traceback.print_exc()
+        if not isinstance(err, MissingDependency):  # its message says all; a traceback would bury it
+            traceback.print_exc()
         print(f"torch_gpt.py: {'out of GPU memory' if oom else 'error'}: {result['message']}", file=sys.stderr)
         code = 3 if oom else 1
     if args.result_json:

@@ -4,11 +4,15 @@
 // Round trips must give back every byte and header field; a flipped payload byte must fail the
 // checksum; truncated, padded or foreign files must be refused at open with the reason; a save
 // leaves no temporary file and an aborted one leaves nothing; the newest checkpoint is found by
-// step, and pruning keeps exactly the newest N.
+// step, and pruning keeps exactly the newest N. The FP8-scales section (header.fp8_state_bytes) is
+// part of the payload: it round-trips (plain and ZeRO-1), the checksum covers it, a file that lacks
+// it and a negative or huge size are refused at open, and a file without one (0, as every older
+// file) reads as before.
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, opendir, unlink under -std=c11
 
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +23,11 @@
 
 #define ERR_LEN (CHECKPOINT_PATH_MAX + 512)
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+// An FP8-scales section as a 3-layer fp8 model saves it: 3 layers x 4 linears x 3 roles x 112 bytes.
+#define FP8_TEST_BYTES (3 * 4 * 3 * 112)
+// Where fp8_state_bytes lies in the file (scripts/hf_gpt2.py reads it there: the header's last int32).
+#define FP8_FIELD_AT 212
+typedef char fp8_field_at_212[offsetof(CheckpointHeader, fp8_state_bytes) == FP8_FIELD_AT ? 1 : -1];
 
 static char g_dir[256];
 static TestRng g_rng;
@@ -84,7 +93,7 @@ static CheckpointHeader random_header(int64_t step, int64_t num_params) {
 static int save(const char* dir, CheckpointHeader h, const unsigned char* payload, char* err) {
     CheckpointWriter w;
     if (checkpoint_writer_open(&w, dir, h.step, err, ERR_LEN) != 0) return -1;
-    size_t total = (size_t)checkpoint_payload_bytes(h.num_params), done = 0;
+    size_t total = (size_t)checkpoint_header_payload_bytes(&h), done = 0;  // the FP8 section too
     while (done < total) {
         size_t n = 1 + (size_t)(test_rng_next(&g_rng) % 4099);
         if (n > total - done) n = total - done;
@@ -99,7 +108,7 @@ static int load(const char* path, CheckpointHeader* h, unsigned char* payload, s
     CheckpointReader r;
     if (checkpoint_reader_open(&r, path, err, ERR_LEN) != 0) return -1;
     *h = r.header;
-    size_t total = (size_t)checkpoint_payload_bytes(r.header.num_params);
+    size_t total = (size_t)checkpoint_header_payload_bytes(&r.header);
     if (total > cap) {
         checkpoint_reader_close(&r);
         snprintf(err, ERR_LEN, "payload larger than expected");
@@ -186,24 +195,30 @@ static void test_round_trip(void) {
     free(back);
 }
 
-// Writes a good checkpoint, damages it with `damage`, and expects `phase` ("open" or "finish") to fail
-// with an error containing `word`.
-static void expect_refused(const char* name, void (*damage)(const char* path), const char* phase, const char* word) {
+// Writes a good checkpoint (with an FP8-scales section of fp8_bytes, 0: none), damages it with
+// `damage`, and expects `phase` ("open" or "finish") to fail with an error containing `word`.
+static void expect_refused(const char* name, void (*damage)(const char* path), const char* phase, const char* word,
+                           int fp8_bytes) {
     char err[ERR_LEN] = "";
     const int64_t num_params = 777;
-    const size_t bytes = (size_t)checkpoint_payload_bytes(num_params);
+    CheckpointHeader h = random_header(7, num_params);
+    h.fp8_state_bytes = fp8_bytes;
+    const size_t bytes = (size_t)checkpoint_header_payload_bytes(&h);
     unsigned char* payload = (unsigned char*)malloc(bytes);
     fill_random(payload, bytes);
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_path(path, sizeof(path), g_dir, 7);
-    if (save(g_dir, random_header(7, num_params), payload, err) != 0) {
+    if (save(g_dir, h, payload, err) != 0) {
         test_fail(name, "save: %s", err);
     } else {
         damage(path);
         CheckpointReader r;
         int opened = checkpoint_reader_open(&r, path, err, ERR_LEN) == 0;
         if (opened) {
-            int read_ok = checkpoint_reader_read(&r, payload, bytes, err, ERR_LEN) == 0;
+            // what the (damaged) header says, as train_gpt reads it; more than was written: not read
+            const size_t claimed = (size_t)checkpoint_header_payload_bytes(&r.header);
+            int read_ok = claimed <= bytes && checkpoint_reader_read(&r, payload, claimed, err, ERR_LEN) == 0;
+            if (claimed > bytes) snprintf(err, ERR_LEN, "opened, claiming %zu payload bytes", claimed);
             int finished = read_ok && checkpoint_reader_finish(&r, err, ERR_LEN) == 0;
             checkpoint_reader_close(&r);
             if (finished) test_fail(name, "the damaged checkpoint was accepted");
@@ -218,7 +233,7 @@ static void expect_refused(const char* name, void (*damage)(const char* path), c
     free(payload);
 }
 
-static void flip_payload_byte(const char* path) {
+static void flip_payload_byte(const char* path) {  // in the four arrays
     FILE* f = fopen(path, "r+b");
     long at = CHECKPOINT_HEADER_BYTES + (long)(test_rng_next(&g_rng) % checkpoint_payload_bytes(777));
     fseek(f, at, SEEK_SET);
@@ -236,6 +251,30 @@ static void truncate_or_exit(const char* path, off_t bytes) {
     }
 }
 static void truncate_file(const char* path) { truncate_or_exit(path, CHECKPOINT_HEADER_BYTES + 100); }
+// The FP8 damages: the file of expect_refused has 777 parameters (and FP8_TEST_BYTES of section, or none).
+static const off_t ARRAYS_END = CHECKPOINT_HEADER_BYTES + 777 * 14;
+static void flip_fp8_section_byte(const char* path) {
+    FILE* f = fopen(path, "r+b");
+    long at = (long)ARRAYS_END + (long)(test_rng_next(&g_rng) % FP8_TEST_BYTES);
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x01, f);
+    fclose(f);
+}
+static void cut_fp8_section(const char* path) { truncate_or_exit(path, ARRAYS_END + FP8_TEST_BYTES / 2); }
+// Sets fp8_state_bytes and sizes the file to match it, so that only the range check can refuse it.
+static void set_fp8_state_bytes(const char* path, int32_t value) {
+    FILE* f = fopen(path, "r+b");
+    fseek(f, FP8_FIELD_AT, SEEK_SET);
+    fwrite(&value, 4, 1, f);
+    fclose(f);
+    truncate_or_exit(path, ARRAYS_END + value);  // larger: a sparse file, nothing written
+}
+static void negative_fp8_state_bytes(const char* path) { set_fp8_state_bytes(path, -56); }
+static void huge_fp8_state_bytes(const char* path) {
+    set_fp8_state_bytes(path, (int32_t)CHECKPOINT_MAX_FP8_STATE_BYTES + 8);
+}
 static void append_byte(const char* path) {
     FILE* f = fopen(path, "ab");
     fputc(0, f);
@@ -254,23 +293,160 @@ static void bump_version(const char* path) {
     fclose(f);
 }
 
-// Each damage of a good checkpoint, the phase that must refuse it and a word of the error.
+// Each damage of a good checkpoint (with an FP8 section of fp8_bytes, or none), the phase that must
+// refuse it and a word of the error.
 static const struct {
     const char* name;
     void (*damage)(const char* path);
     const char* phase;
     const char* word;
+    int fp8_bytes;
 } REFUSALS[] = {
-    {"checkpoint_flipped_payload_byte_fails_the_checksum", flip_payload_byte, "finish", "checksum"},
-    {"checkpoint_truncated_is_refused_at_open", truncate_file, "open", "truncated"},
-    {"checkpoint_extra_byte_is_refused_at_open", append_byte, "open", "truncated or corrupt"},
-    {"checkpoint_bad_magic_is_refused_at_open", break_magic, "open", "not a train_gpt checkpoint"},
-    {"checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version"},
+    {"checkpoint_flipped_payload_byte_fails_the_checksum", flip_payload_byte, "finish", "checksum", 0},
+    {"checkpoint_truncated_is_refused_at_open", truncate_file, "open", "truncated", 0},
+    {"checkpoint_extra_byte_is_refused_at_open", append_byte, "open", "truncated or corrupt", 0},
+    {"checkpoint_bad_magic_is_refused_at_open", break_magic, "open", "not a train_gpt checkpoint", 0},
+    {"checkpoint_newer_version_is_refused_at_open", bump_version, "open", "version", 0},
+    {"checkpoint_fp8_section_flipped_byte_fails_the_checksum", flip_fp8_section_byte, "finish", "checksum",
+     FP8_TEST_BYTES},
+    {"checkpoint_fp8_section_cut_short_is_refused_at_open", cut_fp8_section, "open", "FP8-scales section",
+     FP8_TEST_BYTES},
+    {"checkpoint_negative_fp8_state_bytes_is_refused_at_open", negative_fp8_state_bytes, "open",
+     "corrupt header (fp8_state_bytes -56", 0},
+    {"checkpoint_huge_fp8_state_bytes_is_refused_at_open", huge_fp8_state_bytes, "open",
+     "corrupt header (fp8_state_bytes 67108872", 0},
 };
 
 static void test_refusals(void) {
     for (size_t i = 0; i < COUNT(REFUSALS); i++)
-        expect_refused(REFUSALS[i].name, REFUSALS[i].damage, REFUSALS[i].phase, REFUSALS[i].word);
+        expect_refused(REFUSALS[i].name, REFUSALS[i].damage, REFUSALS[i].phase, REFUSALS[i].word,
+                       REFUSALS[i].fp8_bytes);
+}
+
+// The size of the file at `path`, or -1.
+static long file_size(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+// The FP8-scales section round-trips: its bytes (and the arrays') come back with the checksum passing
+// and the file exactly header + arrays + section; the same for one rank's file of a ZeRO-1 step
+// (every rank's file holds the whole section).
+static void test_fp8_section_round_trips(void) {
+    const char* name = "checkpoint_fp8_section_round_trip_keeps_every_byte";
+    char err[ERR_LEN] = "", path[CHECKPOINT_PATH_MAX];
+    const int64_t num_params = 500 + (int64_t)(test_rng_next(&g_rng) % 2000);
+    CheckpointHeader h = random_header(12, num_params), got;
+    h.fp8_state_bytes = FP8_TEST_BYTES;
+    const size_t bytes = (size_t)checkpoint_header_payload_bytes(&h);
+    unsigned char* payload = (unsigned char*)malloc(bytes);
+    unsigned char* back = (unsigned char*)malloc(bytes);
+    fill_random(payload, bytes);
+    memset(back, 0xAB, bytes);
+    checkpoint_path(path, sizeof(path), g_dir, 12);
+    const long want_size = CHECKPOINT_HEADER_BYTES + (long)num_params * 14 + FP8_TEST_BYTES;
+    if (bytes != (size_t)num_params * 14 + FP8_TEST_BYTES)
+        test_fail(name, "payload bytes %zu leave out the section", bytes);
+    else if (save(g_dir, h, payload, err) != 0) test_fail(name, "save: %s", err);
+    else if (file_size(path) != want_size) test_fail(name, "file is %ld bytes, want %ld", file_size(path), want_size);
+    else if (load(path, &got, back, bytes, err) != 0) test_fail(name, "load: %s", err);
+    else if (got.fp8_state_bytes != FP8_TEST_BYTES)
+        test_fail(name, "fp8_state_bytes %d after the round trip", got.fp8_state_bytes);
+    else if (memcmp(payload, back, bytes) != 0) test_fail(name, "payload or section differs after the round trip");
+    else test_pass(name);
+    remove_all(g_dir);
+
+    name = "checkpoint_fp8_section_sharded_round_trip";  // rank 0 of 3: params (all), 3 x shard, section
+    h = random_header(40, 101);
+    h.world_size = 3, h.zero_stage = 1, h.rank = 0, h.shard_size = 40, h.shard_offset = 0;
+    h.fp8_state_bytes = FP8_TEST_BYTES;
+    const size_t sharded = (size_t)checkpoint_header_payload_bytes(&h);
+    CheckpointWriter w;
+    CheckpointReader r;
+    memset(back, 0xAB, bytes);
+    char p[CHECKPOINT_PATH_MAX];
+    checkpoint_path_rank(p, sizeof(p), g_dir, 40, 0, 3);
+    int ok = sharded == 101 * 2 + 40 * 12 + FP8_TEST_BYTES && sharded <= bytes &&
+             checkpoint_writer_open_rank(&w, g_dir, 40, 0, 3, err, ERR_LEN) == 0 &&
+             checkpoint_writer_append(&w, payload, sharded, err, ERR_LEN) == 0 &&
+             checkpoint_writer_commit(&w, h, err, ERR_LEN) == 0 &&
+             file_size(p) == CHECKPOINT_HEADER_BYTES + (long)sharded &&
+             checkpoint_reader_open(&r, p, err, ERR_LEN) == 0;
+    if (ok) {
+        ok = r.header.fp8_state_bytes == FP8_TEST_BYTES &&
+             checkpoint_reader_read(&r, back, sharded, err, ERR_LEN) == 0 &&
+             checkpoint_reader_finish(&r, err, ERR_LEN) == 0 && memcmp(back, payload, sharded) == 0;
+        checkpoint_reader_close(&r);
+    }
+    test_report(name, ok, "payload %zu bytes (want %d), file %ld bytes: %s", sharded,
+                101 * 2 + 40 * 12 + FP8_TEST_BYTES, file_size(p), err);
+    remove_all(g_dir);
+    free(payload);
+    free(back);
+}
+
+// A file without an FP8 section (0, what bf16 runs and every build before the section write) holds
+// zeros in the field's bytes, is exactly header + arrays, and reads as before.
+static void test_fp8_section_absent(void) {
+    const char* name = "checkpoint_without_fp8_section_reads_as_before";
+    char err[ERR_LEN] = "", path[CHECKPOINT_PATH_MAX];
+    const int64_t num_params = 500 + (int64_t)(test_rng_next(&g_rng) % 2000);
+    CheckpointHeader h = random_header(13, num_params), got;
+    const size_t plain = (size_t)checkpoint_payload_bytes(num_params);
+    unsigned char* payload = (unsigned char*)malloc(plain);
+    unsigned char* back = (unsigned char*)malloc(plain);
+    fill_random(payload, plain);
+    memset(back, 0xAB, plain);
+    checkpoint_path(path, sizeof(path), g_dir, 13);
+    unsigned char field[4] = {1, 1, 1, 1};
+    int ok = save(g_dir, h, payload, err) == 0;
+    FILE* f = ok ? fopen(path, "rb") : NULL;
+    if (f) {
+        ok = fseek(f, FP8_FIELD_AT, SEEK_SET) == 0 && fread(field, 1, 4, f) == 4;
+        fclose(f);
+    }
+    ok = ok && field[0] == 0 && field[1] == 0 && field[2] == 0 && field[3] == 0 &&
+         file_size(path) == CHECKPOINT_HEADER_BYTES + (long)plain &&
+         (size_t)checkpoint_header_payload_bytes(&h) == plain && load(path, &got, back, plain, err) == 0 &&
+         got.fp8_state_bytes == 0 && memcmp(payload, back, plain) == 0;
+    test_report(name, ok, "bytes %d-%d: %d %d %d %d (zeros expected), file %ld bytes (want %ld): %s", FP8_FIELD_AT,
+                FP8_FIELD_AT + 3, field[0], field[1], field[2], field[3], file_size(path),
+                (long)(CHECKPOINT_HEADER_BYTES + plain), err);
+    remove_all(g_dir);
+    free(payload);
+    free(back);
+}
+
+// The writer refuses (as a bug, leaving no file) a header whose fp8_state_bytes does not match what
+// was appended, or is out of range.
+static void test_fp8_section_commit_checks(void) {
+    const char* name = "checkpoint_commit_refuses_a_wrong_fp8_state_bytes";
+    char err[ERR_LEN] = "";
+    const int64_t num_params = 1000;
+    const size_t plain = (size_t)checkpoint_payload_bytes(num_params);
+    unsigned char* payload = (unsigned char*)malloc(plain + FP8_TEST_BYTES);
+    fill_random(payload, plain + FP8_TEST_BYTES);
+    const int32_t wrong[] = {FP8_TEST_BYTES, -(int32_t)FP8_TEST_BYTES, (int32_t)CHECKPOINT_MAX_FP8_STATE_BYTES + 1};
+    int ok = 1;
+    for (size_t i = 0; i < COUNT(wrong) && ok; i++) {
+        CheckpointHeader h = random_header(14, num_params);
+        h.fp8_state_bytes = wrong[i];
+        // a section claimed but not written; a negative size with as many bytes fewer appended (the sizes
+        // agree: only the range check refuses it); a size over the limit
+        const size_t n = i == 0 ? plain : i == 1 ? plain - FP8_TEST_BYTES : plain + FP8_TEST_BYTES;
+        CheckpointWriter w;
+        err[0] = '\0';
+        ok = checkpoint_writer_open(&w, g_dir, 14, err, ERR_LEN) == 0 &&
+             checkpoint_writer_append(&w, payload, n, err, ERR_LEN) == 0 &&
+             checkpoint_writer_commit(&w, h, err, ERR_LEN) != 0 &&
+             strstr(err, i == 0 ? "payload size does not match" : "fp8_state_bytes out of range") != NULL &&
+             count_files(g_dir, "") == 2;  // nothing left behind
+        if (!ok) snprintf(err + strlen(err), ERR_LEN - strlen(err), " (fp8_state_bytes %d)", (int)wrong[i]);
+    }
+    test_report(name, ok, "a header whose fp8_state_bytes does not match the payload was committed or left a file: %s",
+                err);
+    remove_all(g_dir);
+    free(payload);
 }
 
 static void test_latest_and_prune(void) {
@@ -536,6 +712,9 @@ static const struct {
     {test_hash_pieces_and_sensitivity, 1},
     {test_round_trip, 1},
     {test_refusals, (int)COUNT(REFUSALS)},
+    {test_fp8_section_round_trips, 2},
+    {test_fp8_section_absent, 1},
+    {test_fp8_section_commit_checks, 1},
     {test_latest_and_prune, 1},
     {test_names, 1},
     {test_sharded, 3},

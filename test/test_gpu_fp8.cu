@@ -18,10 +18,31 @@
 // - outputs are poisoned with 0xFF (a NaN in both formats, never the cast of a finite value) before
 //   each run, with a guard of poison before and after that must stay untouched;
 // - fp8_amax alone: exact, and accumulating (max with the value already there).
+// Cast-transposes with an op (fp8_cast_transpose_op; the section "cast-transposes with an op" says how
+// each check is bounded and what it rejects):
+// - FP8_OP_GELU (E4M3, and E5M2) and FP8_OP_DGELU (E5M2, and E4M3) on 1000 × 2064 and 77 × 144, and
+//   FP8_OP_COPY on 1000 × 2064, 77 × 144 and 65 × 16 (N not a multiple of the 64-row tile, C not of the
+//   128-channel tile): out and out_t against the host's x = op(inp) in double, cast at 1.25·max/max|x|;
+//   bit-exact for COPY, and for GELU/GELU' within a bound on the device's fp32 error (tanhf's 2 ulp and
+//   one rounding per operation: either code where x·scale lies that close to a rounding boundary); the
+//   amax (exact for COPY, within the bound otherwise); the column sums of colsum_partial (per 64-row
+//   tile, against fp64 sums, |error| ≤ ΣE + γ_63·Σ|x|), a poisoned buffer with guards before and after
+//   (nothing written beyond C); the saturated count (added to a preset; exact for COPY, between the
+//   certain and the possible counts otherwise), also at 4·max/max|x| (many saturate) and at half of
+//   max/max|x| (none may);
+// - out alone and out_t alone (the other left poisoned); amax only (out = out_t = NULL, scale NULL:
+//   COPY's amax bit-exact, GELU's within the bound, nothing written) and amax with column sums (GELU');
+// - planted (CPU): the same checks on host data, where two fp32 emulations of the device pass and
+//   twelve planted errors (a byte one code off in out or out_t, an unwritten byte, a written guard,
+//   out_t not transposed, a column sum short one row, unwritten or written beyond C, the wrong op,
+//   the amax 2^-10 off, the saturated count one off either way) must each be rejected.
 // Scales: the delayed update over 40 steps (zeros, a spike that must leave the history after 16
 // updates, NaN and inf amaxes) against a host model of the documented rule, bit for bit, with and
-// without margin and power-of-two rounding; current scaling (amax pass, scale, cast); a cast that
-// records its amax into a state, then the update, then a cast with the new scale.
+// without margin and power-of-two rounding; current scaling (amax pass into amax_current, scale, cast);
+// current scaling with the state's amax preset above, below the tensor's and NaN: amax_current =
+// max |x|, the scale from it alone, amax = max(preset, amax_current) (NaN kept), the saturated count
+// and history untouched; a cast that records its amax into a state, then the update, then a cast with
+// the new scale.
 // GEMMs (need FP8 tensor cores: sm_89 or newer), for (N, IC, OC) in {(16, 16, 16), (48, 80, 32),
 // (256, 512, 384), (1040, 2064, 784), (512, 2048, 8192), (512, 8192, 2048)}: forward with and
 // without fast accumulation and with bias, dinp with an E5M2 and an E4M3 gradient, dweight with an
@@ -406,6 +427,467 @@ static void amax_case(const Case* c) {
     test_report(c->name, bad[0] == 0, "%s", bad);
 }
 
+// ---- cast-transposes with an op: GELU, GELU', column sums, the saturated count -----------------------------
+//
+// fp8_cast_transpose_op computes x from its input in fp32 (FP8_OP_COPY: x = inp; FP8_OP_GELU:
+// x = gelu(inp); FP8_OP_DGELU: x = inp · gelu'(aux)) and casts x · scale. For COPY x is exact and every
+// check is bit-exact, as above. For GELU and GELU' the device's fp32 x cannot be reproduced on the host
+// bit for bit: its tanhf is CUDA's (within 2 ulp), not the C library's, and nvcc contracts a·b + c into
+// fused multiply-adds where it chooses (x + 0.044715·x³, 1 − th², the two terms of GELU'). Nor is "one
+// ulp of the host's fp32 x" a sound tolerance: where th is near −1 (inp ≲ −3), 1 + th has lost its
+// leading bits and one ulp of th is many ulps of GELU(inp) (tiny in absolute terms); GELU' adds terms of
+// either sign. So the host computes x in double (with the device's fp32 constants) together with a
+// running first-order bound E on the device's error: u = 2^-24 for every rounded operation (a fused one
+// rounds less), 2 ulp for tanhf (the CUDA math library's documented bound), each propagated through the
+// steps that follow (host_gelu_tanh, host_gelu, host_gelu_grad), and the whole doubled to cover the
+// second-order terms. E is some ulps of |x| (about 8 for GELU(inp > 0), up to some 10^2 for GELU' of
+// |aux| ≈ 6), far below an FP8 step (2^-3 of the value in E4M3, 2^-2 in E5M2), except where x is tiny
+// beside inp (GELU of inp ≲ −3: E ≈ 2^-23·|inp| absolute); the checks still pin down every byte but the
+// few that sit on a rounding boundary:
+// - a byte must lie (by value) between the codes of x·scale − W and x·scale + W, W = scale·(E +
+//   2u·(|x| + E)) (the device's fp32 product x·scale rounds too): one code, except where x·scale is
+//   within W of a rounding boundary, where either neighbour is accepted (about 0.1% of the elements for
+//   GELU, 0.3% for GELU', mostly tiny values such as GELU(inp ≲ −3); the case prints how many).
+//   An unwritten byte (poison 0xFF, a NaN) is never accepted;
+// - the amax must lie in [max(|x| − E), max(|x| + E)] (a window of some ulps: one ulp of the host's
+//   fp32 x would not be sound, as above; bit-exact for COPY);
+// - the saturated count must lie between the counts of |x|·scale − W > max and |x|·scale + W > max
+//   (exact for COPY: the host counts fp32 |x|·scale > max as the device does). The device's count
+//   starts at SAT_PRESET, so a cast that overwrites instead of adding fails too;
+// - column sums: the device sums a tile's ≤ 64 rows in fp32 in an order of its choosing, and any order
+//   of summing n terms errs by at most γ_(n−1)·Σ|terms| (Higham, Accuracy and Stability of Numerical
+//   Algorithms, §4.2; γ_k = k·u/(1 − k·u), γ_63 ≈ 3.8e-6), so each partial must satisfy
+//   |partial − Σx| ≤ ΣE + γ_63·Σ(|x| + E), Σx in double over the host's x. A row left out, another
+//   column's or tile's sum, an unwritten entry (NaN poison) or the op not applied exceed this by orders
+//   of magnitude. The partial buffer has poisoned guards before and after it: a partial for a channel
+//   ≥ C of the last tile row (C not a multiple of 128) would land in the guard after it.
+// planted_cast_op_checks_* run these checks on the host: two fp32 emulations of the device (the C
+// library's tanhf, sums in row order; with and without fused multiply-adds) must pass, and each planted
+// error (one byte one code off, a byte unwritten, a guard written, out_t not transposed, a column sum
+// short one row or unwritten or one written beyond C, the wrong op, the amax 2^-10 off, the count one
+// off either way) must be rejected.
+
+#define U32 0x1p-24         // fp32's unit roundoff
+#define OP_ERR_SAFETY 2.0   // the first-order bounds below, doubled for the second-order terms
+#define SAT_PRESET 5ull     // the saturated count before a cast (it must add to it)
+#define OP_TINY 0x1p-148    // an absolute floor per operation: fp32's subnormal spacing, twice
+
+// The spacing of fp32 numbers at |t| (its ulp), of the binade above when t is just below a power of two.
+static double host_ulp32(double t) {
+    int e = 0;
+    frexp(fabs(t) * (1.0 + 0x1p-20), &e);  // |t| in [2^(e−1), 2^e): ulp 2^(e−24)
+    return fmax(ldexp(1.0, e - 24), 0x1p-149);
+}
+
+// t = tanh(k·(x + c·x³)) in double (k, c the device's fp32 constants); *et bounds |device fp32 t − t|.
+static double host_gelu_tanh(float x, double* et) {
+    const double c = (double)0.044715f, k = (double)GELU_SCALING_FACTOR, xd = x;
+    const double cube = c * xd * xd * xd, e_cube = 3 * U32 * fabs(cube) + 3 * OP_TINY;  // three products
+    const double in = xd + cube, e_in = e_cube + U32 * fabs(in) + OP_TINY;  // x, cube of one sign: no cancellation
+    const double a = k * in, e_a = k * e_in + U32 * fabs(a) + OP_TINY;
+    const double t = tanh(a);
+    // the argument's error through tanh' = 1 − t², and tanhf's own 2 ulp
+    *et = (1.0 - t * t) * e_a + 2.0 * host_ulp32(t);
+    return t;
+}
+
+// gelu(x) = 0.5·x·(1 + t) in double; *err bounds |device gelu_f32(x) − gelu(x)|.
+static double host_gelu(float x, double* err) {
+    double et;
+    const double t = host_gelu_tanh(x, &et);
+    const double p = 1.0 + t, e_p = et + U32 * fabs(p);
+    const double h = 0.5 * (double)x, g = h * p;  // 0.5f·x: exact
+    *err = OP_ERR_SAFETY * (fabs(h) * e_p + U32 * fabs(g) + OP_TINY);
+    return g;
+}
+
+// gelu'(x) = 0.5·(1 + t) + 0.5·x·(1 − t²)·k·(1 + 3c·x²) in double; *err bounds the device's error
+// (first order, not doubled: the caller doubles the product it goes into).
+static double host_gelu_grad(float x, double* err) {
+    double et;
+    const double t = host_gelu_tanh(x, &et), xd = x, k = (double)GELU_SCALING_FACTOR;
+    const double c3 = (double)(3.0f * 0.044715f);  // the device's constant: folded (or computed) in fp32
+    const double s2 = 1.0 - t * t, e_s2 = 2 * fabs(t) * et + U32 * t * t + U32 * fabs(s2) + 2 * OP_TINY;
+    const double A = 0.5 * (1.0 + t), e_A = 0.5 * (et + U32 * fabs(1.0 + t));
+    const double q = 1.0 + c3 * xd * xd, e_q = 2 * U32 * c3 * xd * xd + U32 * q + 2 * OP_TINY;
+    const double m = 0.5 * fabs(xd) * k;  // |0.5f·x·k|: 0.5f·x exact, then · s2 · k · q, three roundings
+    const double B = 0.5 * xd * s2 * k * q;
+    const double e_B = m * q * e_s2 + m * fabs(s2) * e_q + 3 * U32 * fabs(B) + 3 * OP_TINY;
+    const double gg = A + B;
+    *err = e_A + e_B + U32 * fabs(gg) + OP_TINY;
+    return gg;
+}
+
+// x of one element (inp, aux bf16) in double; *err bounds |the device's fp32 x − x| (0 for COPY: exact).
+static double host_op_x(Fp8CastOp op, uint16_t inp, uint16_t aux, double* err) {
+    const double v = test_bf16_to_float(inp);
+    if (op == FP8_OP_GELU) return host_gelu(test_bf16_to_float(inp), err);
+    if (op == FP8_OP_DGELU) {
+        double e_gg;
+        const double gg = host_gelu_grad(test_bf16_to_float(aux), &e_gg), x = v * gg;
+        *err = OP_ERR_SAFETY * (fabs(v) * e_gg + U32 * fabs(x) + OP_TINY);
+        return x;
+    }
+    *err = 0.0;
+    return v;
+}
+
+// The device's formulas (gelu.cuh) evaluated in fp32 on the host, as other fp32 evaluations that the
+// device's may be (another tanhf; fused: with fused multiply-adds wherever nvcc may contract), for the
+// planted cases' "truth".
+static float host_gelu_f32(float x, int fused) {
+    const float cube = 0.044715f * x * x * x;
+    const float in = fused ? fmaf(0.044715f * x * x, x, x) : x + cube;
+    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * in));
+}
+
+static float host_gelu_grad_f32(float x, int fused) {
+    const float cube = 0.044715f * x * x * x;
+    const float th = tanhf(GELU_SCALING_FACTOR * (fused ? fmaf(0.044715f * x * x, x, x) : x + cube));
+    const float sech2 = fused ? fmaf(-th, th, 1.0f) : 1.0f - th * th;
+    if (fused)
+        return fmaf(0.5f * x * sech2 * GELU_SCALING_FACTOR, fmaf(3.0f * 0.044715f * x, x, 1.0f), 0.5f * (1.0f + th));
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+static float host_op_x_f32(Fp8CastOp op, uint16_t inp, uint16_t aux, int fused) {
+    const float v = test_bf16_to_float(inp);
+    if (op == FP8_OP_GELU) return host_gelu_f32(v, fused);
+    if (op == FP8_OP_DGELU) return v * host_gelu_grad_f32(test_bf16_to_float(aux), fused);
+    return v;
+}
+
+static const char* op_name(Fp8CastOp op) { return op == FP8_OP_GELU ? "gelu" : op == FP8_OP_DGELU ? "dgelu" : "copy"; }
+
+// What a cast_op case asks of the cast besides the amax (always asked for).
+enum { W_OUT = 1, W_OUT_T = 2, W_COLSUM = 4, W_SATURATED = 8, W_ALL = 15 };
+
+// The host's side of one cast-transpose with an op: x and its bound, and what the device may write.
+typedef struct {
+    int N, C, tiles;
+    Fp8Format f;
+    Fp8CastOp op;
+    const uint16_t *inp, *aux;        // (N, C) bf16; aux NULL unless DGELU
+    float scale;                      // 0 until op_ref_set_scale
+    double* x;                        // (N, C) in double
+    double* err;                      // (N, C): bound on |device x − x|
+    double amax_x;                    // max |x|
+    double amax_lo, amax_hi;          // the device's amax must lie in [lo, hi] (COPY: the exact host_amax)
+    double *colsum, *colsum_bound;    // (tiles, C): Σx over each tile's rows, and the bound above
+    uint8_t *lo, *hi;                 // (N, C): a device byte lies between these codes (by value)
+    size_t ambiguous;                 // elements whose lo and hi differ (a rounding boundary within W)
+    unsigned long long sat_lo, sat_hi;
+} OpRef;
+
+static void op_ref_make(OpRef* r, int N, int C, Fp8Format f, Fp8CastOp op, const uint16_t* inp, const uint16_t* aux) {
+    const size_t n = (size_t)N * C;
+    memset(r, 0, sizeof(*r));
+    r->N = N, r->C = C, r->tiles = fp8_colsum_tiles(N), r->f = f, r->op = op, r->inp = inp, r->aux = aux;
+    r->x = test_alloc(n), r->err = test_alloc(n);
+    r->colsum = test_alloc((size_t)r->tiles * C), r->colsum_bound = test_alloc((size_t)r->tiles * C);
+    r->lo = (uint8_t*)host_alloc(n), r->hi = (uint8_t*)host_alloc(n);
+    const double gamma = 63 * U32 / (1 - 63 * U32);  // γ_63: 64 terms, any order
+    for (int row = 0; row < N; row++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)row * C + c, t = (size_t)(row / FP8_CT_ROWS) * C + c;
+            double e;
+            const double x = host_op_x(op, inp[i], aux ? aux[i] : 0, &e);
+            r->x[i] = x, r->err[i] = e;
+            r->amax_x = fmax(r->amax_x, fabs(x));
+            r->amax_lo = fmax(r->amax_lo, fabs(x) - e);
+            r->amax_hi = fmax(r->amax_hi, fabs(x) + e);
+            r->colsum[t] += x;
+            r->colsum_bound[t] += e + gamma * (fabs(x) + e);
+        }
+    if (op == FP8_OP_COPY) r->amax_lo = r->amax_hi = host_amax(inp, n);
+}
+
+// The bytes and the saturated count the device may give at scale.
+static void op_ref_set_scale(OpRef* r, float scale) {
+    const size_t n = (size_t)r->N * r->C;
+    const float fmax = fp8_format_max(r->f);
+    r->scale = scale, r->ambiguous = 0, r->sat_lo = r->sat_hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r->op == FP8_OP_COPY) {  // exact: fp32 x·scale, as the device
+            r->lo[i] = r->hi[i] = host_cast(r->inp[i], scale, r->f);
+            const unsigned long long s = fabsf(test_bf16_to_float(r->inp[i])) * scale > fmax;
+            r->sat_lo += s, r->sat_hi += s;
+            continue;
+        }
+        const double xs = r->x[i] * scale, w = scale * (r->err[i] + 2 * U32 * (fabs(r->x[i]) + r->err[i]));
+        r->lo[i] = host_fp8_encode(xs - w, r->f), r->hi[i] = host_fp8_encode(xs + w, r->f);
+        r->ambiguous += r->lo[i] != r->hi[i];
+        r->sat_lo += fabs(xs) - w > fmax, r->sat_hi += fabs(xs) + w > fmax;
+    }
+}
+
+static void op_ref_free(OpRef* r) {
+    free(r->x), free(r->err), free(r->colsum), free(r->colsum_bound), free(r->lo), free(r->hi);
+}
+
+// What the device wrote, downloaded (or made on the host by the planted cases).
+typedef struct {
+    uint8_t *out, *out_t;          // GUARD + N·C + GUARD bytes each
+    float* partial;                // GUARD + tiles·C + GUARD floats
+    float amax;
+    unsigned long long saturated;  // what the cast added to the count
+} OpGot;
+
+static size_t op_partial_floats(const OpRef* r) { return (size_t)r->tiles * r->C + 2 * GUARD; }
+
+static OpGot op_got_alloc(const OpRef* r) {
+    const size_t n = (size_t)r->N * r->C;
+    OpGot g;
+    g.out = (uint8_t*)host_alloc(n + 2 * GUARD), g.out_t = (uint8_t*)host_alloc(n + 2 * GUARD);
+    g.partial = (float*)host_alloc(op_partial_floats(r) * sizeof(float));
+    memset(g.out, 0xFF, n + 2 * GUARD), memset(g.out_t, 0xFF, n + 2 * GUARD);
+    memset(g.partial, 0xFF, op_partial_floats(r) * sizeof(float));
+    g.amax = 0.0f, g.saturated = 0;
+    return g;
+}
+
+static OpGot op_got_copy(const OpRef* r, const OpGot* from) {
+    const size_t n = (size_t)r->N * r->C;
+    OpGot g = op_got_alloc(r);
+    memcpy(g.out, from->out, n + 2 * GUARD), memcpy(g.out_t, from->out_t, n + 2 * GUARD);
+    memcpy(g.partial, from->partial, op_partial_floats(r) * sizeof(float));
+    g.amax = from->amax, g.saturated = from->saturated;
+    return g;
+}
+
+static void op_got_free(OpGot* g) { free(g->out), free(g->out_t), free(g->partial); }
+
+static int code_between(uint8_t b, uint8_t lo, uint8_t hi, Fp8Format f) {
+    if (b == lo || b == hi) return 1;
+    const double v = host_fp8_decode(b, f);  // NaN (poison) compares false
+    return host_fp8_decode(lo, f) <= v && v <= host_fp8_decode(hi, f);
+}
+
+// got (GUARD + N·C + GUARD bytes, out or, transposed, out_t) against r's codes; guards untouched.
+static void compare_op_bytes(const OpRef* r, const uint8_t* got, int transposed, const char* what, char* bad,
+                             size_t bad_size) {
+    const int N = r->N, C = r->C;
+    const size_t n = (size_t)N * C;
+    if (changed_poison_bytes(got, GUARD) || changed_poison_bytes(got + GUARD + n, GUARD))
+        add_problem(bad, bad_size, "%s: the guard around it was written", what);
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t at = transposed ? (i % C) * N + i / C : i;  // element i = (i / C, i % C)
+        if (!code_between(got[GUARD + at], r->lo[i], r->hi[i], r->f) && wrong++ == 0) first = i;
+    }
+    if (wrong) {
+        const size_t at = transposed ? (first % C) * N + first / C : first;
+        add_problem(bad, bad_size, "%s: %zu of %zu bytes wrong, first (%zu, %zu): 0x%02X, expected 0x%02X..0x%02X "
+                    "(x·scale %.9g)%s", what, wrong, n, first / C, first % C, got[GUARD + at], r->lo[first],
+                    r->hi[first], r->x[first] * r->scale, got[GUARD + at] == 0xFF ? " (never written)" : "");
+    }
+}
+
+// Everything the cast wrote against r (r's scale set when what asks for bytes or the count): the
+// outputs asked for, the others untouched, the column sums, the amax and the count.
+static void op_check(const OpRef* r, int what, const OpGot* g, char* bad, size_t bad_size) {
+    const size_t n = (size_t)r->N * r->C, parts = (size_t)r->tiles * r->C;
+    if (what & W_OUT) compare_op_bytes(r, g->out, 0, "out", bad, bad_size);
+    else if (changed_poison_bytes(g->out, n + 2 * GUARD)) add_problem(bad, bad_size, "out was written (not asked for)");
+    if (what & W_OUT_T) compare_op_bytes(r, g->out_t, 1, "out_t", bad, bad_size);
+    else if (changed_poison_bytes(g->out_t, n + 2 * GUARD))
+        add_problem(bad, bad_size, "out_t was written (not asked for)");
+    if (what & W_COLSUM) {
+        if (changed_poison_bytes(g->partial, GUARD * sizeof(float)) ||
+            changed_poison_bytes(g->partial + GUARD + parts, GUARD * sizeof(float)))
+            add_problem(bad, bad_size, "the guard around colsum_partial was written (a partial beyond its %d x %d)",
+                        r->tiles, r->C);
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < parts; i++)
+            if (!(fabs((double)g->partial[GUARD + i] - r->colsum[i]) <= r->colsum_bound[i]) && wrong++ == 0) first = i;
+        if (wrong)
+            add_problem(bad, bad_size, "%zu of %zu column sums wrong, first tile %zu channel %zu: %.9g, expected "
+                        "%.9g ± %.3g%s", wrong, parts, first / r->C, first % r->C, g->partial[GUARD + first],
+                        r->colsum[first], r->colsum_bound[first],
+                        isnan(g->partial[GUARD + first]) ? " (never written)" : "");
+    } else if (changed_poison_bytes(g->partial, op_partial_floats(r) * sizeof(float))) {
+        add_problem(bad, bad_size, "colsum_partial was written (not asked for)");
+    }
+    if (r->amax_lo == r->amax_hi ? !float_same_bits(g->amax, (float)r->amax_lo)
+                                 : !(r->amax_lo <= g->amax && g->amax <= r->amax_hi))
+        add_problem(bad, bad_size, "amax %a, expected %a..%a", g->amax, r->amax_lo, r->amax_hi);
+    const unsigned long long lo = (what & W_SATURATED) ? r->sat_lo : 0, hi = (what & W_SATURATED) ? r->sat_hi : 0;
+    if (g->saturated < lo || g->saturated > hi)
+        add_problem(bad, bad_size, "saturated count grew by %llu, expected %llu..%llu", g->saturated, lo, hi);
+}
+
+// The inputs of an op's cast: inp (and aux for DGELU: inp the gradient, aux GELU's input).
+static void op_inputs(TestRng* rng, Fp8CastOp op, size_t n, uint16_t** inp, uint16_t** aux) {
+    *inp = random_bf16(rng, n, op == FP8_OP_DGELU ? 1e-2 : 1.5);
+    *aux = op == FP8_OP_DGELU ? random_bf16(rng, n, 1.5) : NULL;
+}
+
+typedef enum { SCALE_SATURATE = 0, SCALE_HALF = 1, SCALE_4X = 2, SCALE_NONE = 3 } OpScale;
+static const float OP_SCALE_FACTOR[] = {1.25f, 0.5f, 4.0f, 0.0f};  // scale = factor · max / max |x|
+static const char* OP_SCALE_NAMES[] = {"", "_scale_half_none_saturate", "_scale_4x_many_saturate", ""};
+
+// p: N, C, format, op, what (W_ flags), scale (OpScale; SCALE_NONE: scale NULL, nothing but the amax
+// and the column sums asked for). One fp8_cast_transpose_op on the device, checked by op_check.
+static void cast_op_case(const Case* c) {
+    char bad[1024] = "";
+    TestRng rng = case_rng(c);
+    const int N = c->p[0], C = c->p[1], what = c->p[4];
+    const Fp8Format f = (Fp8Format)c->p[2];
+    const Fp8CastOp op = (Fp8CastOp)c->p[3];
+    const OpScale sk = (OpScale)c->p[5];
+    const size_t n = (size_t)N * C;
+    uint16_t *inp, *aux;
+    op_inputs(&rng, op, n, &inp, &aux);
+    OpRef r;
+    op_ref_make(&r, N, C, f, op, inp, aux);
+    const float scale = sk == SCALE_NONE ? 0.0f : OP_SCALE_FACTOR[sk] * fp8_format_max(f) / (float)r.amax_x;
+    if (sk != SCALE_NONE) op_ref_set_scale(&r, scale);
+    if (sk == SCALE_HALF && r.sat_hi != 0)
+        add_problem(bad, sizeof(bad), "the host expects %llu saturated at half the scale (should be 0)", r.sat_hi);
+
+    __nv_bfloat16* d_inp = (__nv_bfloat16*)device_alloc(n * 2);
+    __nv_bfloat16* d_aux = aux ? (__nv_bfloat16*)device_alloc(n * 2) : NULL;
+    uint8_t* d_out = (uint8_t*)poisoned(n + 2 * GUARD);
+    uint8_t* d_out_t = (uint8_t*)poisoned(n + 2 * GUARD);
+    float* d_part = (float*)poisoned(op_partial_floats(&r) * sizeof(float));
+    float* d_f = (float*)device_alloc(2 * sizeof(float));  // scale, amax
+    unsigned long long* d_sat = (unsigned long long*)device_alloc(sizeof(unsigned long long));
+    const float init[2] = {scale, 0.0f};
+    const unsigned long long preset = SAT_PRESET;
+    upload(d_inp, inp, n * 2);
+    if (aux) upload(d_aux, aux, n * 2);
+    upload(d_f, init, sizeof(init));
+    upload(d_sat, &preset, sizeof(preset));
+    Fp8CastArgs a;
+    memset(&a, 0, sizeof(a));
+    a.out = (what & W_OUT) ? d_out + GUARD : NULL;
+    a.out_t = (what & W_OUT_T) ? d_out_t + GUARD : NULL;
+    a.inp = d_inp, a.aux = d_aux, a.N = N, a.C = C, a.format = f, a.op = op;
+    a.scale = sk == SCALE_NONE ? NULL : d_f;
+    a.amax = d_f + 1;
+    a.saturated = (what & W_SATURATED) ? d_sat : NULL;
+    a.colsum_partial = (what & W_COLSUM) ? d_part + GUARD : NULL;
+    fp8_cast_transpose_op(&a, g_stream);
+
+    OpGot g = op_got_alloc(&r);
+    float res[2];
+    unsigned long long sat = 0;
+    download(res, d_f, sizeof(res), c->name);
+    download(&sat, d_sat, sizeof(sat), c->name);
+    download(g.out, d_out, n + 2 * GUARD, c->name);
+    download(g.out_t, d_out_t, n + 2 * GUARD, c->name);
+    download(g.partial, d_part, op_partial_floats(&r) * sizeof(float), c->name);
+    g.amax = res[1], g.saturated = sat - SAT_PRESET;  // an overwrite below the preset wraps: rejected
+    op_check(&r, what, &g, bad, sizeof(bad));
+    printf("  %s: %zu of %zu elements within the device/host bound of a rounding boundary (either code taken); "
+           "amax %a in [%a, %a]; saturated %llu (host %llu..%llu)\n", c->name, r.ambiguous, n, g.amax, r.amax_lo,
+           r.amax_hi, g.saturated, r.sat_lo, r.sat_hi);
+    op_got_free(&g), op_ref_free(&r), free(inp), free(aux);
+    CUDA_CHECK(cudaFree(d_inp)), CUDA_CHECK(cudaFree(d_out)), CUDA_CHECK(cudaFree(d_out_t));
+    CUDA_CHECK(cudaFree(d_part)), CUDA_CHECK(cudaFree(d_f)), CUDA_CHECK(cudaFree(d_sat));
+    if (d_aux) CUDA_CHECK(cudaFree(d_aux));
+    test_report(c->name, bad[0] == 0, "%s", bad);
+}
+
+// What a cast of r's inputs with op would write, emulated in fp32 on the host at r's scale (column
+// sums in row order), with fused multiply-adds or without.
+static OpGot op_emulate(const OpRef* r, Fp8CastOp op, int fused) {
+    OpGot g = op_got_alloc(r);
+    const int N = r->N, C = r->C;
+    const float fmax = fp8_format_max(r->f);
+    uint32_t m = 0;
+    for (size_t i = 0; i < (size_t)r->tiles * C; i++) g.partial[GUARD + i] = 0.0f;
+    for (int row = 0; row < N; row++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)row * C + c;
+            const float x = host_op_x_f32(op, r->inp[i], r->aux ? r->aux[i] : 0, fused), xs = x * r->scale;
+            g.out[GUARD + i] = g.out_t[GUARD + (size_t)c * N + row] = host_fp8_encode(xs, r->f);
+            g.partial[GUARD + (size_t)(row / FP8_CT_ROWS) * C + c] += x;
+            g.saturated += fabsf(x) * r->scale > fmax;
+            uint32_t bits;
+            memcpy(&bits, &x, sizeof(bits));
+            m = (bits & 0x7FFFFFFFu) > m ? (bits & 0x7FFFFFFFu) : m;
+        }
+    memcpy(&g.amax, &m, sizeof(m));
+    return g;
+}
+
+#define NUM_OP_PLANTS 12
+static const char* OP_PLANT_NAMES[NUM_OP_PLANTS] = {
+    "an out byte one code off", "an out_t byte one code off", "an out byte never written",
+    "the guard after out written", "out_t not transposed", "a column sum short one row",
+    "a column sum of the last tile never written", "a partial written beyond C (the guard)", "the wrong op",
+    "the amax 2^-10 too large", "the saturated count one too high", "the saturated count one too low"};
+
+// Plants error k into g (a copy of the truth).
+static void op_plant(const OpRef* r, int k, OpGot* g) {
+    const int N = r->N, C = r->C;
+    const size_t n = (size_t)N * C;
+    size_t i = n / 3;  // an element whose byte is a single code, not the largest (room for the next code)
+    while (i < n && (r->lo[i] != r->hi[i] || (r->lo[i] & 0x7F) >= host_fp8_spec(r->f).max_code)) i++;
+    const size_t e = i < n ? i : 0;
+    const uint8_t next = (uint8_t)(r->lo[e] + 1);  // one code larger in magnitude, same sign
+    const size_t e_t = (e % C) * N + e / C;
+    if (k == 0) g->out[GUARD + e] = next;
+    if (k == 1) g->out_t[GUARD + e_t] = next;
+    if (k == 2) g->out[GUARD + n / 2] = 0xFF;
+    if (k == 3) g->out[GUARD + n] = 0x00;
+    if (k == 4) memcpy(g->out_t + GUARD, g->out + GUARD, n);
+    if (k == 5) {  // channel C − 1 (in the last, partial tile of channels) of tile 0 without its largest row
+        int best = 0;
+        for (int row = 1; row < N && row < FP8_CT_ROWS; row++)
+            if (fabs(r->x[(size_t)row * C + C - 1]) > fabs(r->x[(size_t)best * C + C - 1])) best = row;
+        g->partial[GUARD + C - 1] -= host_op_x_f32(r->op, r->inp[(size_t)best * C + C - 1],
+                                                   r->aux ? r->aux[(size_t)best * C + C - 1] : 0, 0);
+    }
+    if (k == 6) memset(&g->partial[GUARD + (size_t)(r->tiles - 1) * C + C - 1], 0xFF, sizeof(float));
+    if (k == 7) g->partial[GUARD + (size_t)r->tiles * C] = 0.0f;
+    if (k == 8) {
+        op_got_free(g);
+        *g = op_emulate(r, r->op == FP8_OP_COPY ? FP8_OP_GELU : FP8_OP_COPY, 0);
+    }
+    if (k == 9) g->amax *= 1.0f + 0x1p-10f;
+    if (k == 10) g->saturated = r->sat_hi + 1;
+    if (k == 11) g->saturated = r->sat_lo - 1;  // sat_lo ≥ 1 (checked by the case)
+}
+
+// p: format, op. op_check on host data (77 × 144: both tiles ragged): the fp32 emulation must pass,
+// each of the planted errors must be rejected.
+static void planted_cast_op_case(const Case* c) {
+    char bad[1024] = "";
+    TestRng rng = case_rng(c);
+    const int N = 77, C = 144;
+    const Fp8Format f = (Fp8Format)c->p[0];
+    const Fp8CastOp op = (Fp8CastOp)c->p[1];
+    uint16_t *inp, *aux;
+    op_inputs(&rng, op, (size_t)N * C, &inp, &aux);
+    OpRef r;
+    op_ref_make(&r, N, C, f, op, inp, aux);
+    op_ref_set_scale(&r, 1.25f * fp8_format_max(f) / (float)r.amax_x);
+    if (r.sat_lo < 1) add_problem(bad, sizeof(bad), "the host expects no certain saturation (needs one)");
+    char why[512] = "";
+    OpGot fused = op_emulate(&r, op, 1);
+    op_check(&r, W_ALL, &fused, why, sizeof(why));
+    if (why[0]) add_problem(bad, sizeof(bad), "the fp32 emulation with fused multiply-adds was rejected: %s", why);
+    op_got_free(&fused);
+    OpGot truth = op_emulate(&r, op, 0);
+    why[0] = 0;
+    op_check(&r, W_ALL, &truth, why, sizeof(why));
+    if (why[0]) add_problem(bad, sizeof(bad), "the fp32 emulation was rejected: %s", why);
+    for (int k = 0; k < NUM_OP_PLANTS; k++) {
+        OpGot g = op_got_copy(&r, &truth);
+        op_plant(&r, k, &g);
+        why[0] = 0;
+        op_check(&r, W_ALL, &g, why, sizeof(why));
+        if (!why[0]) add_problem(bad, sizeof(bad), "planted '%s' was not rejected", OP_PLANT_NAMES[k]);
+        op_got_free(&g);
+    }
+    printf("  %s: the emulations pass (%zu of %zu elements near a boundary); %d planted errors rejected\n", c->name,
+           r.ambiguous, (size_t)N * C, bad[0] ? -1 : NUM_OP_PLANTS);
+    op_got_free(&truth), op_ref_free(&r), free(inp), free(aux);
+    test_report(c->name, bad[0] == 0, "%s", bad);
+}
+
 // ---- scales -----------------------------------------------------------------------------------------------
 
 // The documented delayed update, on the host (the model the kernel is held to).
@@ -500,7 +982,8 @@ static void current_scale_case(const Case* c) {
     download(&st, d_st, sizeof(st), c->name);
     download(got, d_out, n, c->name);
     const float amax = host_amax(x, n), scale = fp8_scale_for_amax(amax, fp8_format_max(f), margin, pow2, 1.0f);
-    if (!float_same_bits(st.amax, amax)) add_problem(bad, sizeof(bad), "amax %a, expected %a", st.amax, amax);
+    if (!float_same_bits(st.amax, amax) || !float_same_bits(st.amax_current, amax))
+        add_problem(bad, sizeof(bad), "amax %a, amax_current %a, expected %a", st.amax, st.amax_current, amax);
     if (!float_same_bits(st.scale, scale) || !float_same_bits(st.scale_inv, 1.0f / scale))
         add_problem(bad, sizeof(bad), "scale %a / inverse %a, expected %a / %a", st.scale, st.scale_inv, scale, 1.0f / scale);
     double top = 0.0;
@@ -515,6 +998,49 @@ static void current_scale_case(const Case* c) {
         add_problem(bad, sizeof(bad), "largest stored value %g; expected %s%g", top, pow2 ? "in [max/2, max] of " : "", ceiling);
     free(x), free(got);
     CUDA_CHECK(cudaFree(d_x)), CUDA_CHECK(cudaFree(d_out)), CUDA_CHECK(cudaFree(d_st));
+    test_report(c->name, bad[0] == 0, "%s", bad);
+}
+
+// p: preset (0: the state's amax above the tensor's, 1: below it, 2: NaN). fp8_current_scale must
+// set amax_current = max |x| (preset stale at 12345), the scale from amax_current alone, and amax =
+// max(preset, amax_current) with NaN kept; the count and the history untouched. Rejects: amax_current
+// not written (stays 12345); the old behaviour, amax overwritten by the tensor's (preset above); amax
+// not updated (preset below); the scale taken from max(amax, amax_current) (preset above: 448/preset);
+// a fmaxf that drops the NaN (preset NaN); a write over the saturated count or the history.
+static void current_scale_preset_case(const Case* c) {
+    char bad[1024] = "";
+    TestRng rng = case_rng(c);
+    const int N = 77, C = 2064, preset_kind = c->p[0];
+    const Fp8Format f = FP8_E4M3;
+    const size_t n = (size_t)N * C;
+    uint16_t* x = random_bf16(&rng, n, 0.02);
+    const float amax = host_amax(x, n);
+    const float preset = preset_kind == 0 ? 4.0f * amax : preset_kind == 1 ? 0.25f * amax : NAN;
+    __nv_bfloat16* d_x = (__nv_bfloat16*)device_alloc(n * 2);
+    Fp8ScaleState* d_st = (Fp8ScaleState*)device_alloc(sizeof(Fp8ScaleState));
+    fp8_scale_states_init(d_st, &f, 1, g_stream);
+    Fp8ScaleState st, before;
+    download(&before, d_st, sizeof(before), c->name);
+    before.amax = preset, before.amax_current = 12345.0f, before.saturated = 7, before.history[0] = 3.0f;
+    upload(d_st, &before, sizeof(before));
+    upload(d_x, x, n * 2);
+    fp8_current_scale(d_st, d_x, N, C, 0, 0, g_stream);
+    download(&st, d_st, sizeof(st), c->name);
+    const float scale = fp8_scale_for_amax(amax, fp8_format_max(f), 0, 0, 1.0f);
+    const float want_amax = preset_kind == 0 ? preset : preset_kind == 1 ? amax : NAN;
+    if (!float_same_bits(st.amax_current, amax))
+        add_problem(bad, sizeof(bad), "amax_current %a, expected %a", st.amax_current, amax);
+    if (!float_same_bits(st.amax, want_amax))
+        add_problem(bad, sizeof(bad), "amax %a, expected %a (preset %a)", st.amax, want_amax, preset);
+    if (!float_same_bits(st.scale, scale) || !float_same_bits(st.scale_inv, 1.0f / scale))
+        add_problem(bad, sizeof(bad), "scale %a / inverse %a, expected %a / %a (from amax_current alone)", st.scale,
+                    st.scale_inv, scale, 1.0f / scale);
+    if (st.saturated != 7 || !float_same_bits(st.history[0], 3.0f) || st.updates != before.updates ||
+        st.nonfinite != before.nonfinite)
+        add_problem(bad, sizeof(bad), "saturated %llu (expected 7), history[0] %g (expected 3), updates %d, "
+                    "nonfinite %d: changed", st.saturated, st.history[0], st.updates, st.nonfinite);
+    free(x);
+    CUDA_CHECK(cudaFree(d_x)), CUDA_CHECK(cudaFree(d_st));
     test_report(c->name, bad[0] == 0, "%s", bad);
 }
 
@@ -1017,16 +1543,64 @@ static void make_cast_cases(void) {
                  amax_shapes[i][0], amax_shapes[i][1]);
 }
 
+static void add_cast_op_case(int N, int C, Fp8Format f, Fp8CastOp op, int what, OpScale sk) {
+    const char* outputs = what == 0 ? "_amax_only"
+                          : what == W_COLSUM ? "_amax_colsum_only"
+                          : (what & (W_OUT | W_OUT_T)) == W_OUT ? "_rows_only"
+                          : (what & (W_OUT | W_OUT_T)) == W_OUT_T ? "_t_only" : "";
+    Case* c = sk == SCALE_NONE
+                  ? add_case(NEED_GPU, cast_op_case, N, C, f, op, "cast_op_%s%s_%dx%d", op_name(op), outputs, N, C)
+                  : add_case(NEED_GPU, cast_op_case, N, C, f, op, "cast_op_%s_%s%s_%dx%d%s", op_name(op),
+                             fp8_format_name(f), outputs, N, C, OP_SCALE_NAMES[sk]);
+    c->p[4] = what, c->p[5] = sk;
+}
+
+// fp8_cast_transpose_op: GELU (E4M3, as the fc projection's input) and GELU' (E5M2, as the fc
+// layer's gradient), each also in the other format, and COPY; N not a multiple of the 64-row tile, C
+// not of the 128-channel tile.
+static void make_cast_op_cases(void) {
+    const struct { int N, C; Fp8Format f; Fp8CastOp op; int what; OpScale sk; } cases[] = {
+        {1000, 2064, FP8_E4M3, FP8_OP_GELU, W_ALL, SCALE_SATURATE},
+        {77, 144, FP8_E4M3, FP8_OP_GELU, W_ALL, SCALE_SATURATE},
+        {77, 144, FP8_E5M2, FP8_OP_GELU, W_ALL, SCALE_SATURATE},
+        {1000, 2064, FP8_E5M2, FP8_OP_DGELU, W_ALL, SCALE_SATURATE},
+        {77, 144, FP8_E5M2, FP8_OP_DGELU, W_ALL, SCALE_SATURATE},
+        {77, 144, FP8_E4M3, FP8_OP_DGELU, W_ALL, SCALE_SATURATE},
+        {1000, 2064, FP8_E4M3, FP8_OP_COPY, W_ALL, SCALE_SATURATE},
+        {77, 144, FP8_E5M2, FP8_OP_COPY, W_ALL, SCALE_SATURATE},
+        {65, 16, FP8_E4M3, FP8_OP_COPY, W_ALL, SCALE_SATURATE},
+        {1000, 2064, FP8_E4M3, FP8_OP_COPY, W_ALL, SCALE_4X},
+        {1000, 2064, FP8_E5M2, FP8_OP_DGELU, W_ALL, SCALE_4X},
+        {1000, 2064, FP8_E4M3, FP8_OP_COPY, W_ALL, SCALE_HALF},
+        {77, 144, FP8_E4M3, FP8_OP_GELU, W_ALL, SCALE_HALF},
+        {77, 144, FP8_E5M2, FP8_OP_DGELU, W_ALL, SCALE_HALF},
+        {77, 144, FP8_E5M2, FP8_OP_DGELU, W_OUT | W_COLSUM | W_SATURATED, SCALE_SATURATE},
+        {77, 144, FP8_E4M3, FP8_OP_GELU, W_OUT_T | W_SATURATED, SCALE_SATURATE},
+        {1000, 2064, FP8_E4M3, FP8_OP_COPY, 0, SCALE_NONE},
+        {1000, 2064, FP8_E4M3, FP8_OP_GELU, 0, SCALE_NONE},
+        {1000, 2064, FP8_E5M2, FP8_OP_DGELU, W_COLSUM, SCALE_NONE},
+    };
+    for (size_t i = 0; i < COUNT(cases); i++)
+        add_cast_op_case(cases[i].N, cases[i].C, cases[i].f, cases[i].op, cases[i].what, cases[i].sk);
+}
+
 static void make_cases(void) {
     add_case(NEED_CPU, host_known_values_case, 0, 0, 0, 0, "host_fp8_reference_known_values_and_every_code");
     add_case(NEED_CPU, host_vs_cuda_fp8_case, 0, 0, 0, 0, "host_fp8_reference_agrees_with_cuda_fp8_h");
     add_case(NEED_CPU, size_checks_case, 0, 0, 0, 0, "size_checks_need_multiples_of_16");
     add_case(NEED_CPU, scale_formula_case, 0, 0, 0, 0, "scale_for_amax_formula");
+    add_case(NEED_CPU, planted_cast_op_case, FP8_E4M3, FP8_OP_COPY, 0, 0, "planted_cast_op_checks_reject_copy_e4m3");
+    add_case(NEED_CPU, planted_cast_op_case, FP8_E4M3, FP8_OP_GELU, 0, 0, "planted_cast_op_checks_reject_gelu_e4m3");
+    add_case(NEED_CPU, planted_cast_op_case, FP8_E5M2, FP8_OP_DGELU, 0, 0, "planted_cast_op_checks_reject_dgelu_e5m2");
     make_cast_cases();
+    make_cast_op_cases();
     add_case(NEED_GPU, delayed_update_case, 0, 0, 0, 0, "delayed_update_40_steps");
     add_case(NEED_GPU, delayed_update_case, 1, 1, 0, 0, "delayed_update_40_steps_margin1_pow2");
     add_case(NEED_GPU, current_scale_case, FP8_E4M3, 0, 0, 0, "current_scaling_e4m3");
     add_case(NEED_GPU, current_scale_case, FP8_E5M2, 1, 1, 0, "current_scaling_e5m2_margin1_pow2");
+    add_case(NEED_GPU, current_scale_preset_case, 0, 0, 0, 0, "current_scaling_amax_current_preset_amax_larger");
+    add_case(NEED_GPU, current_scale_preset_case, 1, 0, 0, 0, "current_scaling_amax_current_preset_amax_smaller");
+    add_case(NEED_GPU, current_scale_preset_case, 2, 0, 0, 0, "current_scaling_amax_current_preset_amax_nan");
     add_case(NEED_GPU, delayed_loop_case, 0, 0, 0, 0, "delayed_scaling_cast_update_cast");
     for (int s = 0; s < (int)COUNT(GEMM_SHAPES); s++)
         for (int v = 0; v < NUM_VARIANTS; v++)

@@ -150,14 +150,15 @@ def read_model_tensors(p):
     return h, out
 
 
-def write_checkpoint(p, L, C, NH, maxT, params_bits, master, zero=None, step=7, header_tail=b"", version=1):
+def write_checkpoint(p, L, C, NH, maxT, params_bits, master, zero=None, step=7, header_tail=b"", version=1, fp8=0):
     """A checkpoint as data/checkpoint.h lays it out: header, bf16 params, then master, m, v (fp32);
-    zero=(rank, world, shard): a ZeRO-1 rank file holding master[rank*shard:(rank+1)*shard] (zero-padded)."""
+    zero=(rank, world, shard): a ZeRO-1 rank file holding master[rank*shard:(rank+1)*shard] (zero-padded);
+    fp8: bytes of an FP8-scales section after v (header bytes 212-215, fp8_state_bytes; random bytes)."""
     P = int(sum(np.prod(s) for s in shapes(L, C, maxT)))
     stage, rank, world, shard = (1, zero[0], zero[1], zero[2]) if zero else (0, 0, 1, 0)
     fields = [CKPT_MAGIC, version, 1024, L, C, NH, V, VP, maxT, 4, maxT, world, 0, 4 * maxT, 1337, 10**6, 1, 2, step,
               0, 0, 3, 100, 0, 3e-4, 0.1, 0.1, 1.0, P, 0, stage, rank, rank * shard, shard]
-    block = struct.pack(CKPT_FORMAT, *fields) + header_tail
+    block = struct.pack(CKPT_FORMAT, *fields) + (header_tail or (struct.pack("<ii", 0, fp8) if fp8 else b""))
     block += b"\0" * (1024 - len(block))
     flat = np.concatenate([m.ravel() for m in master]).astype("<f4")
     if zero:
@@ -167,6 +168,7 @@ def write_checkpoint(p, L, C, NH, maxT, params_bits, master, zero=None, step=7, 
         f.write(np.concatenate([b.ravel() for b in params_bits]).astype("<u2").tobytes())
         for scale in (1.0, 1e-3, 1e-6):  # master, adam_m, adam_v
             f.write((flat * np.float32(scale)).astype("<f4").tobytes())
+        f.write(RNG.integers(0, 256, fp8, dtype=np.uint8).tobytes())
     return p
 
 
@@ -295,7 +297,9 @@ def test_checkpoint_exports_bf16_weights_and_fp32_master():
     os.makedirs(folder)
     write_checkpoint(os.path.join(folder, "step_00000003.ckpt"), L, C, NH, maxT, params, master, step=3)
     params2, master2 = checkpoint_state(L, C, maxT)
-    write_checkpoint(os.path.join(folder, "step_00000010.ckpt"), L, C, NH, maxT, params2, master2, step=10)
+    # the newest step is an fp8 run's: its FP8-scales section (L x 4 x 3 x 112 bytes) follows adam_v
+    write_checkpoint(os.path.join(folder, "step_00000010.ckpt"), L, C, NH, maxT, params2, master2, step=10,
+                     fp8=L * 4 * 3 * 112)
     # a folder: its newest step, as --resume DIR
     run_ok("export_hf.py", folder, path("ck16_hf"))  # default --dtype bf16
     run_ok("import_hf.py", path("ck16_hf"), path("ck16.bin"))
@@ -307,6 +311,10 @@ def test_checkpoint_exports_bf16_weights_and_fp32_master():
     h, back = read_model_tensors(path("ck32.bin"))
     assert h[1] == 3
     assert_same_weights(back, master, "the checkpoint's fp32 master weights")
+    run_ok("export_hf.py", os.path.join(folder, "step_00000010.ckpt"), path("ck32fp8_hf"), "--dtype", "fp32")
+    run_ok("import_hf.py", path("ck32fp8_hf"), path("ck32fp8.bin"))
+    assert_same_weights(read_model_tensors(path("ck32fp8.bin"))[1], master2,
+                        "the fp32 master weights of a checkpoint with an FP8 section")
 
 
 def test_zero1_checkpoint_master_gathered_from_rank_files():
@@ -484,6 +492,12 @@ def test_export_refuses_what_gpt2_cannot_express_or_is_damaged():
     expect_refusal("export_hf.py", (ck, out), "byte 208", "grouped-query")
     ck2 = write_checkpoint(path("v2.ckpt"), L, C, NH, maxT, params, master, version=2)
     expect_refusal("export_hf.py", (ck2, out), "version 2")
+    fp8 = write_checkpoint(path("fp8.ckpt"), L, C, NH, maxT, params, master, fp8=1344)
+    os.truncate(fp8, os.path.getsize(fp8) - 1344)  # the header claims an FP8 section the file lacks
+    expect_refusal("export_hf.py", (fp8, out), "1344-byte FP8-scales section", "truncated")
+    neg = write_checkpoint(path("fp8neg.ckpt"), L, C, NH, maxT, params, master, header_tail=struct.pack("<ii", 0, -8))
+    os.truncate(neg, os.path.getsize(neg) - 8)  # the size agrees with the claim: only the range check refuses it
+    expect_refusal("export_hf.py", (neg, out), "fp8_state_bytes -8", "corrupt header")
     odd = write_model_file(path("odd.bin"), L, 96, 5, maxT, random_tensors(L, 96, maxT))
     expect_refusal("export_hf.py", (odd, out), "not a multiple of 5 heads")
     short = path("short.bin")

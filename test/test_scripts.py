@@ -2,8 +2,9 @@
 scripts/power_poller.py), and the test runner (test/run_tests.sh) on stand-in programs that break its rules.
 
 CPU only: the GPU peak table against data/gpt_config.h's (a small C program compiled here), GPU name
-tags, results files written whole, running a child with its log and step records, and the power poller's
-step clock and window arithmetic (NVML itself needs a GPU).
+tags, results files written whole, running a child with its log and step records, the power poller's
+step clock and window arithmetic (NVML itself needs a GPU), and the benchmarks' --precision (bench_train.py
+and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao).
 """
 import json
 import os
@@ -177,6 +178,193 @@ def test_bench_train_power_table():
     assert bench_train.power_rows([{**ours, "power_w": None}, {**theirs, "power_w": None}]) == []
     [row] = bench_train.power_rows([ours, {**theirs, "power_w": None}])
     assert row[4] == "-" and row[9] == "-", row
+
+
+def write_fake(path, body):
+    """An executable Python script at path (a stand-in train_gpt or Python for the benchmarks' children)."""
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable}\n" + body)
+    os.chmod(path, 0o755)
+
+
+def bench_train_records(out):
+    [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("train_") and n.endswith(".json")]
+    with open(path) as f:
+        records = json.load(f)["records"]
+    with open(path[:-5] + ".md") as f:
+        return {(r["impl"], r.get("precision")): r for r in records}, f.read()
+
+
+def test_bench_train_precision_runs_each_impl_in_each_precision():
+    """bench_train.py --precision bf16,fp8 with stand-in children: train_gpt fp8 gets --precision fp8 and torch
+    fp8 gets --fp8 (bf16 runs keep their command lines), records carry the precision, and the precision table
+    shows every (impl, precision) with its speed against train_gpt bf16 of the same invocation; without
+    --precision there is no such table."""
+    import bench_train
+    fake_gpt, fake_python = os.path.join(WORK, "fake_train_gpt_prec"), os.path.join(WORK, "fake_python_prec")
+    write_fake(fake_gpt, "import json, sys\na = sys.argv\nfp8 = a[a.index('--precision') + 1] == 'fp8' "
+               "if '--precision' in a else False\n"
+               "with open(a[a.index('--log-file') + 1], 'w') as f:\n"
+               "    for step in (1, 2, 3):\n"
+               "        f.write(json.dumps({'step': step, 'loss': 10.0, 'ms': 50.0 if fp8 else 100.0}) + '\\n')\n")
+    write_fake(fake_python, "import json, sys\na = sys.argv\nms = 160.0 if '--fp8' in a else 200.0\n"
+               "json.dump({'status': 'ok', 'torch': 'x', 'step_ms': [ms] * 3}, "
+               "open(a[a.index('--result-json') + 1], 'w'))\n")
+    shard = os.path.join(WORK, "shard_prec.bin")
+    open(shard, "wb").close()
+    out = os.path.join(WORK, "bench_prec")
+    common = ["--configs", "1.3b-2k", "--train-gpt", fake_gpt, "--python", fake_python, "--train-data", shard,
+              "--results-dir", out, "--out", out, "--peak-tflops", "1000", "--warmup", "1", "--timed", "2"]
+    assert bench_train.main(common + ["--precision", "bf16,fp8"]) == 0
+    runs, md = bench_train_records(out)
+    assert set(runs) == {(i, p) for i in ("train_gpt", "torch") for p in ("bf16", "fp8")}, sorted(runs)
+    assert runs["train_gpt", "fp8"]["command"].endswith("--precision fp8"), runs["train_gpt", "fp8"]["command"]
+    assert "--precision" not in runs["train_gpt", "bf16"]["command"], runs["train_gpt", "bf16"]["command"]
+    assert runs["torch", "fp8"]["command"].endswith(" --fp8") and "--fp8" not in runs["torch", "bf16"]["command"]
+    assert runs["train_gpt", "fp8"]["log"] != runs["train_gpt", "bf16"]["log"]  # each run keeps its own log
+    rows = {(r[3], r[4]): r for r in bench_train.precision_rows(list(runs.values()))}
+    assert [rows[k][-2] for k in (("train_gpt", "bf16"), ("train_gpt", "fp8"), ("torch", "bf16"), ("torch", "fp8"))] \
+        == ["1.00x", "2.00x", "0.50x", "0.62x"], rows
+    assert "| impl | precision |" in md and "| gpt3-1.3b | 2k | 8 x 8 | train_gpt | fp8 |" in md, md
+    powered = [{**r, "power_w": 700.0, "power_capped": 1.0, "joules_per_step": 2 * r["step_ms"]} for r in runs.values()]
+    rows = {(r[3], r[4]): r for r in bench_train.precision_rows(powered)}
+    assert rows["train_gpt", "fp8"][9:] == ["700", "100", "100%", "2.00x", "0.50x"], rows  # W, J, capped, ratios
+    # ours/torch of the bf16 table stays bf16 against bf16
+    [row] = bench_train.table_rows(list(runs.values()))
+    assert row[5] == "2.00x", row
+    # fp8 alone in a later invocation: no train_gpt bf16 of that run, so no ratio
+    assert bench_train.main(common + ["--precision", "fp8", "--impls", "train_gpt"]) == 0
+    runs, _ = bench_train_records(out)
+    rows = {(r[3], r[4]): r for r in bench_train.precision_rows(list(runs.values()))}
+    assert rows["train_gpt", "fp8"][-2] == "-" and rows["train_gpt", "bf16"][-2] == "1.00x", rows
+    # the default: bf16 only, no precision table, train_gpt's command line without --precision
+    plain = os.path.join(WORK, "bench_plain")
+    assert bench_train.main([*common[:common.index("--results-dir")], "--results-dir", plain, "--out", plain,
+                             "--peak-tflops", "1000", "--warmup", "1", "--timed", "2"]) == 0
+    runs, md = bench_train_records(plain)
+    assert set(runs) == {("train_gpt", "bf16"), ("torch", "bf16")} and "| impl | precision |" not in md, md
+    assert "--precision" not in runs["train_gpt", "bf16"]["command"]
+    for bad in ("fp16", "bf16,int8", ","):
+        try:
+            bench_train.parse_args(["--precision", bad])
+        except SystemExit:
+            continue
+        raise AssertionError(f"--precision {bad!r} accepted")
+
+
+def test_bench_train_torch_fp8_without_torchao_says_how_to_install():
+    """The PyTorch child with --fp8 where torchao does not import (a stand-in torchao that raises ImportError
+    shadows any installed one): the run fails at once, and the record's note says to pip install torchao."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise harness.Skip("needs PyTorch (test/requirements.txt)")
+    import bench_train
+    stub = os.path.join(WORK, "no_torchao", "torchao")
+    os.makedirs(stub, exist_ok=True)
+    with open(os.path.join(stub, "__init__.py"), "w") as f:
+        f.write("raise ImportError('No module named torchao (a stand-in of the test)')\n")
+    shard = os.path.join(WORK, "shard_ao.bin")
+    open(shard, "wb").close()
+    out = os.path.join(WORK, "bench_no_torchao")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.path.dirname(stub) + (os.pathsep + saved if saved else "")
+    try:
+        rc = bench_train.main(["--configs", "gpt2-124m:64:1", "--total-batch-tokens", "64", "--impls", "torch",
+                               "--precision", "fp8", "--torch-device", "cpu", "--compile", "none", "--sdpa", "math",
+                               "--train-data", shard, "--results-dir", out, "--out", out, "--timeout", "120",
+                               "--warmup", "1", "--timed", "1"])
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    runs, md = bench_train_records(out)
+    rec = runs["torch", "fp8"]
+    assert rc == 1 and rec["status"] == "error", rec
+    assert "torchao" in rec["note"] and "pip install torchao" in rec["note"], rec["note"]
+    assert "| torch | fp8 | ERROR |" in md, md
+
+
+def test_torch_gpt_float8_converts_only_the_block_linears():
+    """torch_gpt.float8_filter: the four linear layers of each block whose dimensions are multiples of 16, never
+    another Linear (an LM head); float8_api names pip install torchao when torchao does not import; with
+    torchao installed, convert_to_float8_ swaps exactly those (emulated on the CPU) and the model still trains."""
+    try:
+        import torch
+    except ImportError:
+        raise harness.Skip("needs PyTorch (test/requirements.txt)")
+    import torch_gpt as tg
+
+    def selected(cfg):
+        return [name for name, m in tg.GPT(cfg).named_modules() if tg.float8_filter(m, name)]
+
+    assert selected(tg.GPTConfig(2, 64, 4, 16)) == [f"blocks.{i}.{n}" for i in (0, 1) for n in tg.FLOAT8_LINEARS]
+    assert selected(tg.GPTConfig(2, 40, 5, 16)) == []  # 40 is not a multiple of 16: every block linear has it
+    assert not tg.float8_filter(torch.nn.Linear(64, 64), "lm_head")
+    assert not tg.float8_filter(torch.nn.Linear(64, 64), "blocks.0.head")
+    saved = sys.modules.get("torchao", "absent")
+    sys.modules["torchao"] = None  # `import torchao...` raises ImportError
+    try:
+        tg.float8_api()
+        raise AssertionError("float8_api() returned without torchao")
+    except tg.MissingDependency as err:
+        assert "pip install torchao" in str(err), err
+    finally:
+        if saved == "absent":
+            del sys.modules["torchao"]
+        else:
+            sys.modules["torchao"] = saved
+    try:
+        tg.float8_api()
+    except tg.MissingDependency:
+        return  # torchao is not installed here: the conversion itself is checked where it is
+    model = tg.GPT(tg.GPTConfig(1, 64, 4, 16))
+    swapped = tg.convert_to_float8_(model, emulate=True)
+    assert swapped == [f"blocks.0.{n}" for n in tg.FLOAT8_LINEARS], swapped
+    assert all(type(getattr(model.blocks[0], n)).__name__ == "Float8Linear" for n in tg.FLOAT8_LINEARS)
+    loss = model(torch.randint(0, 100, (2, 16)), torch.randint(0, 100, (2, 16)))
+    loss.backward()
+    assert torch.isfinite(loss) and model.blocks[0].qkv.weight.grad is not None
+
+
+def test_table1_fp8_column():
+    """table1.py --precision fp8: the cell runs train_gpt --attn flash2 --precision fp8 (bf16 cells as before),
+    and the paper-layout table gains the FA2 FP8 column and its speedup only where an fp8 cell was measured."""
+    import table1
+    args = table1.parse_args(["--configs", "1.3b-2k", "--precision", "bf16,fp8", "--steps", "3"])
+    assert args.precision == ["bf16", "fp8"] and args.attn == list(table1.ATTNS), args
+    calls = []
+
+    def fake_run(cell_args, log, timeout_s=600):
+        calls.append([str(a) for a in cell_args])
+        fp8 = "--precision" in calls[-1]
+        tflops = 800.0 if fp8 else 400.0
+        records = [{"ms": 10.0, "tokens_per_s": 1e5, "tflops_per_gpu": tflops, "mfu": tflops / 1000}] * 3
+        return train_runs.TrainRun(command=["train_gpt"], returncode=0, stdout="", stderr="", records=records,
+                                   peak_mem_mib=1024.0, out_of_memory=False, seconds=1.0)
+
+    saved = table1.train_runs.run_train_gpt
+    table1.train_runs.run_train_gpt = fake_run
+    try:
+        bf16 = table1.measure_cell(args, "gpt3-1.3b", 2048, 8, "flash2", WORK)
+        fp8 = table1.measure_cell(args, "gpt3-1.3b", 2048, 8, "flash2", WORK, "fp8")
+    finally:
+        table1.train_runs.run_train_gpt = saved
+    assert "--precision" not in calls[0] and calls[1][-2:] == ["--precision", "fp8"], calls
+    assert (bf16["precision"], fp8["precision"]) == ("bf16", "fp8") and table1.cell_key(bf16) != table1.cell_key(fp8)
+    result = {"device": "GPU", "date": "d", "commit": "c", "command": "x", "batch_tokens": 131072,
+              "records": [bf16, fp8]}
+    md = table1.markdown(result)
+    assert "| FA2 FP8 | FP8 / FA2 |" in md and "| 400 (196) | – (1.38×) | – (1.04×) | 800 | 2.00× |" in md, md
+    assert "| gpt3-1.3b | 2048 | flash2 fp8 | 8 |" in md, md
+    md = table1.markdown({**result, "records": [bf16]})
+    assert "FP8" not in md, md
+    try:
+        table1.parse_args(["--precision", "fp16"])
+    except SystemExit:
+        return
+    raise AssertionError("--precision fp16 accepted")
 
 
 def test_bench_long_context_runs_and_records():

@@ -36,8 +36,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "layers/cuda_common.h"
+#include "layers/model/gelu.cuh"
 #include "layers/model/layer_common.cuh"
 
 typedef enum {
@@ -66,18 +68,24 @@ static __device__ __forceinline__ uint32_t fp8x4_from_floats(float a, float b, f
     return lo | hi << 16;
 }
 
-// 16 bf16 (two 16-byte vectors, memory order) times s → 16 FP8 bytes.
+// 16 floats times s → 16 FP8 bytes.
 template <int FMT>
-static __device__ __forceinline__ uint4 fp8x16_from_bf16(uint4 lo, uint4 hi, float s) {
-    float f[16];
-    bf16x8_unpack(f, lo);
-    bf16x8_unpack(f + 8, hi);
+static __device__ __forceinline__ uint4 fp8x16_from_floats(const float* f, float s) {
     uint4 v;
     v.x = fp8x4_from_floats<FMT>(f[0] * s, f[1] * s, f[2] * s, f[3] * s);
     v.y = fp8x4_from_floats<FMT>(f[4] * s, f[5] * s, f[6] * s, f[7] * s);
     v.z = fp8x4_from_floats<FMT>(f[8] * s, f[9] * s, f[10] * s, f[11] * s);
     v.w = fp8x4_from_floats<FMT>(f[12] * s, f[13] * s, f[14] * s, f[15] * s);
     return v;
+}
+
+// 16 bf16 (two 16-byte vectors, memory order) times s → 16 FP8 bytes.
+template <int FMT>
+static __device__ __forceinline__ uint4 fp8x16_from_bf16(uint4 lo, uint4 hi, float s) {
+    float f[16];
+    bf16x8_unpack(f, lo);
+    bf16x8_unpack(f + 8, hi);
+    return fp8x16_from_floats<FMT>(f, s);
 }
 
 // The largest |x| of 8 bf16, as the bits of a bf16 (sign cleared): integer order of non-negative
@@ -90,21 +98,30 @@ static __device__ __forceinline__ uint32_t bf16x8_absmax_bits(uint4 v) {
     return m;
 }
 
-// amax = max(amax, the block's largest bits16) with one atomic per block; bits16 as from
-// bf16x8_absmax_bits. Contains __syncthreads: every thread of the block must call it.
-static __device__ void fp8_block_amax(float* amax, uint32_t bits16) {
+// The bits of |x| as a float: for non-negative floats (and +0 to start from) unsigned order is
+// numeric order, with NaN above +inf.
+static __device__ __forceinline__ uint32_t fp8_abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+// amax = max(amax, the block's largest bits) with one atomic per block; bits: a float's, as from
+// fp8_abs_bits (a bf16's bits << 16 are its float's). Contains __syncthreads: every thread of the
+// block must call it.
+static __device__ void fp8_block_amax(float* amax, uint32_t bits) {
     __shared__ uint32_t warp_max[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    bits16 = __reduce_max_sync(0xFFFFFFFFu, bits16);
-    if (lane == 0) warp_max[warp] = bits16;
+    bits = __reduce_max_sync(0xFFFFFFFFu, bits);
+    if (lane == 0) warp_max[warp] = bits;
     __syncthreads();
     if (warp == 0) {
-        bits16 = lane < num_warps ? warp_max[lane] : 0u;
-        bits16 = __reduce_max_sync(0xFFFFFFFFu, bits16);
-        // bf16 bits << 16 are the float's bits; for non-negative floats (and +0 to start from)
-        // unsigned order is numeric order
-        if (lane == 0 && bits16 != 0u) atomicMax((unsigned int*)amax, bits16 << 16);
+        bits = lane < num_warps ? warp_max[lane] : 0u;
+        bits = __reduce_max_sync(0xFFFFFFFFu, bits);
+        if (lane == 0 && bits != 0u) atomicMax((unsigned int*)amax, bits);
     }
+}
+
+// *count += the block's values of n (one atomic per warp).
+static __device__ __forceinline__ void fp8_warp_count(unsigned long long* count, uint32_t n) {
+    n = __reduce_add_sync(0xFFFFFFFFu, n);
+    if (threadIdx.x % 32 == 0 && n != 0u) atomicAdd(count, (unsigned long long)n);
 }
 
 // ---- kernels -----------------------------------------------------------------------------------------
@@ -121,7 +138,7 @@ static __global__ void __launch_bounds__(FP8_CAST_THREADS)
         m = max(m, max(bf16x8_absmax_bits(lo), bf16x8_absmax_bits(hi)));
         store16(out + 16 * i, fp8x16_from_bf16<FMT>(lo, hi, s));
     }
-    if (amax) fp8_block_amax(amax, m);
+    if (amax) fp8_block_amax(amax, m << 16);
 }
 
 // amax only (inp's N·C elements as 16-element chunks).
@@ -130,7 +147,7 @@ static __global__ void __launch_bounds__(FP8_CAST_THREADS)
     uint32_t m = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (size_t)gridDim.x * blockDim.x)
         m = max(m, max(bf16x8_absmax_bits(load16(inp + 16 * i)), bf16x8_absmax_bits(load16(inp + 16 * i + 8))));
-    fp8_block_amax(amax, m);
+    fp8_block_amax(amax, m << 16);
 }
 
 // 4 × 4 bytes: rows a, b, c, d (byte j of each = column j) → the word of column j (rows in byte order).
@@ -173,18 +190,106 @@ static __device__ __forceinline__ void fp8_ct_store_transposed(uint8_t* out_t, c
     }
 }
 
-// out (N, C) and out_t (C, N) (either may be NULL) = fp8(inp (N, C) · *scale); tiles of 64 × 128
-// taken in turn by a grid that fills the GPU. Phase 1 converts the tile (row-major, 16 channels a
-// thread), writes out and keeps the bytes in shared memory; phase 2 writes them transposed.
-template <int FMT>
-static __global__ void __launch_bounds__(FP8_CT_THREADS)
-    fp8_cast_transpose_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                              const __nv_bfloat16* __restrict__ inp, int N, int C, const float* scale, float* amax) {
+// What a cast-transpose computes from its input before scaling, and what it writes (see the top).
+typedef enum {
+    FP8_OP_COPY = 0,   // x = inp
+    FP8_OP_GELU = 1,   // x = GELU(inp): the MLP's activation from its pre-activation, for the projection
+    FP8_OP_DGELU = 2,  // x = inp · GELU'(aux): the pre-activation's gradient, inp = d(GELU output), aux = input
+    FP8_OP_LAYERNORM = 3,  // x = (inp − mean)·rstd·ln_weight + ln_bias: a LayerNorm's output from its input
+                           // and row statistics (layernorm_forward with out = NULL), never written in bf16
+} Fp8CastOp;
+
+typedef struct {
+    uint8_t* out;                   // (N, C) FP8, or NULL
+    uint8_t* out_t;                 // (C, N) FP8, or NULL; both NULL: amax (and column sums) only
+    const __nv_bfloat16* inp;       // (N, C)
+    const __nv_bfloat16* aux;       // (N, C): FP8_OP_DGELU's GELU input; NULL otherwise
+    const float *mean, *rstd;       // (N): FP8_OP_LAYERNORM's row statistics; NULL otherwise
+    const __nv_bfloat16 *ln_weight, *ln_bias;  // (C): FP8_OP_LAYERNORM's; NULL otherwise
+    int N, C;
+    Fp8Format format;
+    Fp8CastOp op;
+    const float* scale;             // device fp32; may be NULL when nothing is written
+    float* amax;                    // NULL, or max(amax, max |x|)
+    unsigned long long* saturated;  // NULL, or += the values with |x · scale| above the format's max
+    float* colsum_partial;          // NULL, or (fp8_colsum_tiles(N), C) fp32: Σ x over each tile's 64 rows
+} Fp8CastArgs;
+
+// Tiles of rows a cast-transpose's column sums come in (the rows of its colsum_partial).
+static inline int fp8_colsum_tiles(int N) { return (N + FP8_CT_ROWS - 1) / FP8_CT_ROWS; }
+
+// x (16 floats) of the chunk at (row, col): the op applied to inp (and aux).
+template <int OP>
+static __device__ __forceinline__ void fp8_cast_load(float* x, const Fp8CastArgs& a, int row, int col) {
+    const size_t at = (size_t)row * a.C + col;
+    bf16x8_unpack(x, load16(a.inp + at));
+    bf16x8_unpack(x + 8, load16(a.inp + at + 8));
+    if (OP == FP8_OP_GELU) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) x[k] = gelu_f32(x[k]);
+    }
+    if (OP == FP8_OP_LAYERNORM) {
+        float w[16], b[16];
+        bf16x8_unpack(w, load16(a.ln_weight + col));
+        bf16x8_unpack(w + 8, load16(a.ln_weight + col + 8));
+        bf16x8_unpack(b, load16(a.ln_bias + col));
+        bf16x8_unpack(b + 8, load16(a.ln_bias + col + 8));
+        const float m = a.mean[row], r = a.rstd[row];
+#pragma unroll
+        for (int k = 0; k < 16; k++) x[k] = (x[k] - m) * r * w[k] + b[k];
+    }
+    if (OP == FP8_OP_DGELU) {
+        float pre[16];
+        bf16x8_unpack(pre, load16(a.aux + at));
+        bf16x8_unpack(pre + 8, load16(a.aux + at + 8));
+#pragma unroll
+        for (int k = 0; k < 16; k++) x[k] *= gelu_grad_f32(pre[k]);
+    }
+}
+
+// The tile's column sums: every thread holds the sums of its 16 channels (group g = threadIdx % 8)
+// over its rows; lanes of one group are 8 apart in a warp, the 4 warps meet in shared memory, and
+// thread c writes channel c0 + c's sum for rows r0..r0+63. Contains __syncthreads.
+static __device__ __forceinline__ void fp8_ct_colsums(float* partial, float (*red)[FP8_CT_COLS], float* sums,
+                                                      int r0, int c0, int C) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        sums[k] += __shfl_xor_sync(0xFFFFFFFFu, sums[k], 8);
+        sums[k] += __shfl_xor_sync(0xFFFFFFFFu, sums[k], 16);
+    }
+    if (lane < 8) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) red[warp][16 * lane + k] = sums[k];
+    }
+    __syncthreads();
+    const int c = threadIdx.x;  // FP8_CT_THREADS == FP8_CT_COLS
+    if (c0 + c < C) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FP8_CT_THREADS / 32; w++) s += red[w][c];
+        partial[(size_t)(r0 / FP8_CT_ROWS) * C + c0 + c] = s;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; k++) sums[k] = 0.0f;
+}
+
+// out (N, C) and out_t (C, N) (either or both may be NULL) = fp8(x · *scale), x the op of inp
+// (N, C); tiles of 64 × 128 taken in turn by a grid that fills the GPU. Phase 1 computes the tile's
+// x (row-major, 16 channels a thread), writes out and keeps the bytes in shared memory; phase 2
+// writes them transposed (and the column sums when asked for).
+template <int FMT, int OP>
+static __global__ void __launch_bounds__(FP8_CT_THREADS) fp8_cast_transpose_kernel(const Fp8CastArgs a) {
     __shared__ uint32_t tile[FP8_CT_ROWS][FP8_CT_WORDS];
-    const float s = *scale;
+    __shared__ float red[FP8_CT_THREADS / 32][FP8_CT_COLS];
+    const int N = a.N, C = a.C, writes = a.out || a.out_t;
+    const float s = a.scale ? *a.scale : 1.0f, fmax = fp8_format_max((Fp8Format)FMT);
     const int tiles_c = (C + FP8_CT_COLS - 1) / FP8_CT_COLS;
     const int tiles = ((N + FP8_CT_ROWS - 1) / FP8_CT_ROWS) * tiles_c;
-    uint32_t m = 0;
+    uint32_t m = 0, saturated = 0;
+    float sums[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) sums[k] = 0.0f;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int r0 = (t / tiles_c) * FP8_CT_ROWS, c0 = (t % tiles_c) * FP8_CT_COLS;
 #pragma unroll
@@ -194,19 +299,26 @@ static __global__ void __launch_bounds__(FP8_CT_THREADS)
             const int row = r0 + r, col = c0 + 16 * g;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (row < N && col < C) {  // C % 16 == 0: a chunk is wholly inside or outside
-                const __nv_bfloat16* src = inp + (size_t)row * C + col;
-                const uint4 lo = load16(src), hi = load16(src + 8);
-                m = max(m, max(bf16x8_absmax_bits(lo), bf16x8_absmax_bits(hi)));
-                v = fp8x16_from_bf16<FMT>(lo, hi, s);
-                if (out) store16(out + (size_t)row * C + col, v);
+                float x[16];
+                fp8_cast_load<OP>(x, a, row, col);
+#pragma unroll
+                for (int k = 0; k < 16; k++) {
+                    m = max(m, fp8_abs_bits(x[k]));
+                    saturated += fabsf(x[k]) * s > fmax;
+                    sums[k] += x[k];
+                }
+                if (writes) v = fp8x16_from_floats<FMT>(x, s);
+                if (a.out) store16(a.out + (size_t)row * C + col, v);
             }
             tile[r][4 * g] = v.x, tile[r][4 * g + 1] = v.y, tile[r][4 * g + 2] = v.z, tile[r][4 * g + 3] = v.w;
         }
         __syncthreads();
-        if (out_t) fp8_ct_store_transposed(out_t, tile, r0, c0, N, C);
+        if (a.out_t) fp8_ct_store_transposed(a.out_t, tile, r0, c0, N, C);
+        if (a.colsum_partial) fp8_ct_colsums(a.colsum_partial, red, sums, r0, c0, C);
         __syncthreads();  // the next tile overwrites the shared tile
     }
-    if (amax) fp8_block_amax(amax, m);
+    if (a.saturated) fp8_warp_count(a.saturated, saturated);
+    if (a.amax) fp8_block_amax(a.amax, m);
 }
 
 // ---- host --------------------------------------------------------------------------------------------
@@ -227,13 +339,19 @@ static inline int fp8_check_cast(int N, int C, char* why, size_t why_size) {
     return 0;
 }
 
-static inline void fp8_require_cast(const char* fn, int N, int C, const void* inp, const void* out, const void* out_t,
-                                    const float* scale) {
+static inline void fp8_require_cast(const char* fn, int N, int C, const void* inp, const void* out,
+                                    const void* out_t) {
     char why[320];
     if (fp8_check_cast(N, C, why, sizeof(why)) != 0) layer_fail("%s: %s", fn, why);
     LAYER_REQUIRE(inp && layer_is_aligned16(inp), "%s: inp must be a 16-byte aligned device pointer", fn);
     LAYER_REQUIRE(!out || layer_is_aligned16(out), "%s: out must be 16-byte aligned", fn);
     LAYER_REQUIRE(!out_t || layer_is_aligned16(out_t), "%s: out_t must be 16-byte aligned", fn);
+}
+
+// As fp8_require_cast, and the scale a cast reads.
+static inline void fp8_require_scaled_cast(const char* fn, int N, int C, const void* inp, const void* out,
+                                           const void* out_t, const float* scale) {
+    fp8_require_cast(fn, N, C, inp, out, out_t);
     LAYER_REQUIRE(scale != NULL, "%s: scale must be a device pointer to the fp32 scale", fn);
 }
 
@@ -249,7 +367,7 @@ static inline int fp8_cast_grid(const void* kernel, int threads, size_t blocks) 
 // out (N, C) = fp8(inp (N, C) · *scale) in format fmt; amax (NULL: not wanted) as at the top.
 static inline void fp8_cast(uint8_t* out, const __nv_bfloat16* inp, int N, int C, Fp8Format fmt, const float* scale,
                             float* amax, cudaStream_t stream) {
-    fp8_require_cast("fp8_cast", N, C, inp, out, NULL, scale);
+    fp8_require_scaled_cast("fp8_cast", N, C, inp, out, NULL, scale);
     LAYER_REQUIRE(out != NULL, "fp8_cast: out is NULL");
     const size_t chunks = (size_t)N * C / 16, blocks = layer_ceil_div(chunks, FP8_CAST_THREADS);
     if (fmt == FP8_E5M2) {
@@ -262,26 +380,56 @@ static inline void fp8_cast(uint8_t* out, const __nv_bfloat16* inp, int N, int C
     CUDA_CHECK(cudaGetLastError());
 }
 
+template <int FMT, int OP>
+static inline void fp8_cast_transpose_launch(const Fp8CastArgs* a, cudaStream_t stream) {
+    const size_t tiles = layer_ceil_div((size_t)a->N, FP8_CT_ROWS) * layer_ceil_div((size_t)a->C, FP8_CT_COLS);
+    const int grid = fp8_cast_grid((const void*)fp8_cast_transpose_kernel<FMT, OP>, FP8_CT_THREADS, tiles);
+    fp8_cast_transpose_kernel<FMT, OP><<<grid, FP8_CT_THREADS, 0, stream>>>(*a);
+}
+
+template <int FMT>
+static inline void fp8_cast_transpose_launch_op(const Fp8CastArgs* a, cudaStream_t stream) {
+    switch (a->op) {
+        case FP8_OP_GELU: fp8_cast_transpose_launch<FMT, FP8_OP_GELU>(a, stream); break;
+        case FP8_OP_DGELU: fp8_cast_transpose_launch<FMT, FP8_OP_DGELU>(a, stream); break;
+        case FP8_OP_LAYERNORM: fp8_cast_transpose_launch<FMT, FP8_OP_LAYERNORM>(a, stream); break;
+        default: fp8_cast_transpose_launch<FMT, FP8_OP_COPY>(a, stream); break;
+    }
+}
+
+// The cast-transpose a describes (Fp8CastArgs): out and out_t (either or both NULL), amax, the
+// saturated count and the column sums, each where asked for.
+static inline void fp8_cast_transpose_op(const Fp8CastArgs* a, cudaStream_t stream) {
+    const char* fn = "fp8_cast_transpose_op";
+    const int writes = a->out || a->out_t;
+    if (writes || a->saturated) fp8_require_scaled_cast(fn, a->N, a->C, a->inp, a->out, a->out_t, a->scale);
+    else fp8_require_cast(fn, a->N, a->C, a->inp, a->out, a->out_t);
+    LAYER_REQUIRE(writes || a->amax || a->colsum_partial, "%s: asks for nothing (no output, amax or column sums)", fn);
+    LAYER_REQUIRE(a->op != FP8_OP_DGELU || (a->aux && layer_is_aligned16(a->aux)),
+                  "%s: FP8_OP_DGELU needs aux, the GELU input, 16-byte aligned", fn);
+    LAYER_REQUIRE(a->op != FP8_OP_LAYERNORM || (a->mean && a->rstd && a->ln_weight && a->ln_bias &&
+                                                layer_is_aligned16(a->ln_weight) && layer_is_aligned16(a->ln_bias)),
+                  "%s: FP8_OP_LAYERNORM needs mean, rstd and the 16-byte aligned weight and bias", fn);
+    if (a->format == FP8_E5M2) fp8_cast_transpose_launch_op<FP8_E5M2>(a, stream);
+    else fp8_cast_transpose_launch_op<FP8_E4M3>(a, stream);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // out (N, C) and out_t (C, N) (either may be NULL, not both) = fp8(inp (N, C) · *scale); amax as at the top.
 static inline void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* inp, int N, int C,
                                       Fp8Format fmt, const float* scale, float* amax, cudaStream_t stream) {
-    fp8_require_cast("fp8_cast_transpose", N, C, inp, out, out_t, scale);
     LAYER_REQUIRE(out || out_t, "fp8_cast_transpose: out and out_t are both NULL");
-    const size_t tiles = layer_ceil_div((size_t)N, FP8_CT_ROWS) * layer_ceil_div((size_t)C, FP8_CT_COLS);
-    if (fmt == FP8_E5M2) {
-        const int grid = fp8_cast_grid((const void*)fp8_cast_transpose_kernel<FP8_E5M2>, FP8_CT_THREADS, tiles);
-        fp8_cast_transpose_kernel<FP8_E5M2><<<grid, FP8_CT_THREADS, 0, stream>>>(out, out_t, inp, N, C, scale, amax);
-    } else {
-        const int grid = fp8_cast_grid((const void*)fp8_cast_transpose_kernel<FP8_E4M3>, FP8_CT_THREADS, tiles);
-        fp8_cast_transpose_kernel<FP8_E4M3><<<grid, FP8_CT_THREADS, 0, stream>>>(out, out_t, inp, N, C, scale, amax);
-    }
-    CUDA_CHECK(cudaGetLastError());
+    Fp8CastArgs a;
+    memset(&a, 0, sizeof(a));
+    a.out = out, a.out_t = out_t, a.inp = inp, a.N = N, a.C = C, a.format = fmt, a.op = FP8_OP_COPY;
+    a.scale = scale, a.amax = amax;
+    fp8_cast_transpose_op(&a, stream);
 }
 
 // *amax = max(*amax, max |inp (N, C)|) (start it at +0 for the amax of inp alone).
 static inline void fp8_amax(float* amax, const __nv_bfloat16* inp, int N, int C, cudaStream_t stream) {
     LAYER_REQUIRE(amax != NULL, "fp8_amax: amax must be a device pointer to an fp32 value");
-    fp8_require_cast("fp8_amax", N, C, inp, NULL, NULL, amax);
+    fp8_require_cast("fp8_amax", N, C, inp, NULL, NULL);
     const size_t chunks = (size_t)N * C / 16;
     const int grid = fp8_cast_grid((const void*)fp8_amax_kernel, FP8_CAST_THREADS, layer_ceil_div(chunks, FP8_CAST_THREADS));
     fp8_amax_kernel<<<grid, FP8_CAST_THREADS, 0, stream>>>(amax, inp, chunks);

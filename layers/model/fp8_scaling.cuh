@@ -37,9 +37,9 @@
 #define FP8_AMAX_HISTORY 16  // steps of amax a delayed scale remembers
 #define FP8_UPDATE_THREADS 128
 
-// 16-byte aligned, scale_inv first and a size of 96 bytes: cuBLASLt refuses (NOT_SUPPORTED, on
-// H100 with cuBLASLt 13.1) an operand scale pointer that is only 4-byte aligned, and scale_inv is
-// what the GEMMs read, so every state of an array keeps it on a 16-byte boundary.
+// 16-byte aligned, scale_inv first and a size that is a multiple of 16 bytes: cuBLASLt refuses
+// (NOT_SUPPORTED, on H100 with cuBLASLt 13.1) an operand scale pointer that is only 4-byte aligned,
+// and scale_inv is what the GEMMs read, so every state of an array keeps it on a 16-byte boundary.
 typedef struct __align__(16) {
     float scale_inv;                  // 1 / scale
     float scale;                      // stored = fp8(x · scale)
@@ -48,9 +48,12 @@ typedef struct __align__(16) {
     float history[FP8_AMAX_HISTORY];  // newest first; 0 where no step has been seen yet
     int nonfinite;                    // updates that met a NaN or inf amax
     int updates;                      // updates so far
-    int unused[2];
+    unsigned long long saturated;     // values the casts clipped to ±fp8_max since the state was made
+    float amax_current;               // current scaling: the amax of the one tensor about to be cast
+    int unused[3];
 } Fp8ScaleState;
-static_assert(sizeof(Fp8ScaleState) == 96, "Fp8ScaleState: keep scale_inv 16-byte aligned in arrays");
+static_assert(sizeof(Fp8ScaleState) == 112 && sizeof(Fp8ScaleState) % 16 == 0,
+              "Fp8ScaleState: keep scale_inv 16-byte aligned in arrays");
 
 // The scale that maps amax to fp8_max / 2^margin (rounded down to a power of two when pow2), or
 // previous when there is none to take (see the top). The same bits on the host and the device:
@@ -90,10 +93,13 @@ static __global__ void fp8_delayed_update_kernel(Fp8ScaleState* states, int coun
     st->updates++;
 }
 
-// Current scaling's last step: the scale from this amax alone (history untouched).
+// Current scaling's last step: the scale from amax_current alone; amax (for the history) takes its
+// max with it, NaN included (compared as bits, see fp8_cast.cuh).
 static __global__ void fp8_current_scale_kernel(Fp8ScaleState* st, int margin, int pow2) {
-    st->scale = fp8_scale_for_amax(st->amax, st->fp8_max, margin, pow2, st->scale);
+    const float amax = st->amax_current;
+    st->scale = fp8_scale_for_amax(amax, st->fp8_max, margin, pow2, st->scale);
     st->scale_inv = 1.0f / st->scale;
+    st->amax = __uint_as_float(max(__float_as_uint(st->amax), __float_as_uint(amax)));
 }
 
 // ---- host --------------------------------------------------------------------------------------------
@@ -123,15 +129,21 @@ static inline void fp8_delayed_update(Fp8ScaleState* states, int count, int marg
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Current scaling of inp (N, C): state->amax = max |inp|, then its scale from that amax alone; the
-// cast that follows uses &state->scale (and may pass NULL for its amax).
-static inline void fp8_current_scale(Fp8ScaleState* state, const __nv_bfloat16* inp, int N, int C, int margin,
-                                     int pow2, cudaStream_t stream) {
+// The scale of current scaling, once state->amax_current holds the tensor's amax: see the kernel.
+static inline void fp8_current_scale_finish(Fp8ScaleState* state, int margin, int pow2, cudaStream_t stream) {
     LAYER_REQUIRE(margin >= 0 && margin < 32, "fp8_current_scale: margin %d is outside 0..31", margin);
-    CUDA_CHECK(cudaMemsetAsync(&state->amax, 0, sizeof(float), stream));
-    fp8_amax(&state->amax, inp, N, C, stream);
     fp8_current_scale_kernel<<<1, 1, 0, stream>>>(state, margin, pow2);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// Current scaling of inp (N, C): state->amax_current = max |inp|, the scale from it alone, and
+// state->amax = max(amax, amax_current); the cast that follows uses &state->scale (and may pass
+// NULL for its amax).
+static inline void fp8_current_scale(Fp8ScaleState* state, const __nv_bfloat16* inp, int N, int C, int margin,
+                                     int pow2, cudaStream_t stream) {
+    CUDA_CHECK(cudaMemsetAsync(&state->amax_current, 0, sizeof(float), stream));
+    fp8_amax(&state->amax_current, inp, N, C, stream);
+    fp8_current_scale_finish(state, margin, pow2, stream);
 }
 
 #endif  // FP8_SCALING_CUH

@@ -13,6 +13,7 @@
 #include "attention/attention.h"
 #include "data/gpt_config.h"
 #include "layers/model/encoder.cuh"
+#include "layers/model/gpt_fp8.cuh"
 #include "layers/model/layer_common.cuh"
 #include "layers/model/layernorm.cuh"
 #include "layers/model/matmul.cuh"
@@ -20,11 +21,12 @@
 // Every tensor of the activation allocation, in allocation order: the GPTModel member (a pointer of
 // the given element type), its shape as printed in the memory plan, and its size in bytes, an
 // expression in N = B·T, C, QKV = (NH + 2·NKV)·HD, NH, Vp, bf = 2 and f4 = 4, the layers a tensor keeps
-// (L for all; Lg, Lc, La: L or 1 by the recompute mode, see gpt_memory_plan) and Nh = lm_head_rows
+// (L for all; Lg, Lc, La: L or 1 by the recompute mode, see gpt_memory_plan), Nh = lm_head_rows,
+// F8 = 1 with --precision fp8 and 0 with bf16, and Ncs = the row tiles of the FP8 column sums
 // (evaluated in gpt_memory_plan_table). "l" in a shape is that layer count.
 #define GPT_ACTIVATIONS(X)                                                                                         \
     X(encoded,   __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
-    X(ln1,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
+    X(ln1,       __nv_bfloat16, "(l, B, T, C) bf16",          (1 - F8) * Lc * N * C * bf)                          \
     X(ln1_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln1_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(qkv,       __nv_bfloat16, "(l, B, T, NH+2NKV, HD) bf16", Lg * N * QKV * bf)                                  \
@@ -33,11 +35,12 @@
     /* the backend's `saved` per layer (naive: P; flash: empty) */                                                 \
     X(att_saved, char,          "(l, backend saved bytes)",   La * layer_align256(p->att_saved_bytes))             \
     X(residual2, __nv_bfloat16, "(l, B, T, C) bf16",          Lg * N * C * bf)                                     \
-    X(ln2,       __nv_bfloat16, "(l, B, T, C) bf16",          Lc * N * C * bf)                                     \
+    X(ln2,       __nv_bfloat16, "(l, B, T, C) bf16",          (1 - F8) * Lc * N * C * bf)                          \
     X(ln2_mean,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(ln2_rstd,  float,         "(L, B, T) fp32",             L * N * f4)                                          \
     X(fch,       __nv_bfloat16, "(l, B, T, 4C) bf16",         Lg * N * 4 * C * bf) /* before GELU */               \
-    X(fch_gelu,  __nv_bfloat16, "(l, B, T, 4C) bf16",         Lc * N * 4 * C * bf)                                 \
+    /* fp8 casts LN1, LN2 and GELU(fch) straight to FP8: no bf16 ln1, ln2, fch_gelu */                            \
+    X(fch_gelu,  __nv_bfloat16, "(l, B, T, 4C) bf16",         (1 - F8) * Lc * N * 4 * C * bf)                      \
     X(residual3, __nv_bfloat16, "(L, B, T, C) bf16",          L * N * C * bf)                                      \
     X(lnf,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf)                                          \
     X(lnf_mean,  float,         "(B, T) fp32",                N * f4)                                              \
@@ -49,6 +52,16 @@
     X(dresidual, __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of the residual stream */    \
     X(dln,       __nv_bfloat16, "(B, T, C) bf16",             N * C * bf) /* gradient of an LN output / atty */    \
     X(dwide,     __nv_bfloat16, "(B, T, 4C) bf16",            N * 4 * C * bf) /* d fch (N, 4C) or d qkv (N, QKV) */\
+    /* fp8 (gpt_fp8.cuh): a linear layer's FP8 input; the transposed FP8 inputs kept for the weight gradients; */ \
+    /* the FP8 output gradient, both layouts; the column sums of the fc bias gradient */                          \
+    X(fp8_x,      uint8_t,      "(B, T, 4C) e4m3",            F8 * N * 4 * C)                                      \
+    X(fp8_ln1_t,  uint8_t,      "(l, C, B·T) e4m3",           F8 * Lg * C * N)                                     \
+    X(fp8_atty_t, uint8_t,      "(l, C, B·T) e4m3",           F8 * Lg * C * N)                                     \
+    X(fp8_ln2_t,  uint8_t,      "(l, C, B·T) e4m3",           F8 * Lg * C * N)                                     \
+    X(fp8_gelu_t, uint8_t,      "(l, 4C, B·T) e4m3",          F8 * Lg * 4 * C * N)                                 \
+    X(fp8_dy,     uint8_t,      "(B, T, 4C) e5m2",            F8 * N * 4 * C)                                      \
+    X(fp8_dy_t,   uint8_t,      "(4C, B·T) e5m2",             F8 * N * 4 * C)                                      \
+    X(fp8_colsum, float,        "(B·T/64, 4C) fp32",          F8 * Ncs * 4 * C * f4)                               \
     /* max of encoder/LN/dbias backward scratch and the attention workspace */                                     \
     X(scratch,   void,          "(bytes)",                    p->scratch_bytes)
 
@@ -59,6 +72,21 @@ enum {
 #undef GPT_ACT_ENUM
     GPT_NUM_ACTS
 };
+
+// --precision: the arithmetic of the blocks' linear layers (bf16, or FP8 as gpt_fp8.cuh says).
+typedef enum { PRECISION_BF16 = 0, PRECISION_FP8 = 1 } GPTPrecision;
+#define NUM_PRECISIONS 2
+static const char* const PRECISION_NAMES[NUM_PRECISIONS] = {"bf16", "fp8"};
+
+// 0 and *precision set for "bf16" or "fp8"; -1 otherwise.
+static inline int gpt_precision_from_name(const char* name, GPTPrecision* precision) {
+    for (int i = 0; i < NUM_PRECISIONS; i++)
+        if (strcmp(name, PRECISION_NAMES[i]) == 0) {
+            *precision = (GPTPrecision)i;
+            return 0;
+        }
+    return -1;
+}
 
 // --recompute: what the backward recomputes instead of keeping (layers/model/gpt_model.cuh says how).
 typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE = 1, RECOMPUTE_FULL = 2 } RecomputeMode;
@@ -97,6 +125,8 @@ typedef struct {
     int deterministic_attention;  // AttentionArgs.deterministic of every layer (bit-identical reruns)
     int tune_gemms;               // time GEMM algorithms at start-up; the choice may differ between processes
     size_t pad_multiple;          // params and grads padded to a multiple of this (ZeRO-1 shards); 0, 1: none
+    GPTPrecision precision;       // PRECISION_BF16: every GEMM in bf16
+    Fp8Recipe fp8_recipe;         // with PRECISION_FP8: how activation and gradient scales are chosen
     cudaStream_t stream;          // all of the model's work
 } GPTModelOptions;
 
@@ -104,7 +134,7 @@ typedef struct {
 typedef struct {
     RecomputeMode recompute;
     int layers_gemm;          // layers kept of qkv, atty, att_lse, residual2, fch: 1 with full, else L
-    int layers_cheap;         // of ln1, ln2, fch_gelu: L with none, else 1
+    int layers_cheap;         // of ln1, ln2, fch_gelu: L with none in bf16, else 1 (fp8 keeps FP8 copies)
     int layers_att;           // of att_saved: as layers_cheap
     int lm_head_rows;         // rows of one LM-head chunk, <= N
     size_t att_saved_bytes;   // the backend's saved data per layer
@@ -150,6 +180,7 @@ static void gpt_memory_plan_table(GPTMemoryPlan* p, const GPTConfig* config, con
     const size_t L = config->num_layers, C = config->channels, NH = config->num_heads, N = (size_t)o->B * o->T;
     const size_t Vp = config->padded_vocab_size, QKV = gpt_qkv_features(config);
     const size_t Lg = p->layers_gemm, Lc = p->layers_cheap, La = p->layers_att, Nh = p->lm_head_rows;
+    const size_t F8 = o->precision == PRECISION_FP8, Ncs = (size_t)fp8_colsum_tiles((int)N);
     const size_t bf = 2, f4 = 4;  // bytes of bf16 and fp32
     GPTActTensor* t = p->act_table;
 #define GPT_ACT_PLAN(member, type, shp, nbytes) \
@@ -171,8 +202,8 @@ static void gpt_memory_plan(GPTMemoryPlan* p, const GPTConfig* config, const GPT
     const int L = config->num_layers, N = o->B * o->T;
     p->recompute = o->recompute;
     p->layers_gemm = o->recompute == RECOMPUTE_FULL ? 1 : L;
-    p->layers_cheap = o->recompute == RECOMPUTE_NONE ? L : 1;
-    p->layers_att = p->layers_cheap;
+    p->layers_cheap = o->recompute == RECOMPUTE_NONE && o->precision != PRECISION_FP8 ? L : 1;
+    p->layers_att = o->recompute == RECOMPUTE_NONE ? L : 1;
     const int rows = o->lm_head_rows > 0 ? o->lm_head_rows : GPT_LM_HEAD_CHUNK_ROWS;
     p->lm_head_rows = rows < N ? rows : N;
     const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);

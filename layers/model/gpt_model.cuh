@@ -121,6 +121,8 @@ typedef struct {
     AttentionContext att_ctx;  // .cublas owned (naive backend only)
     int att_sums_dq;           // the backend's backward adds dq's column sums (the q bias gradient)
     MatmulContext matmul;
+    GPTPrecision precision;
+    GPTFp8 fp8;  // with PRECISION_FP8: the FP8 weights and scales (gpt_fp8.cuh)
     cudaStream_t stream;
 
     // the last forward's token arrays (device, (B, T) int32), read again by the backward
@@ -173,6 +175,11 @@ static int gpt_model_check(const GPTConfig* config, const GPTModelOptions* o) {
     if (config->channels % 8 != 0 || config->padded_vocab_size % 8 != 0) {
         fprintf(stderr, "error: hidden size %d and padded vocab %d must be multiples of 8 (16-byte bf16 rows)\n",
                 config->channels, config->padded_vocab_size);
+        return -1;
+    }
+    if (o->precision == PRECISION_FP8 &&
+        gpt_fp8_check(o->B * o->T, config->channels, (int)gpt_qkv_features(config), why, sizeof(why)) != 0) {
+        fprintf(stderr, "error: --precision fp8 cannot run this shape: %s\n", why);
         return -1;
     }
     const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);
@@ -253,6 +260,11 @@ static int gpt_model_create(GPTModel* m, const GPTConfig* config, const GPTModel
     m->deterministic_attention = o->deterministic_attention;
     gpt_model_alloc_params(m, o->pad_multiple);
     gpt_model_alloc_activations(m, o);
+    m->precision = o->precision;
+    if (o->precision == PRECISION_FP8) {
+        gpt_fp8_create(&m->fp8, m->L, m->C, m->QKV, o->fp8_recipe, o->stream);
+        m->fp8.x8 = m->fp8_x, m->fp8.dy8 = m->fp8_dy, m->fp8.dy8_t = m->fp8_dy_t, m->fp8.colsum = m->fp8_colsum;
+    }
     matmul_context_create(&m->matmul, o->stream);
     m->matmul.tune = o->tune_gemms;
     m->att_sums_dq = attention_sums_dq_columns(o->backend, &m->att_shape);
@@ -274,6 +286,7 @@ static GPTModelOptions gpt_model_options(int B, int T, AttentionBackend backend,
 }
 
 static void gpt_model_destroy(GPTModel* m) {
+    if (m->precision == PRECISION_FP8) gpt_fp8_destroy(&m->fp8);
     if (m->matmul.lt) matmul_context_destroy(&m->matmul);
     if (m->att_ctx.cublas) CUBLAS_CHECK(cublasDestroy(m->att_ctx.cublas));
     if (m->acts_memory) CUDA_CHECK(cudaFree(m->acts_memory));
@@ -293,6 +306,7 @@ typedef struct {
     const __nv_bfloat16* residual;  // (N, C) the block's input: encoded (l = 0) or residual3[l−1]
     __nv_bfloat16 *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    uint8_t *ln1_t, *atty_t, *ln2_t, *gelu_t;  // fp8: the linear layers' transposed FP8 inputs (C or 4C, N)
 } GPTBlockActs;
 
 static GPTBlockActs gpt_block_acts(const GPTModel* m, int l) {
@@ -309,6 +323,8 @@ static GPTBlockActs gpt_block_acts(const GPTModel* m, int l) {
     a.fch_gelu = m->fch_gelu + c * NC * 4;
     a.ln1_mean = m->ln1_mean + l * N, a.ln1_rstd = m->ln1_rstd + l * N;
     a.ln2_mean = m->ln2_mean + l * N, a.ln2_rstd = m->ln2_rstd + l * N;
+    a.ln1_t = m->fp8_ln1_t + g * NC, a.atty_t = m->fp8_atty_t + g * NC, a.ln2_t = m->fp8_ln2_t + g * NC;
+    a.gelu_t = m->fp8_gelu_t + g * NC * 4;
     return a;
 }
 
@@ -366,9 +382,9 @@ static void gpt_mlp_up_forward(GPTModel* m, const GPTBlockActs* a, int l) {
     }
 }
 
-// Block l's forward: residual3[l] from its input. Recomputing (full, in the backward), residual3[l]
-// is kept and the last GEMM, which only writes it, is skipped.
-static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
+// Block l's forward in bf16: residual3[l] from its input. Recomputing (full, in the backward),
+// residual3[l] is kept and the last GEMM, which only writes it, is skipped.
+static void gpt_block_forward_bf16(GPTModel* m, int l, int recomputing) {
     const int N = m->B * m->T, C = m->C;
     const size_t NC = (size_t)N * C, lC = (size_t)l * C;
     cudaStream_t s = m->stream;
@@ -393,18 +409,59 @@ static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
                             p[GPT_FCPROJB] + lC, N, 4 * C, C);
 }
 
+// Block l's forward in fp8 (gpt_fp8.cuh): as in bf16, the linear layers on FP8 tensor cores, each
+// keeping its transposed FP8 input for the backward; the LayerNorm outputs and GELU(fch) exist only
+// inside the casts (no bf16 ln1, ln2, fch_gelu).
+static void gpt_block_forward_fp8(GPTModel* m, int l, int recomputing) {
+    const int N = m->B * m->T, C = m->C;
+    const size_t NC = (size_t)N * C, lC = (size_t)l * C, lQKV = (size_t)l * m->QKV;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->matmul;
+    GPTFp8* f = &m->fp8;
+    __nv_bfloat16* const* p = m->param_tensors;
+    const GPTBlockActs a = gpt_block_acts(m, l);
+
+    // LN1's statistics; its output is computed inside qkv's input cast
+    layernorm_forward(NULL, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
+    const Fp8CastArgs ln1 = gpt_fp8_ln_input(a.residual, a.ln1_mean, a.ln1_rstd, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC);
+    gpt_fp8_linear_forward(f, mm, l, GPT_LIN_QKV, a.qkv, NULL, p[GPT_QKVB] + lQKV, ln1, a.ln1_t, N);
+    AttentionArgs att = gpt_attention_args(m, l);
+    attention_forward(m->backend, &m->att_ctx, &att, s);
+    gpt_fp8_linear_forward(f, mm, l, GPT_LIN_ATTPROJ, a.residual2, a.residual, p[GPT_ATTPROJB] + lC,
+                           gpt_fp8_input(a.atty, FP8_OP_COPY), a.atty_t, N);
+    layernorm_forward(NULL, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
+    const Fp8CastArgs ln2 = gpt_fp8_ln_input(a.residual2, a.ln2_mean, a.ln2_rstd, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC);
+    gpt_fp8_linear_forward(f, mm, l, GPT_LIN_FC, a.fch, NULL, p[GPT_FCB] + lC * 4, ln2, a.ln2_t, N);
+    const Fp8CastArgs gelu = gpt_fp8_input(a.fch, FP8_OP_GELU);
+    if (recomputing) {  // residual3[l] is kept: only the projection's FP8 input, for its weight gradient
+        gpt_fp8_cast_input(f, l, GPT_LIN_FCPROJ, gelu, NULL, a.gelu_t, N);
+        return;
+    }
+    gpt_fp8_linear_forward(f, mm, l, GPT_LIN_FCPROJ, m->residual3 + l * NC, a.residual2, p[GPT_FCPROJB] + lC, gelu,
+                           a.gelu_t, N);
+}
+
+static void gpt_block_forward(GPTModel* m, int l, int recomputing) {
+    if (m->precision == PRECISION_FP8) gpt_block_forward_fp8(m, l, recomputing);
+    else gpt_block_forward_bf16(m, l, recomputing);
+}
+
 // Selective, in the backward of block l: ln1, ln2 and fch_gelu again from the kept residual,
-// residual2 and fch (LayerNorm of the same bf16 input gives the same bits), and the attention forward
-// where the backend keeps T² data per layer (naive's P).
+// residual2 and fch (LayerNorm of the same bf16 input gives the same bits; fp8 skips them: its
+// backward reads the FP8 inputs kept per layer), and the attention forward where the backend keeps
+// T² data per layer (naive's P).
 static void gpt_block_recompute_selective(GPTModel* m, int l) {
     const int N = m->B * m->T, C = m->C;
     const size_t lC = (size_t)l * C;
     __nv_bfloat16* const* p = m->param_tensors;
     const GPTBlockActs a = gpt_block_acts(m, l);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, m->stream);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C,
-                      m->stream);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, m->stream);
+    if (m->precision != PRECISION_FP8) {
+        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C,
+                          m->stream);
+        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C,
+                          m->stream);
+        gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C, m->stream);
+    }
     if (m->memory.att_saved_bytes > 0) {
         AttentionArgs att = gpt_attention_args(m, l);
         attention_forward(m->backend, &m->att_ctx, &att, m->stream);
@@ -426,6 +483,12 @@ static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* ta
     __nv_bfloat16* const* p = m->param_tensors;
     m->inputs = inputs;
     m->targets = targets;
+    // fp8: the weights are cast once per optimizer step (and for every evaluation forward, which
+    // may follow an update without a new step)
+    if (m->precision == PRECISION_FP8 && (m->fp8.weights_stale || grad_scale == 0.0f)) {
+        const __nv_bfloat16* w[GPT_LINEARS] = {p[GPT_QKVW], p[GPT_ATTPROJW], p[GPT_FCW], p[GPT_FCPROJW]};
+        gpt_fp8_cast_weights(&m->fp8, w);
+    }
 
     encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
     for (int l = 0; l < L; l++) gpt_block_forward(m, l, 0);
@@ -479,8 +542,10 @@ static float gpt_model_mean_loss(GPTModel* m) { return cuda_read_float(m->mean_l
 
 // ---- backward ---------------------------------------------------------------------------------------
 
-// grads = 0 (before the first micro-step of a step).
+// grads = 0 (before the first micro-step of a step). fp8: also the start of a step (gpt_fp8_begin_step:
+// the last step's amaxes set this step's scales, and the weights are cast again).
 static void gpt_model_zero_grad(GPTModel* m) {
+    if (m->precision == PRECISION_FP8) gpt_fp8_begin_step(&m->fp8);
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->num_params_padded * sizeof(__nv_bfloat16), m->stream));
 }
 
@@ -504,6 +569,47 @@ static void gpt_lm_head_backward(GPTModel* m, float grad_scale) {
                         m->lnf + (size_t)row0 * C, m->param_tensors[GPT_WTE], rows, C, Vp, NULL, 1, NULL);
     }
     m->dlogits_scale = 0.0f;  // the logits buffer holds dlogits either way now
+}
+
+// The MLP's backward, from dresidual = d(residual3): dln (N, C) = d(ln2); the fc projection's and
+// fc's weight gradients and the fc bias gradient += (the projection's own bias gradient comes with
+// dresidual, from the LayerNorm backward). bf16: dwide (N, 4C) = d(fch) through the fused dGELU, the
+// fc bias gradient made with it. fp8: dwide = d(fch_gelu), and the fc layer's gradient cast takes
+// GELU' and the bias gradient's column sums in its one pass.
+static void gpt_mlp_backward(GPTModel* m, const GPTBlockActs* a, int l) {
+    const int N = m->B * m->T, C = m->C;
+    const size_t lC = (size_t)l * C;
+    MatmulContext* mm = &m->matmul;
+    __nv_bfloat16* const* p = m->param_tensors;
+    __nv_bfloat16* const* g = m->grad_tensors;
+    if (m->precision == PRECISION_FP8) {
+        gpt_fp8_linear_backward(&m->fp8, mm, l, GPT_LIN_FCPROJ, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, NULL,
+                                m->dresidual, FP8_OP_COPY, NULL, a->gelu_t, N);
+        gpt_fp8_linear_backward(&m->fp8, mm, l, GPT_LIN_FC, m->dln, g[GPT_FCW] + lC * 4 * C, g[GPT_FCB] + lC * 4,
+                                m->dwide, FP8_OP_DGELU, a->fch, a->ln2_t, N);
+        return;
+    }
+    matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, NULL, m->dresidual, a->fch_gelu,
+                                p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a->fch, 1, m->scratch, g[GPT_FCB] + lC * 4);
+    matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, a->ln2, p[GPT_FCW] + lC * 4 * C, N, C, 4 * C,
+                    NULL, 1, m->scratch);
+}
+
+// The backward of the attention projection (dy = dresidual, now d(residual2); dln (N, C) = d(atty))
+// or of qkv (dy = dqkv (N, QKV) in dwide; dln = d(ln1)); the weight gradient +=. Their bias
+// gradients are made elsewhere (LayerNorm backward, qkv_bias.cuh).
+static void gpt_linear_backward(GPTModel* m, const GPTBlockActs* a, int l, GPTLinear lin) {
+    const int N = m->B * m->T, C = m->C, qkv = lin == GPT_LIN_QKV;
+    const int OC = qkv ? m->QKV : C;
+    const size_t w = (size_t)l * OC * C;  // layer l's weight (OC, C)
+    const int wi = qkv ? GPT_QKVW : GPT_ATTPROJW;
+    __nv_bfloat16* dy = qkv ? m->dwide : m->dresidual;
+    if (m->precision == PRECISION_FP8)
+        gpt_fp8_linear_backward(&m->fp8, &m->matmul, l, lin, m->dln, m->grad_tensors[wi] + w, NULL, dy, FP8_OP_COPY,
+                                NULL, qkv ? a->ln1_t : a->atty_t, N);
+    else
+        matmul_backward(&m->matmul, m->dln, m->grad_tensors[wi] + w, NULL, dy, qkv ? a->ln1 : a->atty,
+                        m->param_tensors[wi] + w, N, C, OC, NULL, 1, m->scratch);
 }
 
 // ADDS the gradient of grad_scale · Σ losses (grad_scale = 1/(B·T·accum_steps) for the mean over a
@@ -535,21 +641,11 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         if (m->memory.recompute == RECOMPUTE_FULL) gpt_block_forward(m, l, 1);
         if (m->memory.recompute == RECOMPUTE_SELECTIVE) gpt_block_recompute_selective(m, l);
         const GPTBlockActs a = gpt_block_acts(m, l);
-        // MLP: dresidual is d(residual3); dwide (N, 4C) = d(fch) through the fused dGELU,
-        // and the fc bias gradient dfcb += column sums of d(fch), made with it (the projection's own
-        // bias gradient came with dresidual)
-        matmul_backward_dgelu_dbias(mm, m->dwide, g[GPT_FCPROJW] + lC * 4 * C, NULL, m->dresidual,
-                                    a.fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, N, 4 * C, C, a.fch, 1, m->scratch,
-                                    g[GPT_FCB] + lC * 4);
-        // dln (N, C) = d(ln2) (the fc bias gradient is done)
-        matmul_backward(mm, m->dln, g[GPT_FCW] + lC * 4 * C, NULL, m->dwide, a.ln2,
-                        p[GPT_FCW] + lC * 4 * C, N, C, 4 * C, NULL, 1, m->scratch);
+        gpt_mlp_backward(m, &a, l);  // dln (N, C) = d(ln2); dfcprojw, dfcw, dfcb +=
         // dresidual += LN2 backward: now d(residual2); dattprojb += its column sums
         layernorm_backward(m->dresidual, g[GPT_LN2W] + lC, g[GPT_LN2B] + lC, g[GPT_ATTPROJB] + lC, ln_scratch,
                            scratch_bytes, m->dln, a.residual2, p[GPT_LN2W] + lC, a.ln2_mean, a.ln2_rstd, N, C, s);
-        // attention projection: dln (N, C) = d(atty)
-        matmul_backward(mm, m->dln, g[GPT_ATTPROJW] + lC * C, NULL, m->dresidual, a.atty,
-                        p[GPT_ATTPROJW] + lC * C, N, C, C, NULL, 1, m->scratch);
+        gpt_linear_backward(m, &a, l, GPT_LIN_ATTPROJ);  // dln (N, C) = d(atty); dattprojw +=
         // attention: dwide[:, :QKV] = dqkv (B, T, NH + 2·NKV, HD) (overwritten); where the backend
         // can, it also adds dq's column sums, the q part of dqkvb, from the tiles it writes
         const size_t lQKV = (size_t)l * QKV;
@@ -562,8 +658,7 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         // its (C) temporary); then dln (N, C) = d(ln1), dqkvw += (dqkv is (N, QKV) contiguous in dwide)
         qkv_bias_backward(mm, g[GPT_QKVB] + lQKV, m->dwide, g[GPT_ATTPROJB] + lC, p[GPT_ATTPROJW] + lC * C, m->dln,
                           m->scratch, N, m->NH, m->NKV, m->HD, 1, m->att_sums_dq);
-        matmul_backward(mm, m->dln, g[GPT_QKVW] + lQKV * C, NULL, m->dwide, a.ln1, p[GPT_QKVW] + lQKV * C, N, C, QKV,
-                        NULL, 1, m->scratch);
+        gpt_linear_backward(m, &a, l, GPT_LIN_QKV);
         // dresidual += LN1 backward: now d(residual_l), the previous block's output (or the embedding);
         // the previous block's MLP projection bias gradient += its column sums
         layernorm_backward(m->dresidual, g[GPT_LN1W] + lC, g[GPT_LN1B] + lC,

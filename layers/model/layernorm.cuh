@@ -105,7 +105,7 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
             bf16x8_unpack(b, load16(bias + c));
 #pragma unroll
             for (int k = 0; k < 8; k++) f[k] = (f[k] - m) * s * w[k] + b[k];
-            store16(out + base + c, bf16x8_pack(f));
+            if (out) store16(out + base + c, bf16x8_pack(f));
         }
     }
     if (lane == 0) {
@@ -115,12 +115,15 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
 }
 
 // out (N, C) = LayerNorm(inp (N, C))·weight + bias, mean and rstd (N) saved (either may be NULL, e.g.
-// for inference). out must not alias inp.
+// for inference). out must not alias inp. out NULL: the statistics only (--precision fp8 computes
+// the output inside its cast, fp8_cast.cuh's FP8_OP_LAYERNORM).
 static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, const __nv_bfloat16* inp,
                               const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C,
                               cudaStream_t stream) {
     layernorm_check("layernorm_forward", N, C);
-    LAYER_REQUIRE(layer_is_aligned16(out) && layer_is_aligned16(inp) && layer_is_aligned16(weight) &&
+    LAYER_REQUIRE((out || (mean && rstd)) && (!out || layer_is_aligned16(out)), "layernorm_forward: out is NULL "
+                  "and so is mean or rstd (nothing to write), or out is not 16-byte aligned");
+    LAYER_REQUIRE(layer_is_aligned16(inp) && layer_is_aligned16(weight) &&
                       layer_is_aligned16(bias),
                   "layernorm_forward: out, inp, weight and bias must be 16-byte aligned");
     const unsigned grid = (unsigned)layer_ceil_div((size_t)N, LN_FWD_THREADS / 32);

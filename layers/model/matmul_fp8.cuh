@@ -89,13 +89,15 @@ static inline void matmul_fp8_require(const char* fn, int N, int IC, int OC, con
                        "to E4M3");
 }
 
-// Column-major D (m, n, ld m) (+)= a_scale · b_scale · Aᵀ · B (+ bias (m)): A stored (k, m) ld k,
-// B stored (k, n) ld k, both FP8; D bf16, read first when accumulate. The three GEMMs below are this.
+// Column-major D (m, n, ld m) = a_scale · b_scale · Aᵀ · B (+ bias (m)) (+ D when accumulate)
+// (+ residual (m, n, ld m) when given): A stored (k, m) ld k, B stored (k, n) ld k, both FP8; D,
+// residual bf16. The GEMMs below are this.
 static inline void matmul_fp8_gemm(MatmulContext* ctx, const char* what, int64_t m, int64_t n, int64_t k,
-                                   Fp8Operand a, Fp8Operand b, __nv_bfloat16* D, const __nv_bfloat16* bias,
-                                   int accumulate, int fast_accum) {
+                                   Fp8Operand a, Fp8Operand b, __nv_bfloat16* D, const __nv_bfloat16* residual,
+                                   const __nv_bfloat16* bias, int accumulate, int fast_accum) {
     MatmulLtGemm g = matmul_lt_plain(what, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, a.data, k, b.data, k, D, m,
-                                     accumulate ? 1.0f : 0.0f);
+                                     accumulate || residual ? 1.0f : 0.0f);
+    if (residual && residual != D) g.C = residual;
     g.a_type = fp8_cuda_type(a.format);
     g.b_type = fp8_cuda_type(b.format);
     g.a_scale = a.scale_inv;
@@ -116,7 +118,25 @@ static inline void matmul_fp8_forward(MatmulContext* ctx, __nv_bfloat16* out, Fp
     matmul_fp8_require(fn, N, IC, OC, out, weight, inp);
     if (bias) matmul_require_pointer(fn, "bias", bias);
     // outᶜ (OC, N) = weightᶜᵀ (OC, IC) · inpᶜ (IC, N): m = OC, n = N, k = IC
-    matmul_fp8_gemm(ctx, "matmul_fp8_forward (out = inp·weightᵀ)", OC, N, IC, weight, inp, out, bias, 0, fast_accum);
+    matmul_fp8_gemm(ctx, "matmul_fp8_forward (out = inp·weightᵀ)", OC, N, IC, weight, inp, out, NULL, bias, 0,
+                    fast_accum);
+}
+
+// out (N, OC) = residual (N, OC) + inp · weightᵀ + bias: matmul_fp8_forward with the residual add in
+// the epilogue (cuBLASLt's C), as matmul_forward_residual does in bf16. out must not overlap
+// residual unless it is residual itself.
+static inline void matmul_fp8_forward_residual(MatmulContext* ctx, __nv_bfloat16* out, const __nv_bfloat16* residual,
+                                               Fp8Operand inp, Fp8Operand weight, const __nv_bfloat16* bias, int N,
+                                               int IC, int OC, int fast_accum) {
+    const char* fn = "matmul_fp8_forward_residual";
+    matmul_fp8_require(fn, N, IC, OC, out, weight, inp);
+    matmul_require_pointer(fn, "residual", residual);
+    if (bias) matmul_require_pointer(fn, "bias", bias);
+    const size_t bytes = (size_t)N * OC * sizeof(__nv_bfloat16);
+    const char *o = (const char*)out, *r = (const char*)residual;
+    if (o != r && o < r + bytes && r < o + bytes) matmul_die(fn, "out overlaps residual without being it");
+    matmul_fp8_gemm(ctx, "matmul_fp8_forward_residual (out = residual + inp·weightᵀ)", OC, N, IC, weight, inp, out,
+                    residual, bias, 0, fast_accum);
 }
 
 // dinp (N, IC) = dout (N, OC) · weight (OC, IC), from dout (N, OC) (E4M3 or E5M2) and weight_t
@@ -125,7 +145,8 @@ static inline void matmul_fp8_backward_dinp(MatmulContext* ctx, __nv_bfloat16* d
                                             Fp8Operand weight_t, int N, int IC, int OC) {
     matmul_fp8_require("matmul_fp8_backward_dinp", N, IC, OC, dinp, weight_t, dout);
     // dinpᶜ (IC, N) = weight_tᶜᵀ (IC, OC) · doutᶜ (OC, N): m = IC, n = N, k = OC
-    matmul_fp8_gemm(ctx, "matmul_fp8_backward (dinp = dout·weight)", IC, N, OC, weight_t, dout, dinp, NULL, 0, 0);
+    matmul_fp8_gemm(ctx, "matmul_fp8_backward (dinp = dout·weight)", IC, N, OC, weight_t, dout, dinp, NULL, NULL, 0,
+                    0);
 }
 
 // dweight (OC, IC) = doutᵀ · inp (+= when accumulate), from dout_t (OC, N) (E4M3 or E5M2) and inp_t
@@ -134,7 +155,7 @@ static inline void matmul_fp8_backward_dweight(MatmulContext* ctx, __nv_bfloat16
                                                Fp8Operand inp_t, int N, int IC, int OC, int accumulate) {
     matmul_fp8_require("matmul_fp8_backward_dweight", N, IC, OC, dweight, inp_t, dout_t);
     // dweightᶜ (IC, OC) = inp_tᶜᵀ (IC, N) · dout_tᶜ (N, OC): m = IC, n = OC, k = N
-    matmul_fp8_gemm(ctx, "matmul_fp8_backward (dweight = doutᵀ·inp)", IC, OC, N, inp_t, dout_t, dweight, NULL,
+    matmul_fp8_gemm(ctx, "matmul_fp8_backward (dweight = doutᵀ·inp)", IC, OC, N, inp_t, dout_t, dweight, NULL, NULL,
                     accumulate, 0);
 }
 

@@ -5,8 +5,13 @@
 //
 // What a checkpoint holds (in this order): the model's bf16 weights (all num_params), then the
 // optimizer's fp32 master weights, AdamW m and v over the optimizer's range (all of them, or with
-// ZeRO-1 this rank's shard; layers/optimizer/optimizer.cuh). Bytes move through a pinned host staging buffer
-// of TRAIN_STATE_STAGING_BYTES, a piece at a time.
+// ZeRO-1 this rank's shard; layers/optimizer/optimizer.cuh), then, from a --precision fp8 run, the FP8
+// scales (gpt_fp8.cuh's delayed-scaling states, the same in every rank's file). Bytes move through a
+// pinned host staging buffer of TRAIN_STATE_STAGING_BYTES, a piece at a time.
+//
+// Precision across a resume: an fp8 run resuming an fp8 checkpoint takes its FP8 scales (an exact
+// resume); a bf16 run resuming an fp8 checkpoint reads them (for the checksum) and leaves them, with a
+// note; an fp8 run resuming a bf16 checkpoint (no FP8 section) starts its scales afresh, with a note.
 //
 // Errors: a checkpoint or weight file that cannot be used stops the program with a message that
 // names the file and what to change (exit 2 for a file of another run or model, 1 for an unreadable
@@ -193,18 +198,22 @@ static void train_state_report_failed_save(const char* dir, const CheckpointHead
 // Writes this rank's checkpoint file of header.step into `dir` (temporary name, then rename; ZeRO-1:
 // DIR/step_XXXXXXXX.rankRRofWW.ckpt). Returns 0, or -1 after a warning that names the file, the
 // problem and the bytes needed (the previous checkpoints are untouched and the run can go on).
+// A --precision fp8 model also writes its FP8 scales (header.fp8_state_bytes of them, after adam_v).
 static int train_state_save(const char* dir, CheckpointHeader header, const GPTModel* model, const Optimizer* o,
                             void* staging, int rank) {
     CUDA_CHECK(cudaDeviceSynchronize());
     char err[CHECKPOINT_PATH_MAX + 256];
     CheckpointWriter w;
     const size_t n = model->num_params, e = o->elems;
+    const size_t fp8_bytes = model->precision == PRECISION_FP8 ? gpt_fp8_state_bytes(model->L) : 0;
+    header.fp8_state_bytes = (int32_t)fp8_bytes;  // before anything: the failure report counts it too
     const int world = header.zero_stage > 0 ? header.world_size : 0;
     if (checkpoint_writer_open_rank(&w, dir, header.step, header.rank, world, err, sizeof(err)) != 0 ||
         train_state_write_device(&w, model->params, n * sizeof(__nv_bfloat16), staging, err, sizeof(err)) != 0 ||
         train_state_write_device(&w, o->master, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
         train_state_write_device(&w, o->m, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
         train_state_write_device(&w, o->v, e * sizeof(float), staging, err, sizeof(err)) != 0 ||
+        (fp8_bytes && train_state_write_device(&w, model->fp8.states, fp8_bytes, staging, err, sizeof(err)) != 0) ||
         checkpoint_writer_commit(&w, header, err, sizeof(err)) != 0) {
         train_state_report_failed_save(dir, &header, rank, err);
         return -1;
@@ -224,8 +233,23 @@ static void train_state_read_device(CheckpointReader* r, void* dst, size_t bytes
     }
 }
 
+// Reads `bytes` of the payload into the host staging buffer and drops them (they still count in the
+// checksum).
+static void train_state_skip(CheckpointReader* r, size_t bytes, void* staging) {
+    char err[CHECKPOINT_PATH_MAX + 256];
+    for (size_t done = 0; done < bytes; done += TRAIN_STATE_STAGING_BYTES) {
+        const size_t n = bytes - done < TRAIN_STATE_STAGING_BYTES ? bytes - done : TRAIN_STATE_STAGING_BYTES;
+        if (checkpoint_reader_read(r, staging, n, err, sizeof(err)) != 0) {
+            fprintf(stderr, "error: %s\n", err);
+            exit(1);
+        }
+    }
+}
+
 // Loads weights and optimizer state from a checkpoint whose header the plan has already checked
-// (train_state_check_compatible, train_state_check_sharding).
+// (train_state_check_compatible, train_state_check_sharding); then its FP8 scales, when it has them
+// and this model runs in fp8 with states of the same size (otherwise they are read, for the checksum,
+// and left, with a note). The scales take effect only after the checksum has passed.
 static void train_state_load(const char* path, GPTModel* model, const Optimizer* o, void* staging) {
     char err[CHECKPOINT_PATH_MAX + 256];
     CheckpointReader r;
@@ -238,10 +262,29 @@ static void train_state_load(const char* path, GPTModel* model, const Optimizer*
     train_state_read_device(&r, o->master, e * sizeof(float), staging);
     train_state_read_device(&r, o->m, e * sizeof(float), staging);
     train_state_read_device(&r, o->v, e * sizeof(float), staging);
+    const int fp8 = model->precision == PRECISION_FP8;
+    const size_t saved = (size_t)r.header.fp8_state_bytes;  // 0 to CHECKPOINT_MAX_FP8_STATE_BYTES (checked at open)
+    const size_t want = fp8 ? gpt_fp8_state_bytes(model->L) : 0;
+    char unused[256] = "";  // why the file's FP8 scales are not used
+    if (saved > 0 && fp8 && saved == want) {
+        train_state_read_device(&r, model->fp8.states, saved, staging);
+    } else if (saved > 0) {
+        train_state_skip(&r, saved, staging);
+        if (!fp8)
+            snprintf(unused, sizeof(unused), "this run is --precision bf16; the checkpoint's run was fp8");
+        else
+            snprintf(unused, sizeof(unused), "%zu bytes of them in the file, this build's %d layers need %zu: saved "
+                     "by a build with another FP8 scale layout; they start from the first step's amaxes",
+                     saved, model->L, want);
+    }
     if (checkpoint_reader_finish(&r, err, sizeof(err)) != 0) {
         fprintf(stderr, "error: %s\n", err);
         exit(1);
     }
+    if (saved > 0 && fp8 && saved == want) gpt_fp8_states_loaded(&model->fp8);
+    else if (unused[0]) printf("note: the checkpoint's FP8 scales are not used (%s)\n", unused);
+    else if (fp8)
+        printf("note: resuming in fp8 from a bf16 checkpoint: FP8 scales start from the first step's amaxes\n");
 }
 
 // ---- llm.c weight files -----------------------------------------------------------------------------

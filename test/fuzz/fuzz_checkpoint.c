@@ -1,11 +1,11 @@
 // fuzz_checkpoint.c: libFuzzer target for training checkpoints (data/checkpoint.h): the input is one
 // checkpoint file (1024-byte header, then the payload: bf16 weights and three fp32 arrays, whole or
-// one rank's ZeRO-1 shard).
+// one rank's ZeRO-1 shard, then the optional FP8-scales section of header.fp8_state_bytes).
 //
 // Reads it as train_gpt --resume does: checkpoint_reader_open checks the header and the size, the
-// payload is read in staging pieces in train_gpt's order (weights, master, adam_m, adam_v) and
-// checkpoint_reader_finish checks the checksum. A refusal must leave a message. The file's first
-// bytes also go, as a name, to the step_*.ckpt name parser that --resume DIR relies on.
+// payload is read in staging pieces in train_gpt's order (weights, master, adam_m, adam_v, the FP8
+// section) and checkpoint_reader_finish checks the checksum. A refusal must leave a message. The
+// file's first bytes also go, as a name, to the step_*.ckpt name parser that --resume DIR relies on.
 #define _DEFAULT_SOURCE  // mkstemps, ftruncate, pwrite under -std=c11
 
 #include "data/checkpoint.h"
@@ -36,6 +36,8 @@ static void read_checkpoint(const char* path) {
     const int64_t state = checkpoint_state_elements(&h);
     int ok = read_part(&r, h.num_params * 2, err) == 0;
     for (int k = 0; k < 3 && ok; k++) ok = read_part(&r, state * 4, err) == 0;
+    if (h.fp8_state_bytes < 0 || h.fp8_state_bytes > CHECKPOINT_MAX_FP8_STATE_BYTES) abort();  // open refuses these
+    ok = ok && read_part(&r, h.fp8_state_bytes, err) == 0;
     if (!ok) {
         fuzz_expect_valid(0, "checkpoint_reader_read", err);
         checkpoint_reader_close(&r);

@@ -77,8 +77,8 @@ static void write_model_file(const char* name, int version, int kv) {
 }
 
 // A checkpoint of a tiny model through CheckpointWriter: whole (world 0) or rank `rank` of a ZeRO-1 run
-// of `world` ranks, with num_params parameters.
-static void write_checkpoint(const char* name, int64_t num_params, int rank, int world) {
+// of `world` ranks, with num_params parameters and an FP8-scales section of fp8_bytes (0: none).
+static void write_checkpoint(const char* name, int64_t num_params, int rank, int world, int fp8_bytes) {
     char dir[CHECKPOINT_PATH_MAX], err[CHECKPOINT_PATH_MAX + 256], path[CHECKPOINT_PATH_MAX];
     snprintf(dir, sizeof(dir), "%s/checkpoint", g_corpus);
     mkdir(dir, 0777);
@@ -89,6 +89,7 @@ static void write_checkpoint(const char* name, int64_t num_params, int rank, int
     h.total_batch_tokens = 3, h.seed = 1337, h.train_tokens = 64, h.train_shards = 1, h.step = 7;
     h.max_steps = 10, h.warmup_steps = 2, h.lr = 6e-4, h.min_lr_fraction = 0.1, h.weight_decay = 0.1, h.grad_clip = 1.0;
     h.num_params = num_params;
+    h.fp8_state_bytes = fp8_bytes;
     if (world > 0) {
         h.zero_stage = 1, h.rank = rank;
         h.shard_size = (num_params + world - 1) / world, h.shard_offset = (int64_t)rank * h.shard_size;
@@ -124,8 +125,9 @@ int main(int argc, char** argv) {
     g_corpus = argv[1];
     mkdir(g_corpus, 0777);
     write_shard("valid_64_tokens.bin", 64);
-    write_checkpoint("valid_plain.ckpt", 24, 0, 0);
-    write_checkpoint("valid_zero1_rank1of2.ckpt", 23, 1, 2);
+    write_checkpoint("valid_plain.ckpt", 24, 0, 0, 0);
+    write_checkpoint("valid_zero1_rank1of2.ckpt", 23, 1, 2, 0);
+    write_checkpoint("valid_fp8.ckpt", 24, 0, 0, 1344);  // one layer's FP8 scales (4 linears x 3 roles x 112 bytes)
     write_model_file("valid_fp32.bin", MODEL_FILE_FP32, 2);
     write_model_file("valid_bf16_gqa.bin", MODEL_FILE_BF16, 1);
     write_tokenizer("valid_v2.bin", 2, 6);
