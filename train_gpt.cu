@@ -504,6 +504,7 @@ typedef struct {
     DataLoaderState start_data;        // the data position of start_step
     double flops_per_step, state_bytes, peak_tflops;
     double act_bytes[NUM_RECOMPUTE_MODES];  // activations per GPU of each --recompute mode (plan estimate)
+    double act_bytes_other[NUM_RECOMPUTE_MODES];  // the same in the other --precision (printed for fp8)
     double recompute_flops_per_step;       // per GPU: what recomputation adds (hardware FLOPs, not model FLOPs)
     double executed_flops_per_step;        // per GPU: what the kernels execute, recomputation included ("hw")
     const char* recompute_what;            // the GEMM and attention work it repeats, for the plan
@@ -612,6 +613,12 @@ static void plan_batch(Plan* p) {
         exit(2);
     }
     p->accumulation_steps = p->total_batch_tokens / global_micro;
+    char why[512];
+    if (opt->precision == PRECISION_FP8 &&
+        gpt_fp8_check(B * T, p->config.channels, (int)gpt_qkv_features(&p->config), why, sizeof(why)) != 0) {
+        fprintf(stderr, "error: --precision fp8 cannot run this shape: %s\n", why);
+        exit(2);
+    }
 }
 
 // Whether `path` is a file whose first KiB is printable text (a corpus given where token shards belong).
@@ -707,8 +714,10 @@ static double fp8_values_per_step(const Plan* p) {
 static void plan_activations(Plan* p) {
     const Options* opt = p->opt;
     for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
-        const GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
+        GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
         p->act_bytes[r] = (double)gpt_activation_bytes(&p->config, &o, 0);
+        o.precision = opt->precision == PRECISION_FP8 ? PRECISION_BF16 : PRECISION_FP8;
+        p->act_bytes_other[r] = (double)gpt_activation_bytes(&p->config, &o, 0);
     }
     static GPTMemoryPlan memory;
     const GPTModelOptions o = model_options(p, opt->recompute, 0);
@@ -950,6 +959,10 @@ static void print_plan_run(const Plan* p) {
            "this run: %s\n", gib(p->act_bytes[RECOMPUTE_NONE]), gib(p->act_bytes[RECOMPUTE_SELECTIVE]),
            gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len, p->world > 1 ? ", per GPU" : "",
            RECOMPUTE_NAMES[opt->recompute]);
+    if (opt->precision == PRECISION_FP8)  // what fp8's FP8 copies of the blocks' inputs save, or cost
+        printf("             with --precision bf16: none %.2f GiB, selective %.2f GiB, full %.2f GiB\n",
+               gib(p->act_bytes_other[RECOMPUTE_NONE]), gib(p->act_bytes_other[RECOMPUTE_SELECTIVE]),
+               gib(p->act_bytes_other[RECOMPUTE_FULL]));
     if (p->recompute_flops_per_step > 0)
         printf("recompute    %.3f TFLOP per optimizer step per GPU (%s%s): hardware FLOPs, not model FLOPs; the "
                "log shows both\n", p->recompute_flops_per_step / 1e12, p->recompute_what,
@@ -1323,6 +1336,10 @@ static void stop_non_finite(const Plan* p, Trainer* t, long long step, DataLoade
                             float grad_norm) {
     fprintf(stderr, "error: the %s is %g at step %lld; the weights were not updated\n",
             isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, step);
+    char what[160];
+    if (p->opt->precision == PRECISION_FP8 && gpt_fp8_first_nonfinite(&t->model.fp8, what, sizeof(what)))
+        fprintf(stderr, "note: the first FP8 tensor of this step with a non-finite amax: %s; --precision bf16 "
+                        "tells whether FP8 is the cause\n", what);
     if (p->checkpoint_dir && t->last_checkpoint_step != step - 1) save_checkpoint(p, t, step - 1, step_data);
     if (t->last_checkpoint[0])
         fprintf(stderr, "the last good checkpoint is %s; resume from it (--resume) with a lower --lr or more "

@@ -213,6 +213,31 @@ def test_bad_values():
     expect_error(run(*GOOD, "extra"), 2, "unexpected argument")
 
 
+def test_fp8_flags():
+    expect_error(run(*GOOD, "--precision", "fp16"), 2, "--precision expects bf16 or fp8")
+    expect_error(run(*GOOD, "--fp8-recipe", "just-in-time"), 2, "--fp8-recipe expects delayed or current")
+    # 3 x 33 = 99 tokens per micro batch: cuBLASLt's FP8 GEMMs need a multiple of 16 (bf16 takes it)
+    expect_error(run(*GOOD, "--precision", "fp8", "-b", "3", "-t", "33", "--plan-only"), 2,
+                 "--precision fp8 cannot run this shape", "not a multiple of 16", "--precision bf16")
+    r = run(*GOOD, "-b", "3", "-t", "33", "--plan-only")
+    assert r.returncode == 0, r.stderr
+    bf16 = run(*GOOD, "--plan-only")
+    fp8 = run(*GOOD, "--plan-only", "--precision", "fp8", "--fp8-recipe", "current")
+    assert fp8.returncode == 0, fp8.stderr
+    assert "precision    fp8:" in fp8.stdout and "current scaling" in fp8.stdout, fp8.stdout
+    assert "precision" not in bf16.stdout.split("gpus ")[0].split("model state")[1], bf16.stdout
+    # fp8's plan also gives bf16's activation memory, which is larger with --recompute none
+    act = fp8.stdout.split("activations  none ")[1]
+    fp8_none, bf16_none = float(act.split(" GiB")[0]), float(act.split("with --precision bf16: none ")[1].split(" GiB")[0])
+    assert fp8_none < bf16_none, fp8.stdout
+
+    def state_gib(out):  # "model state  X GiB ..."
+        return float(out.split("model state  ")[1].split(" GiB")[0])
+    # gpt2-124m's four linear layers of 12 blocks: 2 bytes (W8 and W8T) per parameter = 0.158 GiB more
+    extra = 2 * 12 * 768 * (3 * 768 + 9 * 768) / 2**30
+    assert abs(state_gib(fp8.stdout) - state_gib(bf16.stdout) - extra) < 0.011, (fp8.stdout, bf16.stdout)
+
+
 def test_multi_gpu_flags_and_launch_environment():
     expect_error(run(*GOOD, "--zero", "2"), 2, "--zero expects 0", "ZeRO-1")
     expect_error(run(*GOOD, "--rendezvous-timeout", "0"), 2, "--rendezvous-timeout")

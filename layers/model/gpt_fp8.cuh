@@ -48,12 +48,9 @@ static const char* const FP8_RECIPE_NAMES[NUM_FP8_RECIPES] = {"delayed", "curren
 
 // 0 and *recipe set for "delayed" or "current"; -1 otherwise.
 static inline int fp8_recipe_from_name(const char* name, Fp8Recipe* recipe) {
-    for (int i = 0; i < NUM_FP8_RECIPES; i++)
-        if (strcmp(name, FP8_RECIPE_NAMES[i]) == 0) {
-            *recipe = (Fp8Recipe)i;
-            return 0;
-        }
-    return -1;
+    const int i = layer_name_index(name, FP8_RECIPE_NAMES, NUM_FP8_RECIPES);
+    if (i >= 0) *recipe = (Fp8Recipe)i;
+    return i >= 0 ? 0 : -1;
 }
 
 // The linear layers of a block and the FP8 tensors of each.
@@ -281,14 +278,22 @@ static void gpt_fp8_linear_backward(GPTFp8* f, MatmulContext* mm, int l, GPTLine
                                 fp8_operand(x_t, FP8_E4M3, x_scale_inv), N, IC, OC, 1);
 }
 
+// A host copy of every state (malloc'ed; the caller frees it), after the stream's work so far.
+static Fp8ScaleState* gpt_fp8_download_states(const GPTFp8* f) {
+    const size_t bytes = gpt_fp8_state_bytes(f->L);
+    Fp8ScaleState* host = (Fp8ScaleState*)malloc(bytes);
+    LAYER_REQUIRE(host != NULL, "gpt_fp8: out of host memory for the %zu bytes of FP8 scales", bytes);
+    CUDA_CHECK(cudaMemcpyAsync(host, f->states, bytes, cudaMemcpyDeviceToHost, f->stream));
+    CUDA_CHECK(cudaStreamSynchronize(f->stream));
+    return host;
+}
+
 // After states were loaded into f->states (a checkpoint of an fp8 run, saved after its optimizer
 // step): which states have a history (delayed scales) and which hold amaxes the next step folds in,
 // as they stood in the run that saved them, so that it continues as if never stopped.
 static void gpt_fp8_states_loaded(GPTFp8* f) {
     const int count = f->L * GPT_LINEARS * FP8_ROLES;
-    Fp8ScaleState* host = (Fp8ScaleState*)malloc((size_t)count * sizeof(Fp8ScaleState));
-    LAYER_REQUIRE(host != NULL, "gpt_fp8_states_loaded: out of host memory");
-    CUDA_CHECK(cudaMemcpy(host, f->states, (size_t)count * sizeof(Fp8ScaleState), cudaMemcpyDeviceToHost));
+    Fp8ScaleState* host = gpt_fp8_download_states(f);
     f->amax_pending = 0;
     for (int i = 0; i < count; i++) {
         float m = 0.0f;
@@ -301,14 +306,28 @@ static void gpt_fp8_states_loaded(GPTFp8* f) {
     f->weights_stale = 1;
 }
 
+// Reads the states (waits for the stream); 1 and "layer l's <linear> <tensor>" in what when the amax
+// of some tensor cast since the last update is NaN or inf (the first in layer order), else 0.
+static int gpt_fp8_first_nonfinite(const GPTFp8* f, char* what, size_t size) {
+    static const char* const LINEAR_NAMES[GPT_LINEARS] = {"qkv", "attention projection", "fc", "fc projection"};
+    static const char* const ROLE_NAMES[FP8_ROLES] = {"input", "weight", "output gradient"};
+    const int count = f->L * GPT_LINEARS * FP8_ROLES;
+    Fp8ScaleState* host = gpt_fp8_download_states(f);
+    int found = 0;
+    for (int i = 0; i < count && !found; i++) {
+        if (isfinite(host[i].amax)) continue;
+        snprintf(what, size, "layer %d's %s %s (amax %g)", i / (GPT_LINEARS * FP8_ROLES),
+                 LINEAR_NAMES[i / FP8_ROLES % GPT_LINEARS], ROLE_NAMES[i % FP8_ROLES], host[i].amax);
+        found = 1;
+    }
+    free(host);
+    return found;
+}
+
 // Values clipped to ±max by every cast since the model was made (waits for the stream).
 static unsigned long long gpt_fp8_saturated(const GPTFp8* f) {
     const int count = f->L * GPT_LINEARS * FP8_ROLES;
-    Fp8ScaleState* host = (Fp8ScaleState*)malloc((size_t)count * sizeof(Fp8ScaleState));
-    LAYER_REQUIRE(host != NULL, "gpt_fp8_saturated: out of host memory");
-    CUDA_CHECK(cudaMemcpyAsync(host, f->states, (size_t)count * sizeof(Fp8ScaleState), cudaMemcpyDeviceToHost,
-                               f->stream));
-    CUDA_CHECK(cudaStreamSynchronize(f->stream));
+    Fp8ScaleState* host = gpt_fp8_download_states(f);
     unsigned long long total = 0;
     for (int i = 0; i < count; i++) total += host[i].saturated;
     free(host);

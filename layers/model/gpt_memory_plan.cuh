@@ -80,12 +80,9 @@ static const char* const PRECISION_NAMES[NUM_PRECISIONS] = {"bf16", "fp8"};
 
 // 0 and *precision set for "bf16" or "fp8"; -1 otherwise.
 static inline int gpt_precision_from_name(const char* name, GPTPrecision* precision) {
-    for (int i = 0; i < NUM_PRECISIONS; i++)
-        if (strcmp(name, PRECISION_NAMES[i]) == 0) {
-            *precision = (GPTPrecision)i;
-            return 0;
-        }
-    return -1;
+    const int i = layer_name_index(name, PRECISION_NAMES, NUM_PRECISIONS);
+    if (i >= 0) *precision = (GPTPrecision)i;
+    return i >= 0 ? 0 : -1;
 }
 
 // --recompute: what the backward recomputes instead of keeping (layers/model/gpt_model.cuh says how).
@@ -95,12 +92,9 @@ static const char* const RECOMPUTE_NAMES[NUM_RECOMPUTE_MODES] = {"none", "select
 
 // 0 and *mode set for "none", "selective" or "full"; -1 otherwise.
 static inline int gpt_recompute_from_name(const char* name, RecomputeMode* mode) {
-    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
-        if (strcmp(name, RECOMPUTE_NAMES[i]) == 0) {
-            *mode = (RecomputeMode)i;
-            return 0;
-        }
-    return -1;
+    const int i = layer_name_index(name, RECOMPUTE_NAMES, NUM_RECOMPUTE_MODES);
+    if (i >= 0) *mode = (RecomputeMode)i;
+    return i >= 0 ? 0 : -1;
 }
 
 // Rows of one LM-head chunk: logits (16384, 50304) bf16 are 1.5 GiB. Micro batches of at most this

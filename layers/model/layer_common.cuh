@@ -42,6 +42,13 @@ static void layer_fail(const char* fmt, ...) {
 
 static inline int layer_is_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
+// The index of name in names[0..count), or -1: a flag's value by its name.
+static inline int layer_name_index(const char* name, const char* const* names, int count) {
+    for (int i = 0; i < count; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
 // Streaming multiprocessors of the current device (grids are sized to fill them).
 static int layer_num_sms(void) {
     int device = 0, sms = 0;

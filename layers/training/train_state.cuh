@@ -221,6 +221,8 @@ static int train_state_save(const char* dir, CheckpointHeader header, const GPTM
     return 0;
 }
 
+// Reads `bytes` of the payload through the host staging buffer into device memory at dst, or drops
+// them when dst is NULL (they still count in the checksum).
 static void train_state_read_device(CheckpointReader* r, void* dst, size_t bytes, void* staging) {
     char err[CHECKPOINT_PATH_MAX + 256];
     for (size_t done = 0; done < bytes; done += TRAIN_STATE_STAGING_BYTES) {
@@ -229,20 +231,7 @@ static void train_state_read_device(CheckpointReader* r, void* dst, size_t bytes
             fprintf(stderr, "error: %s\n", err);
             exit(1);
         }
-        CUDA_CHECK(cudaMemcpy((char*)dst + done, staging, n, cudaMemcpyHostToDevice));
-    }
-}
-
-// Reads `bytes` of the payload into the host staging buffer and drops them (they still count in the
-// checksum).
-static void train_state_skip(CheckpointReader* r, size_t bytes, void* staging) {
-    char err[CHECKPOINT_PATH_MAX + 256];
-    for (size_t done = 0; done < bytes; done += TRAIN_STATE_STAGING_BYTES) {
-        const size_t n = bytes - done < TRAIN_STATE_STAGING_BYTES ? bytes - done : TRAIN_STATE_STAGING_BYTES;
-        if (checkpoint_reader_read(r, staging, n, err, sizeof(err)) != 0) {
-            fprintf(stderr, "error: %s\n", err);
-            exit(1);
-        }
+        if (dst) CUDA_CHECK(cudaMemcpy((char*)dst + done, staging, n, cudaMemcpyHostToDevice));
     }
 }
 
@@ -269,7 +258,7 @@ static void train_state_load(const char* path, GPTModel* model, const Optimizer*
     if (saved > 0 && fp8 && saved == want) {
         train_state_read_device(&r, model->fp8.states, saved, staging);
     } else if (saved > 0) {
-        train_state_skip(&r, saved, staging);
+        train_state_read_device(&r, NULL, saved, staging);
         if (!fp8)
             snprintf(unused, sizeof(unused), "this run is --precision bf16; the checkpoint's run was fp8");
         else
