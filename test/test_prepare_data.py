@@ -104,7 +104,9 @@ def test_shakespeare_headers():
     need_shakespeare_and_ranks()
     folder, out = shakespeare_run()
     names = sorted(os.listdir(folder))
-    assert names == ["gpt2_tokenizer.bin", "tinyshakespeare_train_000000.bin", "tinyshakespeare_val_000000.bin"], names
+    assert names == ["gpt2_tokenizer.bin", "tinyshakespeare_manifest.json",  # progress and summary
+                     "tinyshakespeare_train_000000.bin", "tinyshakespeare_val_000000.bin"], names
+    names.remove("tinyshakespeare_manifest.json")  # its own case: test_summary_and_manifest
     names.remove("gpt2_tokenizer.bin")  # its own test: test_tokenizer.py
     for name in names:
         header, tokens = read_raw(os.path.join(folder, name))
@@ -199,7 +201,8 @@ def test_files_are_documents():
     for i, t in enumerate(texts):
         paths.append(os.path.join(folder, f"doc{i}.txt"))
         open(paths[-1], "w").write(t)
-    run_ok("--input", *paths, "--out-dir", folder, "--val-fraction", 0.2)  # name defaults to doc0
+    run_ok("--input", *paths, "--out-dir", folder, "--val-fraction", 0.2,  # name defaults to doc0
+           "--val-split", "leading")  # the drawn split (the default here) has its own cases
     enc = encoding()
     _, val = read_raw(os.path.join(folder, "doc0_val_000000.bin"))
     _, train = read_raw(os.path.join(folder, "doc0_train_000000.bin"))
@@ -251,7 +254,7 @@ def test_error_shard_tokens_over_int32():
 def test_error_not_utf8():
     path = os.path.join(new_dir("binary_in"), "bin.txt")
     open(path, "wb").write(b"abc\xff\xfe")
-    check_error("binary", ["--input", path], [path, "UTF-8"])
+    check_error("binary", ["--input", path], [path, "UTF-8", "offset 3", "line 1"])
 
 
 def test_error_offline_without_tiktoken_cache():
@@ -290,6 +293,349 @@ def test_read_shard_checks_the_file():
             assert word in str(err) and path in str(err), f"message for {word}: {err}"
         else:
             raise AssertionError(f"read_shard accepted a file with a bad {word}")
+
+
+# ---- corpora of any size: input kinds, workers, continuing, memory, bad input ----------------------
+
+def make_docs(n, tag="doc"):
+    """n documents of varied length and some non-ASCII text, the same on every call."""
+    words = ["the", "river", "Fluß", "日本語", "naïve", "ends", "<|endoftext|>", "42", "tokens", "café"]
+    return [f"{tag} {i}: " + " ".join(words[(i * 7 + k) % len(words)] for k in range(5 + (i * 13) % 60)) + "\n"
+            for i in range(n)]
+
+
+def expected_tokens(docs):
+    enc = encoding()
+    out = []
+    for d in docs:
+        out.append(EOT)
+        out.extend(enc.encode_ordinary(d))
+    return np.asarray(out, dtype=np.uint16)
+
+
+def bins(folder):
+    """{file name: bytes} of every .bin file in folder."""
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n.endswith(".bin")}
+
+
+def run_env(args, **env):
+    return run(*args, env=dict(os.environ, **{k: str(v) for k, v in env.items()}))
+
+
+def write_jsonl(path, docs, field="text"):
+    import json
+    with open(path, "w", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"id": i, field: d}) + "\n")
+
+
+def check_stream(folder, name, docs):
+    tokens, n_val = stream(folder, name)
+    assert n_val == 0, f"{n_val} val tokens with --val-fraction 0"
+    want = expected_tokens(docs)
+    assert np.array_equal(tokens, want), f"{len(tokens)} tokens, expected {len(want)} (or they differ)"
+
+
+def test_input_folder_recursive():
+    harness.need_ranks()
+    src = new_dir("folder_in")
+    docs = make_docs(6)
+    # nested folders, sorted by path; a hidden file and a file with another ending are left out
+    paths = ["a/0.txt", "a/b/1.txt", "a/b/2.md", "c/3.txt", "c/d/e/4.txt", "z5.txt"]
+    for rel, d in zip(paths, docs):
+        os.makedirs(os.path.dirname(os.path.join(src, rel)), exist_ok=True)
+        open(os.path.join(src, rel), "w", encoding="utf-8").write(d)
+    open(os.path.join(src, "a", ".hidden.txt"), "w").write("hidden\n")
+    open(os.path.join(src, "a", "skip.bin"), "wb").write(b"\xff\xfe")
+    out = new_dir("folder_out")
+    run_ok("--input", src, "--out-dir", out, "--name", "f", "--val-fraction", 0)
+    check_stream(out, "f", docs)
+    only_txt = new_dir("folder_ext")
+    run_ok("--input", src, "--out-dir", only_txt, "--name", "f", "--val-fraction", 0, "--ext", "txt")
+    check_stream(only_txt, "f", docs[:2] + docs[3:])
+
+
+def test_input_glob_and_paragraphs():
+    harness.need_ranks()
+    src = new_dir("glob_in")
+    docs = make_docs(9)
+    for k in range(3):  # three files of three paragraphs each, in a sub-folder
+        os.makedirs(os.path.join(src, "sub"), exist_ok=True)
+        open(os.path.join(src, "sub", f"part{k}.txt"), "w", encoding="utf-8").write(
+            "\n".join(docs[3 * k:3 * k + 3]))  # each doc ends in "\n": "\n\n" separates them
+    open(os.path.join(src, "sub", "notes.md"), "w").write("not matched by the glob\n")
+    out = new_dir("glob_out")
+    run_ok("--input", os.path.join(src, "**", "*.txt"), "--paragraph-docs", "--out-dir", out, "--name", "g",
+           "--val-fraction", 0)
+    want = []
+    for k in range(3):
+        want += paragraphs("\n".join(docs[3 * k:3 * k + 3]))
+    assert len(want) == 9
+    check_stream(out, "g", want)
+    rc, _, err = run("--input", os.path.join(src, "*.nothing"), "--out-dir", new_dir("glob_none"))
+    assert rc == 1 and "no file matches" in err and "Traceback" not in err, err
+
+
+def test_input_jsonl():
+    harness.need_ranks()
+    src = new_dir("jsonl_in")
+    docs = make_docs(50)
+    write_jsonl(os.path.join(src, "a.jsonl"), docs[:20], field="body")
+    with open(os.path.join(src, "b.jsonl"), "w", encoding="utf-8") as f:  # blank lines are skipped
+        import json
+        for d in docs[20:]:
+            f.write(json.dumps({"body": d}) + "\n\n")
+    out = new_dir("jsonl_out")
+    run_ok("--input", os.path.join(src, "a.jsonl"), os.path.join(src, "b.jsonl"), "--jsonl-field", "body",
+           "--out-dir", out, "--val-fraction", 0)
+    check_stream(out, "a", docs)  # the name defaults to the first input's stem
+
+
+def test_input_parquet():
+    harness.need_ranks()
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise harness.Skip("pyarrow is not installed (scripts/requirements.txt lists it)")
+    src = new_dir("parquet_in")
+    docs = make_docs(3000)
+    table = pyarrow.table({"id": list(range(len(docs))), "content": docs})
+    pq.write_table(table, os.path.join(src, "p.parquet"), row_group_size=700)
+    out = new_dir("parquet_out")
+    run_ok("--input", src, "--parquet-column", "content", "--out-dir", out, "--name", "p", "--val-fraction", 0)
+    check_stream(out, "p", docs)
+
+
+def test_drawn_split_spread_over_the_corpus():
+    harness.need_ranks()
+    src = new_dir("drawn_in")
+    docs = make_docs(2000)
+    write_jsonl(os.path.join(src, "d.jsonl"), docs)
+    out = new_dir("drawn_out")
+    log = run_ok("--input", os.path.join(src, "d.jsonl"), "--out-dir", out, "--val-fraction", 0.1)
+    val = np.concatenate([read_raw(p)[1] for p in shards(out, "d", "val")])
+    train = np.concatenate([read_raw(p)[1] for p in shards(out, "d", "train")])
+    enc = encoding()
+
+    def split_docs(tokens):
+        bounds = list(np.flatnonzero(tokens == EOT)) + [len(tokens)]
+        return [enc.decode(tokens[bounds[k] + 1:bounds[k + 1]].tolist()) for k in range(len(bounds) - 1)]
+
+    # the literal "<|endoftext|>" is ordinary text, so EOT only ever starts a document
+    v, t = split_docs(val), split_docs(train)
+    assert len(v) + len(t) == len(docs), f"{len(v)} + {len(t)} documents, expected {len(docs)}"
+    index = {d: i for i, d in enumerate(docs)}
+    vi, ti = [index[d] for d in v], [index[d] for d in t]
+    assert vi == sorted(vi) and ti == sorted(ti), "documents are out of order within a split"
+    assert sorted(vi + ti) == list(range(len(docs))), "documents lost or repeated"
+    frac = len(val) / (len(val) + len(train))
+    assert 0.07 < frac < 0.13, f"val holds {frac:.3f} of the tokens, expected about 0.1"
+    assert vi[0] < 200 and vi[-1] > 1800, f"val is not spread over the corpus: documents {vi[0]}..{vi[-1]}"
+    assert f"({100 * frac:.1f}%" in log, f"the actual fraction {frac:.3f} is not reported:\n{log}"
+    again = new_dir("drawn_again")  # other shard size: the same split
+    run_ok("--input", os.path.join(src, "d.jsonl"), "--out-dir", again, "--shard-tokens", 3000)
+    tokens, n_val = stream(again, "d")
+    assert n_val == len(val) and np.array_equal(tokens, np.concatenate([val, train])), "split depends on shard size"
+    other = new_dir("drawn_seed")
+    run_ok("--input", os.path.join(src, "d.jsonl"), "--out-dir", other, "--seed", 7)
+    assert stream(other, "d")[1] != n_val, "--seed does not change the drawn split"
+
+
+def test_one_and_four_workers_write_the_same_shards():
+    harness.need_ranks()
+    src = new_dir("workers_in")
+    write_jsonl(os.path.join(src, "w.jsonl"), make_docs(3000))
+    results = {}
+    for workers in (1, 4):
+        out = new_dir(f"workers{workers}")
+        rc, log, err = run_env(["--input", os.path.join(src, "w.jsonl"), "--out-dir", out, "--workers", workers,
+                                "--shard-tokens", 20000], PREPARE_DATA_BATCH_CHARS=5000)
+        assert rc == 0, err
+        assert f"on {workers} worker(s)" in log, log
+        results[workers] = bins(out)
+    assert len([n for n in results[1] if "_train_" in n]) >= 3, f"too few shards: {sorted(results[1])}"
+    assert results[1] == results[4], "1 and 4 workers wrote different shards"
+
+
+def interrupted_then_continued(args, stop_after, **env):
+    """Runs args stopped after `stop_after` shards, then again; returns (folder, stopped stderr, log)."""
+    out = new_dir("stopped")
+    rc, _, err = run_env([*args, "--out-dir", out], PREPARE_DATA_STOP_AFTER_SHARDS=stop_after, **env)
+    assert rc == 3 and "run the same command again" in err, f"exit {rc}: {err}"
+    done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in bins(out)}
+    assert len(done) == stop_after, f"{sorted(done)} after stopping at {stop_after} shards"
+    for name in done:
+        read_raw(os.path.join(out, name))  # a complete, valid shard
+    rc, log, err = run_env([*args, "--out-dir", out], **env)
+    assert rc == 0, err
+    assert "continuing the run" in log, log
+    for name, mtime in done.items():  # finished shards are not written again
+        assert os.stat(os.path.join(out, name)).st_mtime_ns == mtime, f"{name} was written again"
+    return out, err, log
+
+
+def test_interrupted_run_continues_to_the_same_shards():
+    harness.need_ranks()
+    src = new_dir("resume_in")
+    write_jsonl(os.path.join(src, "r.jsonl"), make_docs(3000))
+    args = ["--input", os.path.join(src, "r.jsonl"), "--shard-tokens", 15000, "--val-fraction", 0.2,
+            "--workers", 2]
+    whole = new_dir("resume_whole")
+    rc, _, err = run_env([*args, "--out-dir", whole], PREPARE_DATA_BATCH_CHARS=4000)
+    assert rc == 0, err
+    want = bins(whole)
+    assert len(want) >= 8, f"too few shards to stop in the middle: {sorted(want)}"
+    for stop_after in (1, 3):
+        out, _, _ = interrupted_then_continued(args, stop_after, PREPARE_DATA_BATCH_CHARS=4000)
+        assert bins(out) == want, f"stopped after {stop_after} shards and continued: other shards"
+
+
+def test_interrupted_leading_split_continues():
+    need_shakespeare_and_ranks()
+    folder, _ = shakespeare_run()
+    small = new_dir("leading_whole")
+    args = ["--input", SHAKESPEARE, "--paragraph-docs", "--shard-tokens", 20000]
+    run_ok(*args, "--out-dir", small)
+    want = bins(small)
+    out, _, _ = interrupted_then_continued(args, 4, PREPARE_DATA_BATCH_CHARS=30000)
+    assert bins(out) == want, "the continued leading split wrote other shards"
+
+
+def test_changed_arguments_refused_then_fresh():
+    harness.need_ranks()
+    src = new_dir("changed_in")
+    write_jsonl(os.path.join(src, "c.jsonl"), make_docs(1500))
+    out = new_dir("changed_out")
+    args = ["--input", os.path.join(src, "c.jsonl"), "--shard-tokens", 10000, "--out-dir", out]
+    rc, _, err = run_env(args, PREPARE_DATA_STOP_AFTER_SHARDS=1)
+    assert rc == 3, err
+    rc, _, err = run(*args, "--val-fraction", 0.3)
+    assert rc == 1 and "--out-dir" in err and "--fresh" in err and "Traceback" not in err, err
+    rc, log, err = run(*args, "--val-fraction", 0.3, "--fresh")
+    assert rc == 0 and "continuing" not in log, err
+    whole = new_dir("changed_whole")
+    run_ok("--input", os.path.join(src, "c.jsonl"), "--shard-tokens", 10000, "--out-dir", whole, "--val-fraction", 0.3)
+    assert bins(out) == bins(whole), "--fresh did not start over"
+
+
+def test_summary_and_manifest():
+    harness.need_ranks()
+    import json
+    src = new_dir("summary_in")
+    write_jsonl(os.path.join(src, "s.jsonl"), make_docs(500))
+    out = new_dir("summary_out")
+    log = run_ok("--input", os.path.join(src, "s.jsonl"), "--out-dir", out, "--shard-tokens", 5000, "--workers", 2)
+    m = json.load(open(os.path.join(out, "s_manifest.json")))
+    summ = m["summary"]
+    tokens, n_val = stream(out, "s")
+    assert m["complete"] and summ["documents"] == 500 and summ["tokens"] == len(tokens), summ
+    assert summ["val_tokens"] == n_val and summ["train_tokens"] == len(tokens) - n_val, summ
+    assert summ["val_shards"] == len(shards(out, "s", "val")) and summ["train_shards"] == len(shards(out, "s", "train"))
+    assert summ["tokens_per_s"] > 0 and summ["tokens_per_s_per_worker"] > 0 and summ["workers"] == 2, summ
+    for words in ("500 documents", f"{len(tokens):,} tokens", "tokens/s on 2 worker(s)", "per worker"):
+        assert words in log, f"summary lacks {words!r}:\n{log}"
+
+
+def peak_rss_mb(args, **env):
+    """Peak RSS (MB) of prepare_data.py run in one process (--workers 1) through resource.getrusage."""
+    code = ("import os, resource, runpy, sys; sys.argv = sys.argv[1:]\n"
+            "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    p = subprocess.run([sys.executable, "-c", code, SCRIPT, *map(str, args), "--workers", "1"], capture_output=True,
+                       text=True, env=dict(os.environ, **{k: str(v) for k, v in env.items()}), timeout=600)
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.split("PEAK_KB")[-1]) / 1024
+
+
+def test_memory_bounded_on_a_large_input():
+    harness.need_ranks()
+    src = new_dir("memory_in")
+    small, large = os.path.join(src, "small.txt"), os.path.join(src, "large.txt")
+    paras = "".join(d + "\n" for d in make_docs(400))  # ~100 KB of paragraphs
+    for path, copies in ((small, 30), (large, 300)):  # ~3 MB (the baseline: every buffer used) and ~30 MB
+        with open(path, "w", encoding="utf-8") as f:
+            for _ in range(copies):
+                f.write(paras)
+    size_mb = os.path.getsize(large) / 2**20
+    env = dict(PREPARE_DATA_READ_BYTES=1 << 20, PREPARE_DATA_BATCH_CHARS=1 << 18)
+    args = ["--paragraph-docs", "--shard-tokens", 100_000, "--name", "m"]
+    base = peak_rss_mb(["--input", small, "--out-dir", new_dir("memory_small"), *args], **env)
+    peak = peak_rss_mb(["--input", large, "--out-dir", new_dir("memory_large"), *args], **env)
+    # Measured here: +5 MB streaming; the old whole-corpus version +500 MB (text, then tokens as ints).
+    assert peak - base < 0.5 * size_mb, f"peak RSS {peak:.0f} MB on {size_mb:.0f} MB of text, {base:.0f} MB on 3 MB"
+
+
+def test_error_unreadable_file():
+    import socket
+    folder = new_dir("unreadable_in")
+    path = os.path.join(folder, "sock.txt")  # open() fails on a socket, even for root (unlike chmod 000)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    try:
+        check_error("unreadable", ["--input", path], [path, "cannot read"])
+    finally:
+        sock.close()
+
+
+def test_error_not_utf8_names_line_and_offset():
+    path = os.path.join(new_dir("binary_para"), "para.txt")
+    good = ("a line of text\n" * 200 + "\n") * 5  # 15,005 bytes, 1,005 lines
+    open(path, "wb").write(good.encode() + b"ok \xc3\x28 bad\n")
+    env = dict(os.environ, PREPARE_DATA_READ_BYTES="4096")  # the bad byte is in a later piece
+    rc, _, err = run("--input", path, "--paragraph-docs", "--out-dir", new_dir("binary_para_out"), env=env)
+    want = f"offset {len(good) + 3}, line {good.count(chr(10)) + 1}"
+    assert rc == 1 and path in err and want in err and "Traceback" not in err, f"want {want!r}: {err!r}"
+
+
+def test_error_jsonl_not_json():
+    path = os.path.join(new_dir("badjson_in"), "bad.jsonl")
+    open(path, "w").write('{"text": "fine"}\n{"text": "also fine"}\n{"text": broken\n')
+    check_error("badjson", ["--input", path], [f"{path}:3", "not a JSON line"])
+
+
+def test_error_jsonl_missing_field():
+    path = os.path.join(new_dir("nofield_in"), "nofield.jsonl")
+    open(path, "w").write('{"text": "fine"}\n{"body": "no text field"}\n')
+    check_error("nofield", ["--input", path], [f"{path}:2", "'text'", "--jsonl-field"])
+
+
+def test_error_parquet_missing_column():
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise harness.Skip("pyarrow is not installed (scripts/requirements.txt lists it)")
+    path = os.path.join(new_dir("nocol_in"), "nocol.parquet")
+    pq.write_table(pyarrow.table({"body": ["a", "b"]}), path)
+    check_error("nocol", ["--input", path], [path, "'text'", "--parquet-column"])
+
+
+def test_error_later_input_keeps_written_shards_valid():
+    harness.need_ranks()
+    src = new_dir("later_in")
+    write_jsonl(os.path.join(src, "a.jsonl"), make_docs(2000))
+    open(os.path.join(src, "b.jsonl"), "w").write('{"text": "fine"}\nnot json\n')
+    out = new_dir("later_out")
+    rc, _, err = run_env(["--input", src, "--out-dir", out, "--name", "l", "--shard-tokens", 20000, "--val-fraction", 0],
+                         PREPARE_DATA_BATCH_CHARS=5000)  # the bad line is read after the first shards are written
+    bad = os.path.join(src, "b.jsonl")
+    assert rc == 1 and f"{bad}:2" in err and "Traceback" not in err, err
+    written = shards(out, "l", "train")
+    assert written, "no shard was written before the bad input"
+    for p in written:
+        header, tokens = read_raw(p)
+        assert len(tokens) == 20000, f"{p}: {len(tokens)} tokens, not a full shard"
+    left = [n for n in os.listdir(out) if n.endswith(".tmp")]
+    assert not left, f"temporary files left: {left}"
+
+
+def test_error_hf_dataset_without_datasets_or_network():
+    rc, _, err = run("--hf-dataset", "no-such-user/no-such-dataset-for-this-test", "--out-dir", new_dir("hf"))
+    assert rc == 1 and "Traceback" not in err, f"exit {rc}: {err}"
+    assert "`datasets`" in err or "online" in err, err
 
 
 harness.run_module(globals())
