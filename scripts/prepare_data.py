@@ -308,20 +308,25 @@ def documents(args, files):
             yield from whole_file_doc(path)
 
 
-def download_shakespeare(dest):
-    print(f"downloading Tiny Shakespeare to {show(dest)}")
+def download(url, dest, offline_hint):
+    """Saves url's bytes at dest (through a temporary name); Fail with offline_hint when it cannot."""
+    print(f"downloading {url} to {show(dest)}")
     try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=20) as resp:
+        with urllib.request.urlopen(url, timeout=20) as resp:
             data = resp.read()
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
-        raise Fail(f"could not download {SHAKESPEARE_URL} ({reason}); this machine seems offline: "
-                   f"pass --input PATH --paragraph-docs with a local copy of Tiny Shakespeare, "
-                   f"or save it as {show(dest)}")
+        raise Fail(f"could not download {url} ({reason}); this machine seems offline: {offline_hint}")
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = dest + ".download"
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, dest)
+
+
+def download_shakespeare(dest):
+    download(SHAKESPEARE_URL, dest, f"pass --input PATH --paragraph-docs with a local copy of Tiny Shakespeare, "
+             f"or save it as {show(dest)}")
 
 
 # ---- tokenizing -------------------------------------------------------------------------------

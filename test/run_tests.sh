@@ -43,6 +43,7 @@ tests=(
     "$BUILD/test_tokenizer"
     "$BUILD/test_watchdog"
     "$PYTHON test/test_prepare_data.py"
+    "$PYTHON test/test_prepare_hellaswag.py"
     "$PYTHON test/test_tokenizer.py"
     "$PYTHON test/test_hf_export.py"
     "$PYTHON test/test_train_gpt_cli.py"
