@@ -20,6 +20,11 @@
 //                       cuBLASLt's FP8 GEMMs on Hopper take only operands whose reduction dimension
 //                       is contiguous ("TN"), so the backward GEMMs need x, dy and W transposed
 //                       (matmul_fp8.cuh says which); this writes both layouts in one pass.
+//   fp8_cast_transpose_op  the same from x = op(inp) (Fp8CastArgs: a copy, GELU, dGELU, or a
+//                       LayerNorm's output from its input and row statistics), computed in fp32 and
+//                       never written in bf16; optionally also the count of values that saturated
+//                       and the column sums of x per 64-row tile (a bias gradient), in the same
+//                       pass; with no output, the amax alone (current scaling's first pass).
 //   fp8_amax            amax of inp (N, C) alone: current scaling needs it before the cast.
 // Sizes: N ≥ 1, C a positive multiple of 16: 16 bf16 (two 16-byte loads) become one 16-byte
 // store of FP8, and the FP8 GEMMs need their leading dimensions to be multiples of 16 bytes

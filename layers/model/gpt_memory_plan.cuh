@@ -128,7 +128,7 @@ typedef struct {
 typedef struct {
     RecomputeMode recompute;
     int layers_gemm;          // layers kept of qkv, atty, att_lse, residual2, fch: 1 with full, else L
-    int layers_cheap;         // of ln1, ln2, fch_gelu: L with none in bf16, else 1 (fp8 keeps FP8 copies)
+    int layers_cheap;         // of ln1, ln2, fch_gelu: L with none, else 1 (fp8: none of them, F8 above)
     int layers_att;           // of att_saved: as layers_cheap
     int lm_head_rows;         // rows of one LM-head chunk, <= N
     size_t att_saved_bytes;   // the backend's saved data per layer
@@ -196,8 +196,8 @@ static void gpt_memory_plan(GPTMemoryPlan* p, const GPTConfig* config, const GPT
     const int L = config->num_layers, N = o->B * o->T;
     p->recompute = o->recompute;
     p->layers_gemm = o->recompute == RECOMPUTE_FULL ? 1 : L;
-    p->layers_cheap = o->recompute == RECOMPUTE_NONE && o->precision != PRECISION_FP8 ? L : 1;
-    p->layers_att = o->recompute == RECOMPUTE_NONE ? L : 1;
+    p->layers_cheap = o->recompute == RECOMPUTE_NONE ? L : 1;
+    p->layers_att = p->layers_cheap;
     const int rows = o->lm_head_rows > 0 ? o->lm_head_rows : GPT_LM_HEAD_CHUNK_ROWS;
     p->lm_head_rows = rows < N ? rows : N;
     const AttentionShape shape = gpt_attention_shape(config, o->B, o->T);

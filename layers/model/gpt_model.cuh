@@ -1,5 +1,8 @@
 // gpt_model.cuh: the whole GPT on the GPU (llm.c structure), forward and backward, in bf16 with fp32
-// accumulation, built from the layers of this folder and the attention interface.
+// accumulation, built from the layers of this folder and the attention interface. With
+// GPTModelOptions.precision = PRECISION_FP8 the four linear layers of every block run on FP8 tensor
+// cores instead (gpt_fp8.cuh: gpt_block_forward_fp8 and the fp8 branches of the backward); ln1, ln2
+// and fch_gelu then exist only inside the FP8 casts, and the blocks keep transposed FP8 inputs.
 //
 // Shapes: L layers, C channels, NH heads of HD = C / NH, NKV key/value heads (NH % NKV == 0;
 // grouped-query attention when NKV < NH), QKV = (NH + 2·NKV)·HD features of the QKV projection (3C
