@@ -212,7 +212,12 @@ __device__ __forceinline__ void forward_produce(const Flash2ForwardParams& p, co
     }
     const int qb = iter % C::Q_BUFFERS;
     mbar_wait(&sm.q_empty[qb], ((iter / C::Q_BUFFERS) & 1) ^ 1);
-    sm.tile_of_q[qb] = tiles;
+    // The stop value is ordered for the consumers as every tile index is (the arrival releases it,
+    // q_full's wait acquires it; the buffer came back through q_empty only after their last reads).
+    // Written with an atomic, not a plain store, only for compute-sanitizer's racecheck, which does not
+    // follow that chain through a warpgroup's named barrier to its one arriving thread and reported
+    // this store against the reads (a relaxed st.shared did not satisfy it); once per block, free.
+    atomicExch(&sm.tile_of_q[qb], tiles);
     mbar_arrive(&sm.q_full[qb]);
 }
 
