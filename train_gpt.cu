@@ -6,7 +6,7 @@
 // layers/multi_gpu/launcher.h, layers/multi_gpu/multi_gpu.cuh; optional ZeRO-1 optimizer sharding).
 // The training step (train() below) is a recipe: next batch → forward and backward over the micro
 // steps (gradients reduced over the GPUs as the backward goes) → global gradient norm → clip and
-// AdamW → log, validate, checkpoint.
+// AdamW → log, validate, evaluate, checkpoint.
 //
 // Where the rest lives:
 //   data/gpt_config.h                  the shape, the table of parameter tensors, FLOPs
@@ -14,6 +14,7 @@
 //   layers/model/gpt_model.cuh         the model on the GPU: parameters, activations, forward, backward
 //   layers/optimizer/optimizer.cuh     fp32 master weights, AdamW, clipping, the ZeRO-1 shard, GPT-2 init
 //   layers/training/train_state.cuh    checkpoints (format: data/checkpoint.h) and llm.c weight files
+//   layers/training/eval_multiple_choice.cuh  --eval-data: HellaSwag-style accuracy (format: data/eval_file.h)
 //   layers/multi_gpu/multi_gpu.cuh     NCCL, the gradient all-reduce, the watchdog
 //   layers/generate/gpt_generate.cuh   --generate and the samples after training (KV cache: gpt_decode.cuh)
 //   attention/attention.h              the attention backends (--attn)
@@ -36,6 +37,7 @@
 #include "layers/training/batch_upload.h"
 #include "data/checkpoint.h"
 #include "data/dataloader.h"
+#include "layers/training/eval_multiple_choice.cuh"
 #include "layers/training/train_state.cuh"
 #include "layers/cuda_common.h"
 #include "data/gpt_config.h"
@@ -98,6 +100,10 @@ typedef struct {
     long long sample_every;       // print a sample every N training steps too; 0 = only after the last
     int sample_tokens;            // tokens per sample during training; 0 = no samples
     const char* tokenizer;        // llm.c token table; NULL = gpt2_tokenizer.bin beside the training shards
+    const char* eval_data;        // multiple-choice eval file (data/eval_file.h); NULL = none
+    long long eval_every;         // steps between evaluations; 0 = only after the last step
+    long long eval_examples;      // the first N examples; 0 = all
+    int eval_only;                // score --eval-data with the given weights and exit
 } Options;
 
 typedef enum {
@@ -183,6 +189,17 @@ static const OptionSpec OPTIONS[] = {
     {"val-batches", 0, OPT_LONG, FIELD(val_batches), "20", "N", 0, INT64_MAX, "micro batches per validation, 0 = all"},
     {"log-file", 0, OPT_STRING, FIELD(log_file), NULL, "PATH", 0, 0, "also write each step as a JSON line to PATH"},
     {"plan-only", 0, OPT_FLAG, FIELD(plan_only), NULL, NULL, 0, 0, "print the plan and exit without training"},
+    SECTION("evaluation (multiple choice, llm.c's HellaSwag format: data/README.md)"),
+    {"eval-data", 0, OPT_STRING, FIELD(eval_data), NULL, "FILE", 0, 0,
+     "a multiple-choice eval file (scripts/prepare_hellaswag.py writes HellaSwag's): accuracy every --eval-every "
+     "steps and after the last, each GPU scoring its share of the examples"},
+    {"eval-every", 0, OPT_LONG, FIELD(eval_every), "0", "N", 0, INT64_MAX, "evaluate every N steps; 0: after the last "
+     "step only"},
+    {"eval-examples", 0, OPT_LONG, FIELD(eval_examples), "0", "N", 0, 65535, "score the first N examples; 0: all"},
+    {"eval-only", 0, OPT_FLAG, FIELD(eval_only), NULL, NULL, 0, 0,
+     "score --eval-data with the weights of --resume CKPT or --init-from FILE (an llm.c model file, or a Hugging Face "
+     "GPT-2 through scripts/import_hf.py) on one GPU, B rows of min(--seq-len, the model's positions) at a time, and "
+     "exit; --log-file gets one JSON line per example (its completions' mean losses and the choice)"},
     SECTION("checkpoints (format: data/README.md)"),
     {"checkpoint-dir", 0, OPT_STRING, FIELD(checkpoint_dir), NULL, "DIR", 0, 0,
      "save DIR/step_XXXXXXXX.ckpt (weights, optimizer, step, data position); DIR must not hold another run's "
@@ -409,6 +426,33 @@ static void check_generation_options(const Options* opt) {
     }
 }
 
+// Exits (2) on evaluation flags that cannot work: --eval-only needs the file and the weights; the
+// other --eval flags need the file.
+static void check_eval_options(const Options* opt) {
+    if (opt->eval_only && !opt->eval_data) {
+        fprintf(stderr, "error: --eval-only needs --eval-data FILE (scripts/prepare_hellaswag.py writes one)\n");
+        exit(2);
+    }
+    if (opt->eval_only && ((!opt->resume && !opt->init_from) || resume_auto(opt))) {
+        fprintf(stderr, "error: --eval-only needs the weights: --resume CKPT (a checkpoint file or directory) or "
+                        "--init-from FILE (an llm.c model file)\n");
+        exit(2);
+    }
+    if (opt->eval_only && opt->generate) {
+        fprintf(stderr, "error: --eval-only and --generate are two different runs; give one of them\n");
+        exit(2);
+    }
+    if (!opt->eval_data && (opt->eval_every || opt->eval_examples)) {
+        fprintf(stderr, "error: --%s needs --eval-data FILE\n", opt->eval_every ? "eval-every" : "eval-examples");
+        exit(2);
+    }
+    if (opt->eval_data && opt->generate) {
+        fprintf(stderr, "error: --eval-data scores a model while training or with --eval-only; --generate does not "
+                        "use it\n");
+        exit(2);
+    }
+}
+
 // Exits (2) on combinations of flags that cannot work together.
 static void check_option_combinations(const Options* opt) {
     if (resume_auto(opt) && !opt->checkpoint_dir) {
@@ -423,7 +467,8 @@ static void check_option_combinations(const Options* opt) {
         fprintf(stderr, "error: --checkpoint-every needs --checkpoint-dir DIR\n");
         exit(2);
     }
-    check_generation_options(opt);
+    check_eval_options(opt);
+    if (!opt->eval_only) check_generation_options(opt);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -511,6 +556,8 @@ typedef struct {
     double fp8_values_per_step;            // per GPU: values the FP8 casts write per step (--precision fp8)
     int device;
     GpuInfo gpu;
+    EvalFile eval;           // --eval-data, checked (num_examples 0: none)
+    int eval_truncated;      // its examples whose context keeps only its end at T positions
 } Plan;
 
 static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
@@ -673,12 +720,31 @@ static void summarize_data(DataSummary* s, const char* what, const char* pattern
     dataloader_close(&loader);
 }
 
+// Opens and checks a multiple-choice eval file for rows of T positions; exits (1: unreadable or
+// corrupt, 2: a completion longer than T) with what to do. Returns how many examples keep only the
+// end of their context.
+static int open_eval_or_exit(EvalFile* ef, const char* path, int T) {
+    if (eval_file_open(ef, path, GPT2_VOCAB_SIZE) != 0) {
+        fprintf(stderr, "error: eval data: %s\nhint: scripts/prepare_hellaswag.py writes eval files (data/README.md "
+                        "has the format)\n", ef->error);
+        exit(1);
+    }
+    const int truncated = eval_check_fits(ef, T);
+    if (truncated < 0) {
+        fprintf(stderr, "error: eval data %s: a completion of %d tokens does not fit %d positions; raise --seq-len\n",
+                path, ef->longest_completion, T);
+        exit(2);
+    }
+    return truncated;
+}
+
 // Checks the data and sets the number of steps (default: one pass over the training data).
 static void plan_data(Plan* p) {
     const Options* opt = p->opt;
     summarize_data(&p->train, "training", opt->train_data, 1, p, &p->micro_batches_per_epoch);
     p->have_val = opt->val_data[0] != '\0';
     if (p->have_val) summarize_data(&p->val, "validation", opt->val_data, 0, p, NULL);
+    if (opt->eval_data) p->eval_truncated = open_eval_or_exit(&p->eval, opt->eval_data, opt->seq_len);
     p->steps = opt->max_steps ? opt->max_steps
                               : (p->micro_batches_per_epoch + p->accumulation_steps - 1) / p->accumulation_steps;
 }
@@ -876,6 +942,24 @@ static void make_plan(Plan* p, Options* opt) {
     plan_files(p);
 }
 
+// How many examples of how many are scored, and how many keep only the end of their context.
+static void describe_eval(const EvalFile* ef, long long limit, int truncated, int T, char* out, size_t len) {
+    const long long n = limit > 0 && limit < ef->num_examples ? limit : ef->num_examples;
+    char cut[128] = "";
+    if (truncated) snprintf(cut, sizeof(cut), "; %d keep only the end of their context at %d positions", truncated, T);
+    snprintf(out, len, "%s: %lld of %d examples (lowest mean loss over the completion's tokens = the answer)%s",
+             ef->path, n, ef->num_examples, cut);
+}
+
+static void print_plan_eval(const Plan* p) {
+    char what[1024], when[96] = "after the last step";
+    describe_eval(&p->eval, p->opt->eval_examples, p->eval_truncated, p->opt->seq_len, what, sizeof(what));
+    if (p->opt->eval_every > 0)
+        snprintf(when, sizeof(when), "%severy %lld steps and after the last", p->start_step == 1 ? "before the first, " : "",
+                 p->opt->eval_every);
+    printf("eval data    %s; %s%s\n", what, when, p->world > 1 ? ", each GPU scoring its share" : "");
+}
+
 // The lines about the model, the batch and the data.
 static void print_plan_model(const Plan* p) {
     const Options* opt = p->opt;
@@ -902,6 +986,7 @@ static void print_plan_model(const Plan* p) {
         printf("val data     %s: %d shard(s), %lld tokens\n", opt->val_data, p->val.num_shards, p->val.total_tokens);
     else
         printf("val data     none\n");
+    if (p->eval.num_examples) print_plan_eval(p);
     const int* in = p->train.first_inputs;
     const int* tg = p->train.first_targets;
     printf("first batch  %d %d %d %d ... (targets %d %d %d %d ...)\n", in[0], in[1], in[2], in[3], tg[0], tg[1],
@@ -1073,6 +1158,8 @@ typedef struct {
     TrainingSampler* sampler;  // rank 0 unless --sample-tokens 0, else NULL
     Tokenizer tokenizer;       // for the samples' text (vocab_size 0: none, ids are printed)
     unsigned long long fp8_saturated;  // --precision fp8: saturated values counted up to the last step line
+    double eval_acc_norm, eval_acc, best_eval;  // the last evaluation's accuracies; the best acc_norm,
+    long long eval_step, best_eval_step;        // at best_eval_step (-1: none yet)
 } Trainer;
 
 static double wall_seconds(void) {
@@ -1131,6 +1218,7 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     const Options* opt = p->opt;
     memset(t, 0, sizeof(*t));
     t->last_checkpoint_step = -1;
+    t->eval_step = t->best_eval_step = -1;
     const char* profile_step = getenv("TRAIN_GPT_PROFILE_STEP");  // for a profiler started with profiling off
     t->profile_step = profile_step ? atoll(profile_step) : 0;
     CUDA_CHECK(cudaStreamCreate(&t->stream));
@@ -1284,6 +1372,33 @@ static void validate(Plan* p, Trainer* t, long long step) {
     if (t->log) fprintf(t->log, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, loss);
 }
 
+// Scores --eval-data with the current weights, each rank its share of the examples; prints and logs
+// the accuracy over all of them.
+static void evaluate(Plan* p, Trainer* t, long long step) {
+    EvalScore score;
+    eval_multiple_choice(&p->eval, &t->model, t->inputs, t->targets, p->rank, p->world, (int)p->opt->eval_examples,
+                         NULL, &score);
+    double n = (double)score.examples, by_mean = (double)score.correct_by_mean, by_sum = (double)score.correct_by_sum;
+    if (t->mg) {
+        n = multi_gpu_sum(t->mg, n, t->stream, "eval examples all-reduce");
+        by_mean = multi_gpu_sum(t->mg, by_mean, t->stream, "eval acc_norm all-reduce");
+        by_sum = multi_gpu_sum(t->mg, by_sum, t->stream, "eval acc all-reduce");
+    }
+    t->eval_acc_norm = by_mean / n, t->eval_acc = by_sum / n, t->eval_step = step;
+    if (t->best_eval_step < 0 || t->eval_acc_norm > t->best_eval) t->best_eval = t->eval_acc_norm, t->best_eval_step = step;
+    printf("step %5lld/%lld | eval acc_norm %.4f | acc %.4f | %.0f examples in %.1f s\n", step, p->steps,
+           t->eval_acc_norm, t->eval_acc, n, score.seconds);
+    if (t->log)
+        fprintf(t->log, "{\"step\": %lld, \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %.0f}\n",
+                step, t->eval_acc_norm, t->eval_acc, n);
+}
+
+// Before the first step of a fresh run (with --eval-every), every --eval-every steps, after the last.
+static int eval_due(const Plan* p, long long step) {
+    const long long every = p->opt->eval_every;
+    return p->eval.num_examples && ((every > 0 && step % every == 0) || step == p->steps);
+}
+
 static int validation_due(const Plan* p, long long step) {
     return p->have_val && ((p->opt->val_every > 0 && step % p->opt->val_every == 0) || step == p->steps);
 }
@@ -1368,6 +1483,9 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
                p->recompute_flops_per_step > 0 ? ", recomputation included" : "");
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
+    if (t->eval_step >= 0)
+        printf("             eval acc_norm %.4f, acc %.4f at step %lld; best acc_norm %.4f at step %lld\n",
+               t->eval_acc_norm, t->eval_acc, t->eval_step, t->best_eval, t->best_eval_step);
     if (t->last_checkpoint[0])
         printf("             last checkpoint %s\nnext         sample from it: ./train_gpt --generate 256 --resume %s; "
                "train on: add --resume %s --max-steps N\n", t->last_checkpoint, p->checkpoint_dir, p->checkpoint_dir);
@@ -1403,6 +1521,7 @@ static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
 // The training loop: each optimizer step as a recipe of calls.
 static void train(Plan* p, Trainer* t) {
     const Options* opt = p->opt;
+    if (p->start_step == 1 && opt->eval_every > 0 && eval_due(p, 0)) evaluate(p, t, 0);
     t->started = wall_seconds();
     for (long long step = p->start_step; step <= p->steps; step++) {
         const DataLoaderState step_data = dataloader_get_state(&t->train);  // for a rescue checkpoint
@@ -1420,6 +1539,7 @@ static void train(Plan* p, Trainer* t) {
         log_step(p, t, step, loss, lr, grad_norm, step_ms(t));
         if (step == t->profile_step) CUDA_CHECK(cudaProfilerStop());
         if (validation_due(p, step)) validate(p, t, step);
+        if (eval_due(p, step)) evaluate(p, t, step);
         if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
         if (t->log) fflush(t->log);
         if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&t->train));
@@ -1462,6 +1582,7 @@ static void run(Plan* p) {
     trainer_create(&trainer, p, p->world > 1 ? &mg : NULL);
     train(p, &trainer);
     trainer_destroy(&trainer, p);
+    eval_file_close(&p->eval);
     if (p->world > 1) multi_gpu_destroy(&mg);
 }
 
@@ -1485,6 +1606,69 @@ static int generate(const Options* opt) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Evaluation alone: --eval-only scores --eval-data with a checkpoint's or model file's weights.
+
+// The model --eval-only scores with: built for --batch-size rows of T positions, the file's weights.
+static GPTModel* eval_only_model(const Options* opt, const GPTConfig* config, int T, const char* path,
+                                 cudaStream_t stream) {
+    static GPTModel model;
+    const GPTModelOptions o = gpt_model_options(opt->batch_size, T, opt->attn, stream);
+    if (gpt_model_create(&model, config, &o) != 0) exit(1);
+    train_state_load_weights(path, opt->resume == NULL, &model);
+    return &model;
+}
+
+// One JSON line per example into --log-file, then the totals; the result on stdout.
+static int evaluate_only(const Options* opt) {
+    LaunchInfo launch;
+    char err[512], path[CHECKPOINT_PATH_MAX], what[1024];
+    if (launcher_detect(&launch, err, sizeof(err)) == 0 && launch.world > 1) {
+        fprintf(stderr, "error: --eval-only runs on one GPU; the launcher (%s) started %d processes\n", launch.source,
+                launch.world);
+        return 2;
+    }
+    const GPTConfig config = train_state_weights_config(opt->resume, opt->init_from, path, sizeof(path));
+    const int T = opt->seq_len < config.max_seq_len ? opt->seq_len : config.max_seq_len;
+    static EvalFile ef;
+    const int truncated = open_eval_or_exit(&ef, opt->eval_data, T);
+    describe_eval(&ef, opt->eval_examples, truncated, T, what, sizeof(what));
+    printf("model        from %s: %d layers, hidden %d, %d heads, %d positions; bf16, %s attention\n", path,
+           config.num_layers, config.channels, config.num_heads, config.max_seq_len, attention_backend_name(opt->attn));
+    printf("eval data    %s; rows of %d positions, %d per forward (--batch-size)\n", what, T, opt->batch_size);
+    if (!gpu_info(0).found) {
+        fprintf(stderr, "error: no CUDA GPU found: evaluation needs an NVIDIA GPU of compute capability 8.0 or newer\n");
+        return 1;
+    }
+    FILE* detail = opt->log_file ? fopen(opt->log_file, "w") : NULL;
+    if (opt->log_file && !detail) {
+        fprintf(stderr, "error: cannot write the log file %s: %s\n", opt->log_file, strerror(errno));
+        return 1;
+    }
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    GPTModel* model = eval_only_model(opt, &config, T, path, stream);
+    int *inputs, *targets;
+    CUDA_CHECK(cudaMalloc(&inputs, (size_t)model->B * T * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&targets, (size_t)model->B * T * sizeof(int)));
+    EvalScore sc;
+    eval_multiple_choice(&ef, model, inputs, targets, 0, 1, (int)opt->eval_examples, detail, &sc);
+    const double acc_norm = (double)sc.correct_by_mean / sc.examples, acc = (double)sc.correct_by_sum / sc.examples;
+    printf("eval         acc_norm %.4f (%lld/%lld), acc %.4f (%lld/%lld); %.1f s, %.0f examples/s\n", acc_norm,
+           sc.correct_by_mean, sc.examples, acc, sc.correct_by_sum, sc.examples, sc.seconds, sc.examples / sc.seconds);
+    if (detail) {
+        fprintf(detail, "{\"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %lld}\n", acc_norm, acc,
+                sc.examples);
+        fclose(detail);
+    }
+    CUDA_CHECK(cudaFree(inputs));
+    CUDA_CHECK(cudaFree(targets));
+    gpt_model_destroy(model);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    eval_file_close(&ef);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // main: options → plan (printed) → run
 
 int main(int argc, char** argv) {
@@ -1495,6 +1679,7 @@ int main(int argc, char** argv) {
     }
     Options opt = parse_options(argc, argv);
     if (opt.generate) return generate(&opt);
+    if (opt.eval_only) return evaluate_only(&opt);
     static Plan plan;
     make_plan(&plan, &opt);
     print_plan_model(&plan);

@@ -11,8 +11,10 @@ Four panels against the optimizer step, each run in its own colour in every pane
   throughput        TFLOP/s per GPU; a right-hand MFU axis when every run used the same peak. Each run's
                     first logged step is left out of this panel (warm-up: cuBLASLt heuristics, first use
                     of memory) and the legend gives each run's median.
+  eval accuracy     a fifth panel when a log has --eval-data records: acc_norm (line) and acc (dotted)
 The log holds one record per step, {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_s",
-"tflops_per_gpu", "mfu"} (mfu a fraction), and {"step", "val_loss"} after each validation; other fields
+"tflops_per_gpu", "mfu"} (mfu a fraction), {"step", "val_loss"} after each validation and {"step",
+"eval_acc_norm", "eval_acc", "eval_examples"} after each multiple-choice evaluation; other fields
 are ignored. A resumed run appends to its log: when a step appears twice, the later record wins. Lines that
 are not JSON (the last line of a killed run) are skipped with a note. --smooth X draws an exponential
 moving average of the training loss (X in [0, 1), e.g. 0.9) over the raw curve, drawn faint.
@@ -54,10 +56,11 @@ def parse_args(argv):
 
 
 def read_log(path):
-    """(steps {step: record}, vals {step: val_loss}, skipped lines) of one log; the later record of a step wins."""
+    """(steps {step: record}, vals {step: val_loss}, evals {step: record}, skipped lines) of one log; the
+    later record of a step wins."""
     if not os.path.isfile(path):
         raise LogError(f"{path}: no such file; give the file train_gpt's --log-file wrote")
-    steps, vals, skipped = {}, {}, 0
+    steps, vals, evals, skipped = {}, {}, {}, 0
     with open(path, errors="replace") as f:
         for line in f:
             if not line.strip():
@@ -72,6 +75,8 @@ def read_log(path):
                 skipped += 1
             elif "val_loss" in record:
                 vals[step] = float(record["val_loss"])
+            elif "eval_acc_norm" in record:
+                evals[step] = record
             elif "loss" in record:
                 steps[step] = record
             else:
@@ -79,7 +84,7 @@ def read_log(path):
     if not steps and not vals:
         raise LogError(f"{path}: no step records ({{\"step\": ..., \"loss\": ...}}); is it a log of train_gpt "
                        "--log-file?")
-    return steps, vals, skipped
+    return steps, vals, evals, skipped
 
 
 def series(steps, field, skip_first=False):
@@ -118,13 +123,32 @@ def common_peak(runs):
     return mid if all(abs(p - mid) <= 0.02 * mid for p in peaks) else None
 
 
+def plot_evals(runs, ax, colors):
+    """acc_norm (line) and acc (dotted) of each run's evaluations, against the step."""
+    for k, run in enumerate(runs):
+        if not run["evals"]:
+            continue
+        c, xs = colors[k % len(colors)], sorted(run["evals"])
+        norm = [run["evals"][s]["eval_acc_norm"] for s in xs]
+        ax.plot(xs, norm, "o-", color=c, markersize=4, linewidth=1.4,
+                label=f"{run['label']} acc_norm (last {norm[-1]:.3f})")
+        ax.plot(xs, [run["evals"][s].get("eval_acc", float("nan")) for s in xs], "o:", color=c, markersize=3,
+                linewidth=1.0, alpha=0.7, label=f"{run['label']} acc")
+    ax.set_title("multiple-choice eval (--eval-data)")
+    ax.set_ylabel("accuracy")
+
+
 def plot(runs, out, title, smooth, dpi):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    (ax_loss, ax_lr), (ax_norm, ax_tput) = axes
+    with_evals = any(run["evals"] for run in runs)
+    fig, axes = plt.subplots(3 if with_evals else 2, 2, figsize=(13, 12.5 if with_evals else 8.5))
+    (ax_loss, ax_lr), (ax_norm, ax_tput) = axes[0], axes[1]
+    if with_evals:
+        plot_evals(runs, axes[2][0], colors=plt.rcParams["axes.prop_cycle"].by_key()["color"])
+        axes[2][1].axis("off")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, run in enumerate(runs):
         c, label = colors[k % len(colors)], run["label"]
@@ -171,6 +195,8 @@ def plot(runs, out, title, smooth, dpi):
         sec = ax_tput.secondary_yaxis("right", functions=(lambda t: 100 * t / peak, lambda m: m * peak / 100))
         sec.set_ylabel(f"MFU (%) of {peak:.1f} TFLOP/s")
     for ax in axes.flat:
+        if not ax.axison:
+            continue
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -192,11 +218,11 @@ def main(argv=None):
     runs = []
     try:
         for i, path in enumerate(args.logs):
-            steps, vals, skipped = read_log(path)
+            steps, vals, evals, skipped = read_log(path)
             if skipped:
                 print(f"note: {path}: skipped {skipped} line(s) that are not train_gpt log records", file=sys.stderr)
             label = args.labels[i] if args.labels else os.path.splitext(os.path.basename(path))[0]
-            runs.append({"label": label, "steps": steps, "vals": vals})
+            runs.append({"label": label, "steps": steps, "vals": vals, "evals": evals})
         title = args.title or ", ".join(r["label"] for r in runs)
         plot(runs, args.out, title, args.smooth, args.dpi)
     except (LogError, OSError) as err:

@@ -720,6 +720,17 @@ def test_plot_log_draws_a_png():
     one = path("single.png")
     run_ok("plot_log.py", a, "-o", one)
     assert os.path.getsize(one) > 10000
+    # --eval-data records add a fifth panel (the figure grows by a row)
+    evals = path("run_eval.jsonl")
+    with open(evals, "w") as f:
+        for step in range(0, 41, 10):
+            f.write(json.dumps({"step": step, "loss": 5.0 - step / 20}) + "\n")
+            f.write(json.dumps({"step": step, "eval_acc_norm": 0.25 + step / 200, "eval_acc": 0.25,
+                                "eval_examples": 100}) + "\n")
+    with_evals = path("evals.png")
+    run_ok("plot_log.py", evals, "-o", with_evals)
+    heights = [struct.unpack(">II", open(x, "rb").read()[16:24])[1] for x in (one, with_evals)]
+    assert heights[1] > 1.3 * heights[0], f"no eval panel: heights {heights}"
 
 
 def test_plot_log_refuses_bad_input():

@@ -48,6 +48,13 @@ def gpu_listed():
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
+def gpu_memory_mib():
+    """The largest GPU's memory in MiB, as nvidia-smi lists it."""
+    q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, check=True)
+    return max(int(v) for v in q.stdout.split())
+
+
 def expect_error(result, code, *words):
     assert result.returncode == code, f"exit {result.returncode}, want {code}; stderr: {result.stderr.strip()}"
     for word in words:
@@ -645,12 +652,14 @@ def test_gpu_deterministic_flash2_gradients_are_bit_identical():
 def test_gpu_out_of_memory_says_what_to_lower():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
+    # 2 layers of gpt2-124m, 256 tokens per sequence: 5000 sequences per 80 GiB of the GPU's memory
+    # (5000 already overflowed an 80 GB H100), so the batch overflows any GPU (141 GB H200: 10000).
+    batch = 5000 * -(-gpu_memory_mib() // (80 * 1024))
     path = os.path.join(WORK, "big_train.bin")
-    write_shard(path, RNG.integers(0, 50257, size=5000 * 256 + 1))
-    # gpt2-124m, 5000 x 256 tokens per micro step: its logits alone are 5000*256*50304*2 bytes = 120 GiB.
-    r = run("--train-data", path, "--val-data", "", "--batch-size", "5000", "--seq-len", "256", "--layers", "2",
+    write_shard(path, RNG.integers(0, 50257, size=batch * 256 + 1))
+    r = run("--train-data", path, "--val-data", "", "--batch-size", str(batch), "--seq-len", "256", "--layers", "2",
             "--max-steps", "1")
-    expect_error(r, 1, "out of GPU memory", "activations of a 5000 x 256 micro batch", "--batch-size")
+    expect_error(r, 1, "out of GPU memory", f"activations of a {batch} x 256 micro batch", "--batch-size")
 
 
 # ---- preemption: signals, --resume auto, leftover temporary files, failing saves --------------------

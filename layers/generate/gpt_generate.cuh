@@ -254,51 +254,6 @@ typedef struct {
     const char* shard_pattern; // the training shards' pattern
 } GenerateRun;
 
-// The model's shape from the checkpoint or model file; exits (2) with the reason when unusable.
-static GPTConfig generate_read_config(const GenerateRun* g, char* path, size_t path_size) {
-    GPTConfig c;
-    memset(&c, 0, sizeof(c));
-    if (g->resume) {
-        char found[CHECKPOINT_PATH_MAX], dir[CHECKPOINT_PATH_MAX];
-        train_state_find(g->resume, found, dir);
-        snprintf(path, path_size, "%s", found);
-        const CheckpointHeader h = train_state_read_header(path);
-        c.num_layers = h.num_layers, c.channels = h.channels, c.num_heads = h.num_heads;
-        c.num_kv_heads = checkpoint_kv_heads(&h);
-        c.vocab_size = h.vocab_size, c.padded_vocab_size = h.padded_vocab_size, c.max_seq_len = h.max_seq_len;
-    } else {
-        c = train_state_model_file_config(g->init_from);
-        snprintf(path, path_size, "%s", g->init_from);
-    }
-    char err[512];
-    if (gpt_config_check(&c, err, sizeof(err)) != 0) {
-        fprintf(stderr, "error: %s: %s\n", path, err);
-        exit(2);
-    }
-    return c;
-}
-
-// The bf16 weights (the first part of a checkpoint's payload, or an llm.c model file) into model->params.
-static void generate_load_weights(const GenerateRun* g, const char* path, GPTModel* m) {
-    if (g->init_from) {
-        Optimizer none;  // no master weights to fill
-        memset(&none, 0, sizeof(none));
-        train_state_load_model_file(path, m, &none);
-        return;
-    }
-    char err[CHECKPOINT_PATH_MAX + 256];
-    CheckpointReader r;
-    if (checkpoint_reader_open(&r, path, err, sizeof(err)) != 0) {
-        fprintf(stderr, "error: %s\n", err);
-        exit(1);
-    }
-    void* staging = NULL;
-    CUDA_CHECK(cudaMallocHost(&staging, TRAIN_STATE_STAGING_BYTES));
-    train_state_read_device(&r, m->params, m->num_params * sizeof(__nv_bfloat16), staging);
-    checkpoint_reader_close(&r);  // the optimizer state is not needed (nor read, so no checksum)
-    CUDA_CHECK(cudaFreeHost(staging));
-}
-
 // Prints the model and what will be generated; returns 2 after an error when the prompt does not fit
 // the model's positions or holds a token the model does not have, else 0.
 static int generate_check_and_describe(const GenerateRun* g, const GPTConfig* config, const char* path) {
@@ -388,7 +343,7 @@ static void generate_and_report(const GenerateRun* g, GPTDecoder* dec, const Tok
 // The whole --generate run; returns the exit status.
 static int generate_run(const GenerateRun* g) {
     char path[CHECKPOINT_PATH_MAX];
-    const GPTConfig config = generate_read_config(g, path, sizeof(path));
+    const GPTConfig config = train_state_weights_config(g->resume, g->init_from, path, sizeof(path));
     const int status = generate_check_and_describe(g, &config, path);
     if (status != 0) return status;
     Tokenizer table;
@@ -404,7 +359,7 @@ static int generate_run(const GenerateRun* g) {
     GPTModel model;
     const GPTModelOptions options = gpt_model_options(g->num_samples, g->prompt_len, g->attn, stream);
     if (gpt_model_create(&model, &config, &options) != 0) return 1;
-    generate_load_weights(g, path, &model);
+    train_state_load_weights(path, g->init_from != NULL, &model);
     GPTDecoder dec;
     if (gpt_decoder_create(&dec, &model, g->num_samples, g->prompt_len + g->tokens - 1, 1) != 0) return 1;
     generate_and_report(g, &dec, tok, config.vocab_size, config.padded_vocab_size, stream);

@@ -1,7 +1,7 @@
 // train_state.cuh: the training state between the GPU and files: saving and loading checkpoints
 // (data/checkpoint.h's format) for an exact resume, checking that a checkpoint belongs to this run,
-// finding the one to resume, and the llm.c weight files (data/model_file.h) that --init-from reads
-// and --dump-grads writes.
+// finding the one to resume, the llm.c weight files (data/model_file.h) that --init-from reads
+// and --dump-grads writes, and the weights alone of either (--generate, --eval-only).
 //
 // What a checkpoint holds (in this order): the model's bf16 weights (all num_params), then the
 // optimizer's fp32 master weights, AdamW m and v over the optimizer's range (all of them, or with
@@ -392,6 +392,56 @@ static void train_state_dump_gradients(const char* path, const GPTModel* model) 
     }
     free(host);
     printf("gradients    of this run's first step written to %s\n", path);
+}
+
+// ---- weights alone (--generate, --eval-only) -----------------------------------------------------------
+
+// The model's shape from a checkpoint (`resume`: a file or a directory, its newest) or else an llm.c
+// model file (`init_from`); the file used goes into `path`. Exits (2) with the reason when unusable.
+static GPTConfig train_state_weights_config(const char* resume, const char* init_from, char* path,
+                                            size_t path_size) {
+    GPTConfig c;
+    memset(&c, 0, sizeof(c));
+    if (resume) {
+        char found[CHECKPOINT_PATH_MAX], dir[CHECKPOINT_PATH_MAX];
+        train_state_find(resume, found, dir);
+        snprintf(path, path_size, "%s", found);
+        const CheckpointHeader h = train_state_read_header(path);
+        c.num_layers = h.num_layers, c.channels = h.channels, c.num_heads = h.num_heads;
+        c.num_kv_heads = checkpoint_kv_heads(&h);
+        c.vocab_size = h.vocab_size, c.padded_vocab_size = h.padded_vocab_size, c.max_seq_len = h.max_seq_len;
+    } else {
+        c = train_state_model_file_config(init_from);
+        snprintf(path, path_size, "%s", init_from);
+    }
+    char err[512];
+    if (gpt_config_check(&c, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: %s: %s\n", path, err);
+        exit(2);
+    }
+    return c;
+}
+
+// The bf16 weights into model->params: from an llm.c model file (`is_model_file`), or the first part
+// of a checkpoint's payload (the optimizer state is neither needed nor read, so no checksum).
+static void train_state_load_weights(const char* path, int is_model_file, GPTModel* m) {
+    if (is_model_file) {
+        Optimizer none;  // no master weights to fill
+        memset(&none, 0, sizeof(none));
+        train_state_load_model_file(path, m, &none);
+        return;
+    }
+    char err[CHECKPOINT_PATH_MAX + 256];
+    CheckpointReader r;
+    if (checkpoint_reader_open(&r, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    void* staging = NULL;
+    CUDA_CHECK(cudaMallocHost(&staging, TRAIN_STATE_STAGING_BYTES));
+    train_state_read_device(&r, m->params, m->num_params * sizeof(__nv_bfloat16), staging);
+    checkpoint_reader_close(&r);
+    CUDA_CHECK(cudaFreeHost(staging));
 }
 
 #endif  // TRAIN_STATE_CUH
