@@ -192,7 +192,7 @@ $(BUILD)/sanitize_kernels: test/sanitize_kernels.cu $(ATTN_OBJS) | $(BUILD)
 
 # ---- fuzzing (make fuzz) -------------------------------------------------------------------------
 # libFuzzer targets for the parsers of files a user hands us (test/fuzz/README.md): token shards,
-# checkpoints, llm.c model files, the token table and --prompt-tokens files, built with clang under
+# checkpoints, llm.c model files, the token table, --prompt-tokens files and --eval-data files, built with clang under
 # ASan and UBSan (FUZZ_CC; needs libFuzzer's runtime: on Debian, apt-get install clang libclang-rt-dev).
 #   make fuzz                     each target FUZZ_SECONDS (15) from a scratch copy of its seed corpus
 #                                 (test/fuzz/corpus/<target>/); fails on any crash, leak or timeout
@@ -200,7 +200,7 @@ $(BUILD)/sanitize_kernels: test/sanitize_kernels.cu $(ATTN_OBJS) | $(BUILD)
 #   make fuzz-seeds               rewrites the valid_* seeds with the project's own writers
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 15
-FUZZ_TARGETS ?= shard checkpoint model_file tokenizer prompt_tokens
+FUZZ_TARGETS ?= shard checkpoint model_file tokenizer prompt_tokens eval_file
 FUZZ_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
                -fno-omit-frame-pointer -I.
 

@@ -211,4 +211,20 @@ static inline void eval_choose(const EvalExample* ex, const double* loss_sum, in
     }
 }
 
+// How many examples keep only the last part of their context in rows of T positions; -1 when a
+// completion is longer than T (it cannot be scored at all).
+static inline int eval_check_fits(const EvalFile* file, int T) {
+    if (file->longest_completion > T) return -1;
+    int truncated = 0;
+    for (int e = 0; e < file->num_examples; e++) {
+        const EvalExample* ex = &file->examples[e];
+        for (int c = 0; c < ex->num_completions; c++)
+            if (ex->context_len + ex->completion_len[c] - 1 > T) {
+                truncated++;
+                break;
+            }
+    }
+    return truncated;
+}
+
 #endif  // EVAL_FILE_H

@@ -86,7 +86,7 @@ static void eval_flush(EvalPass* ps) {
 
 // Scores this rank's share of the first `limit` examples (0: all) into *score; the model's B, T set
 // the rows per forward and their length (a completion longer than T was refused by the caller,
-// eval_check_fits). `detail`: one JSON line per example, or NULL.
+// eval_check_fits in data/eval_file.h). `detail`: one JSON line per example, or NULL.
 static void eval_multiple_choice(const EvalFile* file, GPTModel* model, int* inputs_dev, int* targets_dev, int rank,
                                  int world, int limit, FILE* detail, EvalScore* score) {
     struct timespec t0, t1;
@@ -114,22 +114,6 @@ static void eval_multiple_choice(const EvalFile* file, GPTModel* model, int* inp
     free(ps.spans);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     score->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-}
-
-// How many examples keep only the last part of their context at T positions; -1 when a completion
-// (plus the context's last token) does not fit T at all.
-static int eval_check_fits(const EvalFile* file, int T) {
-    if (file->longest_completion > T) return -1;
-    int truncated = 0;
-    for (int e = 0; e < file->num_examples; e++) {
-        const EvalExample* ex = &file->examples[e];
-        for (int c = 0; c < ex->num_completions; c++)
-            if (ex->context_len + ex->completion_len[c] - 1 > T) {
-                truncated++;
-                break;
-            }
-    }
-    return truncated;
 }
 
 #endif  // EVAL_MULTIPLE_CHOICE_CUH

@@ -111,6 +111,17 @@ static void write_checkpoint(const char* name, int64_t num_params, int rank, int
     }
 }
 
+// An eval file of two examples (4 and 2 completions), as data/README.md lays it out.
+static void write_eval_file(const char* name) {
+    static const uint16_t words[] = {65535, 36, 0, 2, 4, 3, 464, 3290, 318, 1, 11, 2, 12, 13, 1, 14, 1, 15,
+                                     65535, 26, 1, 0, 2, 2, 50, 51, 1, 52, 2, 53, 54};
+    int32_t header[256] = {20240522, 1, 2, 36};
+    FILE* f = open_seed("eval_file", name);
+    fwrite(header, sizeof(header), 1, f);
+    fwrite(words, sizeof(words), 1, f);
+    close_seed(f);
+}
+
 static void write_text(const char* target, const char* name, const char* text) {
     FILE* f = open_seed(target, name);
     fputs(text, f);
@@ -134,5 +145,6 @@ int main(int argc, char** argv) {
     write_tokenizer("valid_v1.bin", 1, 4);
     write_text("prompt_tokens", "valid_list.txt", "464,3290,318");
     write_text("prompt_tokens", "valid_lines.txt", "464 3290\n318,\t11\n");
+    write_eval_file("valid_two_examples.bin");
     return 0;
 }
