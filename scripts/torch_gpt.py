@@ -35,7 +35,11 @@ optimizer steps:
         --total-batch-tokens 131072 --steps 6 --result-json build/torch_bench.json
 It prints one line per step and writes a JSON result (status "ok", "oom" or "error"; the time of every
 step, the first one including torch.compile; losses; peak memory) even when the run fails; exit 0 when
-ok, 3 when out of GPU memory, 1 on another error.
+ok, 3 when out of GPU memory, 1 on another error. Under torchrun (`torchrun --nproc-per-node N
+scripts/torch_gpt.py bench ...`) it trains data parallel, as a PyTorch user would: DistributedDataParallel
+(NCCL; gloo on the CPU), each rank reading its slice of every chunk as train_gpt's ranks do, the micro
+steps before the last under no_sync, --total-batch-tokens global, TFLOP/s per GPU; rank 0 prints and
+writes the result.
 `--fp8` trains the four linear layers of every block (qkv, attproj, fc, fcproj) in float8 with torchao
 (`pip install torchao`): convert_to_float8_training with the tensorwise recipe (dynamic per-tensor
 scales, e4m3 inputs and weights, e5m2 output gradients, cuBLAS FP8 GEMMs), applied before torch.compile,
@@ -44,6 +48,7 @@ are, and so does a layer with a dimension that is not a multiple of 16 (cuBLAS's
 The PyTorch side of `bench_train.py --precision fp8`.
 """
 import argparse
+import contextlib
 import dataclasses
 import glob
 import json
@@ -266,21 +271,22 @@ def shard_paths(pattern):
 class Batches:
     """Micro batches (inputs, targets), each (B, T) int64, in the order train_gpt's loader serves them.
 
-    A shard of N tokens is cut into floor((N - 1) / (B·T)) chunks (shards with none are skipped);
-    chunk c gives inputs[b][t] = tok[c·B·T + b·T + t] and targets = the token after each. Chunks go in
-    order, shard after shard (sorted by name), and wrap to the first after the last. One shard is in
-    memory at a time.
+    A shard of N tokens is cut into floor((N - 1) / (B·T·world)) chunks (shards with none are skipped);
+    rank r of `world` reads the B·T slice at offset (c·world + r)·B·T of chunk c, inputs[b][t] = tok[off +
+    b·T + t] and targets = the token after each (train_gpt's data parallel loader). Chunks go in order,
+    shard after shard (sorted by name), and wrap to the first after the last. One shard is in memory at
+    a time.
     """
 
-    def __init__(self, pattern, B, T, vocab_size=VOCAB_SIZE):
-        self.B, self.T, self.vocab_size = B, T, vocab_size
+    def __init__(self, pattern, B, T, vocab_size=VOCAB_SIZE, rank=0, world=1):
+        self.B, self.T, self.vocab_size, self.rank, self.world = B, T, vocab_size, rank, world
         self.shards = []  # (path, chunks)
         for path in shard_paths(pattern):
             n = int(shard_format.read_header(path)[2])
-            if (n - 1) // (B * T) > 0:
-                self.shards.append((path, (n - 1) // (B * T)))
+            if (n - 1) // (B * T * world) > 0:
+                self.shards.append((path, (n - 1) // (B * T * world)))
         if not self.shards:
-            raise ValueError(f"{pattern}: no shard holds B*T+1 = {B * T + 1} tokens; lower B or T")
+            raise ValueError(f"{pattern}: no shard holds B*T*world+1 = {B * T * world + 1} tokens; lower B or T")
         self.shard, self.chunk, self.loaded, self.tokens = 0, 0, None, None
 
     def batches_per_epoch(self):
@@ -294,7 +300,8 @@ class Batches:
                 raise ValueError(f"{path}: token {int(self.tokens.max())} out of range (vocab {self.vocab_size})")
             self.loaded = path
         bt = self.B * self.T
-        window = self.tokens[self.chunk * bt: self.chunk * bt + bt + 1].astype(np.int64)
+        start = (self.chunk * self.world + self.rank) * bt  # rank r: its B·T slice of each chunk of B·T·world
+        window = self.tokens[start: start + bt + 1].astype(np.int64)
         inputs, targets = window[:-1].reshape(self.B, self.T), window[1:].reshape(self.B, self.T)
         self.chunk += 1
         if self.chunk == chunks:
@@ -465,22 +472,27 @@ def to_device(array, device):
     return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)
 
 
-def train_step(model, optimizer, batches, accum, lr, grad_clip, device, autocast_dtype=None, before_clip=None):
+def train_step(model, optimizer, batches, accum, lr, grad_clip, device, autocast_dtype=None, before_clip=None,
+               no_sync=None):
     """One optimizer step as train_gpt's: `accum` micro batches, each loss / accum backpropagated,
     global-norm clipping to grad_clip (0 = off: the norm is still computed), AdamW at `lr`.
 
     model is the module called for the loss (maybe compiled); optimizer holds the parameters.
     before_clip(): called after the last backward, before clipping (to read the step's raw gradients).
+    no_sync(): with DistributedDataParallel, its no_sync context: the micro steps before the last only
+    accumulate, the last one's backward all-reduces the gradients (in DDP's buckets, overlapped).
     Returns (mean loss, gradient norm before clipping) as device tensors: no host synchronization.
     """
     optimizer.zero_grad(set_to_none=True)
     loss_sum = None
-    for _ in range(accum):
+    for micro in range(accum):
         inputs, targets = batches.next()
         inputs, targets = to_device(inputs, device), to_device(targets, device)
-        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = model(inputs, targets)
-        (loss / accum).backward()
+        sync = no_sync() if no_sync is not None and micro < accum - 1 else contextlib.nullcontext()
+        with sync:
+            with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = model(inputs, targets)
+            (loss / accum).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if before_clip is not None:
         before_clip()
@@ -551,19 +563,57 @@ def convert_to_float8_(model, emulate=False):
     return swapped
 
 
+def distributed_setup(device):
+    """Under torchrun (WORLD_SIZE > 1): joins the process group (NCCL on GPUs, gloo on the CPU) and returns
+    (rank, world, device), the device cuda:LOCAL_RANK on GPUs; else (0, 1, device)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device
+    import torch.distributed as dist
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def wrap_data_parallel(model, world, device):
+    """DistributedDataParallel around the model when world > 1 (gradients all-reduced in buckets during
+    the last micro step's backward), else None."""
+    if world <= 1:
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+    cuda = torch.device(device).type == "cuda"
+    return DistributedDataParallel(model, device_ids=[torch.device(device).index] if cuda else None)
+
+
+def global_mean(value, world):
+    """The mean over the ranks of a device scalar (itself on one process)."""
+    if world <= 1:
+        return value
+    import torch.distributed as dist
+    value = value.detach().clone()
+    dist.all_reduce(value)
+    return value / world
+
+
 def bench(args):
-    """Trains `args.steps` optimizer steps and returns the result record (see the module doc)."""
+    """Trains `args.steps` optimizer steps and returns the result record (see the module doc); under
+    torchrun, data parallel over the ranks (DistributedDataParallel; the record is rank 0's)."""
     if args.fp8:
         float8_api()  # before building anything: a missing torchao fails at once, with how to install it
+    rank, world, device = distributed_setup(args.device)
     cfg = gpt_config(args.model, args.layers, args.hidden, args.heads, args.seq_len, args.kv_heads)
-    tokens_per_micro = args.batch_size * args.seq_len
+    tokens_per_micro = args.batch_size * args.seq_len * world
     total = args.total_batch_tokens or tokens_per_micro
     if total % tokens_per_micro:
-        raise ValueError(f"--total-batch-tokens {total} is not a multiple of batch-size * seq-len = {tokens_per_micro}")
+        raise ValueError(f"--total-batch-tokens {total} is not a multiple of batch-size * seq-len * ranks = "
+                         f"{tokens_per_micro}")
     accum = total // tokens_per_micro
-    device = args.device
+    log = print if rank == 0 else (lambda *a, **k: None)
     result = {"status": "running", "model": args.model, "params": num_params(cfg), "seqlen": args.seq_len,
-              "micro_batch": args.batch_size, "grad_accum": accum, "total_batch_tokens": total,
+              "micro_batch": args.batch_size, "grad_accum": accum, "total_batch_tokens": total, "world": world,
               "sdpa": args.sdpa, "compile": args.compile, "checkpoint_blocks": args.checkpoint_blocks,
               "torch": torch.__version__, "step_ms": [], "losses": []}
     if args.fp8:
@@ -573,9 +623,9 @@ def bench(args):
         result["device"] = torch.cuda.get_device_name()
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls (none under autocast) as PyTorch users run them
         torch.backends.cudnn.allow_tf32 = True
-    print(f"torch {torch.__version__}, {result.get('device', device)}: {args.model} L{cfg.num_layers} "
+    log(f"torch {torch.__version__}, {result.get('device', device)}: {args.model} L{cfg.num_layers} "
           f"C{cfg.channels} NH{cfg.num_heads} NKV{cfg.num_kv_heads} ({num_params(cfg)} params), "
-          f"B {args.batch_size} x T {args.seq_len}, "
+          f"B {args.batch_size} x T {args.seq_len}{f' x {world} ranks (DDP)' if world > 1 else ''}, "
           f"{accum} micro steps per step, SDPA {args.sdpa}, compile {args.compile}"
           f"{', checkpointing every block' if args.checkpoint_blocks else ''}"
           f"{', torchao float8 (tensorwise) ' + result['torchao'] if args.fp8 else ''}", flush=True)
@@ -587,38 +637,43 @@ def bench(args):
     if args.fp8:  # before torch.compile, which then fuses the float8 casts and scales
         swapped = convert_to_float8_(model, emulate=torch.device(device).type != "cuda")
         result["fp8_linears"] = len(swapped)
-        print(f"float8: {len(swapped)} of {4 * cfg.num_layers} block linear layers swapped"
+        log(f"float8: {len(swapped)} of {4 * cfg.num_layers} block linear layers swapped"
               + ("" if len(swapped) == 4 * cfg.num_layers else " (the rest have a dimension not a multiple of 16)"),
               flush=True)
     optimizer = make_adamw(model, args.lr, args.weight_decay, fused=torch.device(device).type == "cuda")
+    ddp = wrap_data_parallel(model, world, device)
     if args.compile == "model":
-        runner = torch.compile(model, dynamic=False)
+        runner = torch.compile(ddp or model, dynamic=False)
     else:
-        runner = model
+        runner = ddp or model
         if args.compile == "blocks":  # regional compilation: one compiled block reused by every layer
             for block in model.blocks:
                 block.compile(dynamic=False)
-    batches = Batches(args.train_data, args.batch_size, args.seq_len)
+    batches = Batches(args.train_data, args.batch_size, args.seq_len, rank=rank, world=world)
     autocast = None if args.dtype == "fp32" else torch.bfloat16
     with sdpa_context(args.sdpa):
         for step in range(1, args.steps + 1):
             lr = learning_rate(step, args.steps, args.lr, args.warmup_steps, args.min_lr_fraction)
             start = time.perf_counter()
-            loss, norm = train_step(runner, optimizer, batches, accum, lr, args.grad_clip, device, autocast)
+            loss, norm = train_step(runner, optimizer, batches, accum, lr, args.grad_clip, device, autocast,
+                                    no_sync=ddp.no_sync if ddp is not None else None)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             ms = (time.perf_counter() - start) * 1e3
-            loss, norm = float(loss), float(norm)
+            loss, norm = float(global_mean(loss, world)), float(norm)  # after the timing: the log's all-reduce
             result["step_ms"].append(ms)
             result["losses"].append(loss)
             seconds = ms / 1e3
-            tflops = flops_per_sequence(cfg, args.seq_len) * (total / args.seq_len) / seconds / 1e12
-            print(f"step {step:5d}/{args.steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.3f} | {ms:.1f} ms | "
-                  f"{total / seconds:.0f} tok/s | {tflops:.1f} TFLOP/s", flush=True)
+            tflops = flops_per_sequence(cfg, args.seq_len) * (total / args.seq_len) / world / seconds / 1e12  # per GPU
+            log(f"step {step:5d}/{args.steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.3f} | {ms:.1f} ms | "
+                f"{total / seconds:.0f} tok/s | {tflops:.1f} TFLOP/s", flush=True)
     if torch.device(device).type == "cuda":
         result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     result["status"] = "ok"
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
     return result
 
 
@@ -686,7 +741,7 @@ def main(argv=None):
             traceback.print_exc()
         print(f"torch_gpt.py: {'out of GPU memory' if oom else 'error'}: {result['message']}", file=sys.stderr)
         code = 3 if oom else 1
-    if args.result_json:
+    if args.result_json and int(os.environ.get("RANK", "0")) == 0:  # under torchrun: rank 0's record
         with open(args.result_json, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")

@@ -515,6 +515,40 @@ def test_runner_fails_a_filter_that_selects_nothing_or_is_invalid():
     expect_failure(run_runner({"good": GOOD}, {"good": 2}, TEST_EXCLUDE="("), "is not a valid")
 
 
+def test_torch_gpt_data_parallel_matches_one_process():
+    """torch_gpt.py bench under torchrun (DistributedDataParallel, gloo on the CPU, 2 ranks, 2 micro steps
+    each under no_sync but the last) gives the losses of one process accumulating the same 4 micro
+    batches: the same sequences per step (each rank reads its slice of every chunk, as train_gpt's
+    ranks do), averaged in another order (fp32: 1e-5 relative covers the reordered sums)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise harness.Skip("needs PyTorch (test/requirements.txt)")
+    import numpy as np
+    import shard_format
+    shard = os.path.join(WORK, "ddp_shard.bin")
+    shard_format.write_shard(shard, np.random.default_rng().integers(0, 50257, size=6000))
+    args = ["bench", "--device", "cpu", "--compile", "none", "--dtype", "fp32", "--model", "gpt2-124m", "--layers",
+            "2", "--hidden", "64", "--heads", "1", "--seq-len", "32", "--batch-size", "2", "--total-batch-tokens",
+            "256", "--steps", "3", "--train-data", shard]
+    script = os.path.join(ROOT, "scripts", "torch_gpt.py")
+    one, two = os.path.join(WORK, "ddp_one.json"), os.path.join(WORK, "ddp_two.json")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, script, *args, "--result-json", one], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(29600 + os.getpid() % 300), script, *args, "--result-json", two],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "x 2 ranks (DDP), 2 micro steps per step" in r.stdout, r.stdout
+    a, b = json.load(open(one)), json.load(open(two))
+    assert (a["world"], a["grad_accum"], b["world"], b["grad_accum"]) == (1, 4, 2, 2), (a, b)
+    for x, y in zip(a["losses"], b["losses"]):
+        assert abs(x - y) <= 1e-5 * abs(x), (a["losses"], b["losses"])
+    assert a["losses"][0] != a["losses"][2], "the steps did not train"
+
+
 if __name__ == "__main__":
     try:
         harness.run_module(globals())
