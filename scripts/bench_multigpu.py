@@ -6,22 +6,29 @@ results_common.py).
   compare A.jsonl B.jsonl --tol X [--steps FIRST-LAST] [--name NAME]
       per-step losses of two train_gpt logs: prints max |Δloss| (and step 1's), PASS/FAIL against X;
       exit 1 on FAIL.
-  bench --out-dir DIR [--steps 6] [--skip 2] [--results scripts/results]
-      GPT3-1.3B at seq 2048, micro batch 8, 131072 tokens per step: one GPU (accumulating 8
-      micro steps), two GPUs (4 each) without and with --zero 1, in the same run. Two-GPU runs are
-      two processes with torchrun-style variables, so each one's peak GPU memory is polled by its pid
-      (train_runs.MemoryPoller). Writes scripts/results/multigpu_<gpu>.json and .md: tokens/s,
-      TFLOP/s and MFU per GPU (median of the steps after the warm-up), peak memory per rank, and the
-      ratios 2 GPUs / 1 GPU.
+  bench --out-dir DIR [--gpus 2,4] [--steps 6] [--skip 2] [--no-torch] [--results scripts/results]
+      GPT3-1.3B at seq 2048, micro batch 8 per GPU, 131072 tokens per step (accumulation where fewer
+      GPUs hold it): train_gpt on one GPU and on each N of --gpus (default: all the machine lists)
+      without and with --zero 1, and PyTorch + torch.compile (scripts/torch_gpt.py bench) on one GPU and
+      data parallel under torchrun (DistributedDataParallel) on each N, all in the same run. train_gpt's
+      ranks are processes with torchrun-style variables, each one's peak GPU memory polled by its pid
+      (train_runs.MemoryPoller). Writes scripts/results/multigpu_<gpu>.json and .md: tokens/s, TFLOP/s
+      per GPU (median of the steps after the warm-up), the per-GPU ratio to the same implementation's
+      one-GPU run, train_gpt's exposed communication per step (comm_exposed_ms of its log) and peak
+      memory; PASS/FAIL lines for train_gpt's ratio against --min-ratio (0.99), PyTorch's beside it.
 """
 import argparse
 import json
 import os
+import random
+import statistics
+import subprocess
 import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_common  # noqa: E402
+import torch_gpt as tg  # noqa: E402  (the FLOPs formula; PyTorch itself runs in the child)
 import train_runs  # noqa: E402
 
 REPO = train_runs.REPO_ROOT
@@ -52,70 +59,141 @@ def compare(args):
 
 # ---- benchmark ---------------------------------------------------------------------------------
 
-def bench(args):
-    os.makedirs(args.out_dir, exist_ok=True)
-    common = ["--model", "gpt3-1.3b", "--seq-len", "2048", "--batch-size", "8", "--total-batch-tokens", "131072",
-              "--max-steps", str(args.steps), "--val-data", "", "--train-data", args.train_data]
-    configs = [(1, 0), (2, 0), (2, 1)]
-    records = []
-    for world, zero in configs:
-        tag = f"bench_gpt3-1.3b_{world}gpu_zero{zero}"
-        log = os.path.join(args.out_dir, f"{tag}.jsonl")
-        run = train_runs.run_train_gpt_ranks(common + ["--zero", str(zero)] if world > 1 else common, log, world,
-                                             args.timeout)
-        codes, peaks, steps = [run.returncode], run.peak_mem_mib_per_rank, run.records
-        summary = train_runs.steady_state(steps, args.skip)
-        rec = {"gpus": world, "zero": zero, "model": "gpt3-1.3b", "seqlen": 2048, "micro_batch": 8,
-               "total_batch_tokens": 131072, "accumulation_steps": 131072 // (8 * 2048 * world),
-               "returncodes": codes, "steps_logged": len(steps),
-               "peak_mem_gb": [round(p / 1024, 2) for p in peaks], "log": os.path.relpath(log, REPO)}
-        if summary and all(c == 0 for c in codes):
-            rec.update(ms=round(summary["ms"], 1), tokens_per_s=round(summary["tokens_per_s"], 1),
-                       tflops_per_gpu=round(summary["tflops_per_gpu"], 2), mfu=round(summary["mfu"], 4),
-                       steps_timed=summary["steps_timed"])
-        else:
-            rec["error"] = f"exit codes {codes}; see {args.out_dir}/{tag}.rank*.out"
-        print(json.dumps(rec), flush=True)
-        records.append(rec)
-    base = records[0]
-    for rec in records[1:]:
-        if "tflops_per_gpu" in rec and "tflops_per_gpu" in base:
-            rec["tflops_per_gpu_ratio_vs_1gpu"] = round(rec["tflops_per_gpu"] / base["tflops_per_gpu"], 4)
-        if rec["peak_mem_gb"] and base["peak_mem_gb"] and base["peak_mem_gb"][0] > 0:
-            rec["peak_mem_ratio_vs_1gpu"] = round(max(rec["peak_mem_gb"]) / base["peak_mem_gb"][0], 4)
+MODEL, SEQ, MICRO, STEP_TOKENS = "gpt3-1.3b", 2048, 8, 131072  # the issue's configuration, per step globally
+
+
+def visible_gpus():
+    """How many GPUs nvidia-smi lists (0 without it)."""
+    rows = results_common.nvidia_smi(["--query-gpu=index"])
+    return len(rows) if rows else 0
+
+
+def median_of(records, field, skip):
+    values = [r[field] for r in records[skip:] if isinstance(r.get(field), (int, float))]
+    return round(statistics.median(values), 3) if values else None
+
+
+def run_ours(args, world, zero):
+    """train_gpt on `world` GPUs (torchrun-style variables), its steady state and exposed communication."""
+    common = ["--model", MODEL, "--seq-len", str(SEQ), "--batch-size", str(MICRO), "--total-batch-tokens",
+              str(STEP_TOKENS), "--max-steps", str(args.steps), "--val-data", "", "--train-data", args.train_data]
+    tag = f"bench_{MODEL}_train_gpt_{world}gpu_zero{zero}"
+    log = os.path.join(args.out_dir, f"{tag}.jsonl")
+    run = train_runs.run_train_gpt_ranks(common + (["--zero", str(zero)] if world > 1 else []), log, world,
+                                         args.timeout)
+    rec = {"impl": "train_gpt", "gpus": world, "zero": zero, "returncode": run.returncode,
+           "steps_logged": len(run.records), "peak_mem_gb": [round(m / 1024, 2) for m in run.peak_mem_mib_per_rank],
+           "log": os.path.relpath(log, REPO)}
+    summary = train_runs.steady_state(run.records, args.skip)
+    if summary and run.returncode == 0:
+        rec.update(ms=round(summary["ms"], 1), tokens_per_s=round(summary["tokens_per_s"], 1),
+                   tflops_per_gpu=round(summary["tflops_per_gpu"], 2), mfu=round(summary["mfu"], 4))
+        if world > 1:
+            rec["comm_exposed_ms"] = median_of(run.records, "comm_exposed_ms", args.skip)
+    else:
+        rec["error"] = f"exit {run.returncode}; see {args.out_dir}/{tag}.rank*.out"
+    return rec
+
+
+def run_torch(args, world):
+    """PyTorch + torch.compile (scripts/torch_gpt.py bench), DistributedDataParallel under torchrun."""
+    tag = f"bench_{MODEL}_torch_{world}gpu"
+    result, out = os.path.join(args.out_dir, f"{tag}.json"), os.path.join(args.out_dir, f"{tag}.out")
+    launch = [args.python] if world == 1 else [args.python, "-m", "torch.distributed.run", "--nproc-per-node",
+                                                str(world), "--master-port", str(29500 + random.randrange(2000))]
+    cmd = launch + [os.path.join(REPO, "scripts", "torch_gpt.py"), "bench", "--model", MODEL, "--seq-len", str(SEQ),
+                    "--batch-size", str(MICRO), "--total-batch-tokens", str(STEP_TOKENS), "--steps", str(args.steps),
+                    "--train-data", args.train_data, "--result-json", result]
+    print("$ " + " ".join(cmd), flush=True)
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    with open(out, "w") as f:
+        try:
+            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                                  timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    rec = {"impl": "torch", "gpus": world, "zero": 0, "returncode": code, "log": os.path.relpath(out, REPO)}
+    try:
+        with open(result) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {}
+    timed = res.get("step_ms", [])[args.skip:]
+    if code == 0 and res.get("status") == "ok" and timed:
+        ms = statistics.median(timed)
+        flops = tg.flops_per_sequence(tg.gpt_config(MODEL, seq_len=SEQ), SEQ) * (STEP_TOKENS / SEQ)
+        rec.update(ms=round(ms, 1), tokens_per_s=round(STEP_TOKENS / (ms / 1e3), 1),
+                   tflops_per_gpu=round(flops / world / (ms / 1e3) / 1e12, 2), torch=res.get("torch"))
+    else:
+        rec["error"] = f"exit {code}, status {res.get('status')}: {res.get('message', '')}; see {out}"
+    return rec
+
+
+def add_ratios(records):
+    """Each record's per-GPU TFLOP/s over its implementation's one-GPU record of the same run."""
+    base = {r["impl"]: r for r in records if r["gpus"] == 1 and "tflops_per_gpu" in r}
+    for r in records:
+        b = base.get(r["impl"])
+        if b and "tflops_per_gpu" in r:
+            r["per_gpu_vs_1gpu"] = round(r["tflops_per_gpu"] / b["tflops_per_gpu"], 4)
+
+
+def write_results(args, records):
     meta = results_common.run_metadata()
     slug = results_common.gpu_slug(meta["device"])
-    result = dict(meta, what="data-parallel train_gpt: GPT3-1.3B seq 2048, micro batch 8, 131072 tokens per step; "
-                  "1 GPU vs 2 GPUs (NCCL, NCCL_NVLS_ENABLE=0), without and with --zero 1; median of the steps "
-                  f"after {args.skip} warm-up steps; peak memory per rank from nvidia-smi", records=records)
-    os.makedirs(args.results, exist_ok=True)
+    result = dict(meta, what=f"data-parallel training, {MODEL} seq {SEQ}, micro batch {MICRO} per GPU, {STEP_TOKENS} "
+                  "tokens per step: train_gpt (NCCL, ZeRO 0 and 1) and PyTorch + torch.compile (DDP under torchrun) "
+                  f"on 1 GPU and on {', '.join(map(str, args.gpus))}, the same run; median of the steps after "
+                  f"{args.skip} warm-up steps", records=records)
     json_path = os.path.join(args.results, f"multigpu_{slug}.json")
+    os.makedirs(args.results, exist_ok=True)
     results_common.write_json(json_path, result)
-    lines = [f"# Data-parallel train_gpt on {meta['device']}", "",
-             f"{meta['date']}, commit {meta['commit']}: `{meta['command']}`", "",
-             "GPT3-1.3B, seq 2048, micro batch 8 per GPU, 131072 tokens per optimizer step, flash2, "
-             f"median of steps {args.skip + 1}-{args.steps}. TFLOP/s and MFU per GPU.", "",
-             "| GPUs | ZeRO | accum | tokens/s | TFLOP/s per GPU | MFU | x 1 GPU per GPU | peak GiB per rank | mem x 1 GPU |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# Data-parallel training on {meta['device']}", "", f"{meta['date']}, commit {meta['commit']}: "
+             f"`{meta['command']}`", "", f"{MODEL}, seq {SEQ}, micro batch {MICRO} per GPU, {STEP_TOKENS} tokens per "
+             f"optimizer step (accumulation where fewer GPUs hold it), flash2 / SDPA flash; median of steps "
+             f"{args.skip + 1}-{args.steps}. TFLOP/s per GPU; x 1 GPU: against the same implementation's one-GPU "
+             "run above; comm: the ms per step train_gpt's compute stream waited on communication.", "",
+             "| impl | GPUs | ZeRO | tokens/s | TFLOP/s per GPU | x 1 GPU | comm exposed ms | peak GiB per rank |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in records:
-        lines.append(f"| {r['gpus']} | {r['zero']} | {r['accumulation_steps']} | {r.get('tokens_per_s', 'n/a')} | "
-                     f"{r.get('tflops_per_gpu', 'n/a')} | {r.get('mfu', 'n/a')} | "
-                     f"{r.get('tflops_per_gpu_ratio_vs_1gpu', '1' if r is base else 'n/a')} | "
-                     f"{', '.join(str(m) for m in r['peak_mem_gb'])} | "
-                     f"{r.get('peak_mem_ratio_vs_1gpu', '1' if r is base else 'n/a')} |")
+        lines.append(f"| {r['impl']} | {r['gpus']} | {r['zero']} | {r.get('tokens_per_s', 'n/a')} | "
+                     f"{r.get('tflops_per_gpu', r.get('error', 'n/a'))} | {r.get('per_gpu_vs_1gpu', 'n/a')} | "
+                     f"{r.get('comm_exposed_ms', '-')} | {', '.join(str(m) for m in r.get('peak_mem_gb', [])) or '-'} |")
     results_common.write_text(json_path[:-5] + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines[6:]))
     print(f"wrote {json_path} and {json_path[:-5]}.md")
+
+
+def bench(args):
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.train_gpt:
+        train_runs.TRAIN_GPT = args.train_gpt
+    if not args.gpus:
+        n = visible_gpus()
+        args.gpus = [n] if n >= 2 else [2]
+    records = [run_ours(args, 1, 0)]
+    for n in args.gpus:
+        records += [run_ours(args, n, 0), run_ours(args, n, 1)]
+    if args.torch:
+        records += [run_torch(args, 1)] + [run_torch(args, n) for n in args.gpus]
+    add_ratios(records)
+    for r in records:
+        print(json.dumps(r), flush=True)
+    write_results(args, records)
     ok = all("tflops_per_gpu" in r for r in records)
-    for r in records[1:]:
-        ratio = r.get("tflops_per_gpu_ratio_vs_1gpu", 0)
-        print(f"{'PASS' if ratio >= 0.95 else 'FAIL'} bench_{r['gpus']}gpu_zero{r['zero']}_per_gpu_tflops_ratio "
-              f"{ratio} (want >= 0.95)")
-        ok = ok and ratio >= 0.95
+    for r in records:
+        if r["impl"] == "train_gpt" and r["gpus"] > 1:
+            ratio = r.get("per_gpu_vs_1gpu", 0)
+            torch_ratio = next((t.get("per_gpu_vs_1gpu") for t in records if t["impl"] == "torch"
+                                and t["gpus"] == r["gpus"]), None)
+            print(f"{'PASS' if ratio >= args.min_ratio else 'FAIL'} bench_{r['gpus']}gpu_zero{r['zero']}: per-GPU "
+                  f"TFLOP/s {ratio} of one GPU (want >= {args.min_ratio}; PyTorch DDP: {torch_ratio}), comm exposed "
+                  f"{r.get('comm_exposed_ms')} ms per step")
+            ok = ok and ratio >= args.min_ratio
     return 0 if ok else 1
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compare")
@@ -126,14 +204,21 @@ def main():
     c.add_argument("--name", default="losses")
     b = sub.add_parser("bench")
     b.add_argument("--out-dir", required=True)
+    b.add_argument("--gpus", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                   help="GPU counts to run besides one, e.g. 2,4 (default: every GPU the machine lists)")
     b.add_argument("--steps", type=int, default=6)
     b.add_argument("--skip", type=int, default=2)
     b.add_argument("--timeout", type=int, default=240)
     b.add_argument("--train-data", default="data/tinyshakespeare/tinyshakespeare_train_*.bin")
     b.add_argument("--results", default=os.path.join(REPO, "scripts", "results"))
-    args = ap.parse_args()
-    sys.exit(compare(args) if args.cmd == "compare" else bench(args))
+    b.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch DDP side")
+    b.add_argument("--python", default=sys.executable, help="the Python that runs torch_gpt.py (default: this one)")
+    b.add_argument("--train-gpt", default=None, help="the train_gpt binary (default: ./train_gpt)")
+    b.add_argument("--min-ratio", type=float, default=0.99,
+                   help="per-GPU TFLOP/s of train_gpt on N GPUs over one GPU to pass (default 0.99)")
+    args = ap.parse_args(argv)
+    return compare(args) if args.cmd == "compare" else bench(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -515,6 +515,46 @@ def test_runner_fails_a_filter_that_selects_nothing_or_is_invalid():
     expect_failure(run_runner({"good": GOOD}, {"good": 2}, TEST_EXCLUDE="("), "is not a valid")
 
 
+def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
+    """bench_multigpu.py bench --gpus 2,4 with stand-in children: train_gpt on 1, 2 and 4 GPUs (ZeRO 0 and 1,
+    torchrun-style variables) and torch_gpt.py on 1 GPU and under torch.distributed.run on 2 and 4; the
+    per-GPU ratios against each implementation's own one-GPU run, train_gpt's exposed communication in
+    the table, and PASS/FAIL against --min-ratio (the stand-in ZeRO-1 at 4 GPUs is below it: exit 1)."""
+    import bench_multigpu
+    fake_gpt, fake_python = os.path.join(WORK, "fake_train_gpt_mg"), os.path.join(WORK, "fake_python_mg")
+    # TFLOP/s per GPU: 600 on one GPU; N GPUs 597 (ZeRO 0) and 594 (ZeRO 1), ZeRO 1 on 4: 580
+    write_fake(fake_gpt, "import json, os, sys\na = sys.argv\nw = int(os.environ.get('WORLD_SIZE', '1'))\n"
+               "z = a[a.index('--zero') + 1] if '--zero' in a else '0'\n"
+               "t = 600.0 if w == 1 else (597.0 if z == '0' else (580.0 if w == 4 else 594.0))\n"
+               "if '--log-file' in a:\n"
+               "    with open(a[a.index('--log-file') + 1], 'w') as f:\n"
+               "        for s in range(1, 7):\n"
+               "            r = {'step': s, 'loss': 9.0, 'ms': 100.0, 'tokens_per_s': 1.0, 'tflops_per_gpu': t, "
+               "'mfu': t / 1000}\n"
+               "            if w > 1: r['comm_exposed_ms'] = 1.5 * w\n"
+               "            f.write(json.dumps(r) + '\\n')\n")
+    # PyTorch: one step of 131072 tokens in 2000 ms on one GPU; N GPUs: 2000 / N / 0.97 ms
+    write_fake(fake_python, "import json, sys\na = sys.argv\n"
+               "w = int(a[a.index('--nproc-per-node') + 1]) if '--nproc-per-node' in a else 1\n"
+               "ms = 2000.0 if w == 1 else 2000.0 / w / 0.97\n"
+               "json.dump({'status': 'ok', 'torch': 'x', 'step_ms': [ms] * 6}, "
+               "open(a[a.index('--result-json') + 1], 'w'))\n")
+    out = os.path.join(WORK, "bench_mg")
+    code = bench_multigpu.main(["bench", "--out-dir", out, "--gpus", "2,4", "--train-gpt", fake_gpt, "--python",
+                                fake_python, "--results", out, "--train-data", "unused.bin"])
+    assert code == 1, "ZeRO-1 at 4 GPUs is below 0.99 of one GPU: the bench must fail"
+    [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("multigpu_") and n.endswith(".json")]
+    records = {(r["impl"], r["gpus"], r["zero"]): r for r in json.load(open(path))["records"]}
+    assert set(records) == {("train_gpt", 1, 0), ("train_gpt", 2, 0), ("train_gpt", 2, 1), ("train_gpt", 4, 0),
+                            ("train_gpt", 4, 1), ("torch", 1, 0), ("torch", 2, 0), ("torch", 4, 0)}, sorted(records)
+    assert records["train_gpt", 2, 0]["per_gpu_vs_1gpu"] == 0.995 and records["train_gpt", 4, 1]["per_gpu_vs_1gpu"] \
+        == round(580 / 600, 4), records
+    assert records["torch", 4, 0]["per_gpu_vs_1gpu"] == 0.97 and records["torch", 1, 0]["per_gpu_vs_1gpu"] == 1.0
+    assert records["train_gpt", 4, 0]["comm_exposed_ms"] == 6.0 and "comm_exposed_ms" not in records["train_gpt", 1, 0]
+    md = open(path[:-5] + ".md").read()
+    assert "| train_gpt | 4 | 1 |" in md and "| torch | 4 | 0 |" in md and "comm exposed ms" in md, md
+
+
 def test_torch_gpt_data_parallel_matches_one_process():
     """torch_gpt.py bench under torchrun (DistributedDataParallel, gloo on the CPU, 2 ranks, 2 micro steps
     each under no_sync but the last) gives the losses of one process accumulating the same 4 micro
