@@ -1152,6 +1152,7 @@ typedef struct {
     double started;            // wall clock (s) when the first step began
     long long steps_done;
     double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
+    double comm_exposed_ms;    // several GPUs: the steps' time waiting on communication, summed
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
@@ -1336,17 +1337,22 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
     format_duration((wall_seconds() - t->started) / (double)t->steps_done * (double)(p->steps - step), eta,
                     sizeof(eta));
     const double saturated = fp8_saturated_fraction(p, t);
-    char fp8[48] = "";
-    if (saturated > 0.0) snprintf(fp8, sizeof(fp8), " | fp8 saturated %.2e", saturated);
+    const double comm = t->mg ? multi_gpu_exposed_ms(t->mg) : 0.0;
+    t->comm_exposed_ms += comm;
+    char extra[96] = "";
+    if (t->mg) snprintf(extra, sizeof(extra), " | comm %.2f ms", comm);
+    if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | fp8 saturated %.2e", saturated);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
            "hw %.1f TFLOP/s%s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu,
-           hw_tflops, fp8, eta);
-    if (saturated > 0.0) snprintf(fp8, sizeof(fp8), ", \"fp8_saturated\": %.3e", saturated);
+           hw_tflops, extra, eta);
+    extra[0] = '\0';
+    if (t->mg) snprintf(extra, sizeof(extra), ", \"comm_exposed_ms\": %.3f", comm);
+    if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), ", \"fp8_saturated\": %.3e", saturated);
     if (t->log)
         fprintf(t->log,
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms\": %.3f, "
                 "\"tokens_per_s\": %.1f, \"tflops_per_gpu\": %.2f, \"mfu\": %.4f, \"hw_tflops_per_gpu\": %.2f%s}\n",
-                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops, fp8);
+                step, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu / 100.0, hw_tflops, extra);
 }
 
 // Mean loss over --val-batches validation micro batches (0 or more than there are: all of them).
@@ -1481,6 +1487,10 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
         printf("             hardware %.1f TFLOP/s per GPU (the FLOPs the kernels execute%s)\n",
                p->executed_flops_per_step * (double)t->steps_done / t->step_seconds / 1e12,
                p->recompute_flops_per_step > 0 ? ", recomputation included" : "");
+    if (t->steps_done && t->mg)
+        printf("             communication exposed %.2f ms per step, %.2f%% of the steps' time (the compute stream's "
+               "waits: last gradient buckets, the norm all-reduce%s)\n", t->comm_exposed_ms / (double)t->steps_done,
+               100.0 * t->comm_exposed_ms / 1e3 / t->step_seconds, p->opt->zero ? ", the ZeRO-1 all-gather" : "");
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->eval_step >= 0)

@@ -162,6 +162,7 @@ def plot(runs, out, title, smooth, dpi):
         if run["vals"]:
             vx = sorted(run["vals"])
             ax_loss.plot(vx, [run["vals"][s] for s in vx], "o--", color=c, markersize=4, linewidth=1.2,
+                         markeredgecolor="black", zorder=3,  # above the training curve, which is noisier
                          label=f"{label} val (last {run['vals'][vx[-1]]:.3f})")
         x, y = series(run["steps"], "lr")
         if x:

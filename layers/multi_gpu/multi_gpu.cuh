@@ -72,6 +72,7 @@ static double multi_gpu_sum(MultiGpu*, double, cudaStream_t, const char*) {
     multi_gpu_unavailable();
     return 0.0;
 }
+static double multi_gpu_exposed_ms(const MultiGpu*) { return 0.0; }
 static void multi_gpu_destroy(MultiGpu*) {}
 
 #else  // NCCL
@@ -130,6 +131,11 @@ typedef struct {
     cudaStream_t comm_stream;   // gradient reduction, overlapped with the backward
     cudaEvent_t ready, done;    // compute -> comm (a layer's gradients), comm -> compute (all reduced)
     cudaEvent_t scalars_done;   // after the (norm, loss, stop) all-reduce and its copy to the host
+    // timing of what the compute stream waits for (multi_gpu_exposed_ms): the wait for the last
+    // gradient bucket (from wait_start to done), the (norm, loss, stop) all-reduce and ZeRO-1's
+    // all-gather (each between its own pair of events on the compute stream)
+    cudaEvent_t wait_start, scalars_start, scalars_end, gather_start, gather_end;
+    int gathered;               // this step ran the all-gather
     cudaEvent_t finished;       // after the other watched collectives (all-gather, multi_gpu_sum)
     float* scalars;             // (3) device: Σ g², the loss and the stop flag for one all-reduce
     float* pinned;              // (3) host, pinned: with pageable memory cudaMemcpyAsync would wait for
@@ -269,7 +275,9 @@ static void multi_gpu_init(MultiGpu* mg, const LaunchInfo* li, int device, int z
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->comm_stream, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreate(&mg->done));  // timed: the end of the gradient reduction
+    cudaEvent_t* timed[] = {&mg->wait_start, &mg->scalars_start, &mg->scalars_end, &mg->gather_start, &mg->gather_end};
+    for (size_t i = 0; i < sizeof(timed) / sizeof(timed[0]); i++) CUDA_CHECK(cudaEventCreate(timed[i]));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->scalars_done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->finished, cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc(&mg->scalars, 3 * sizeof(float)));
@@ -325,7 +333,9 @@ static void multi_gpu_arm_hook(MultiGpu* mg, GPTModel* m, int on) {
 
 // The compute stream waits until every gradient bucket of this step is reduced.
 static void multi_gpu_wait_grads(MultiGpu* mg, cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(mg->wait_start, stream));
     CUDA_CHECK(cudaStreamWaitEvent(stream, mg->done, 0));
+    mg->gathered = 0;
 }
 
 static __global__ void multi_gpu_finish_kernel(float* scalars, float inv_world) {
@@ -341,11 +351,13 @@ static __global__ void multi_gpu_finish_kernel(float* scalars, float inv_world) 
 static void multi_gpu_norm_and_loss(MultiGpu* mg, float* norm_scratch, double loss, int stop, float* host_norm,
                                     float* host_loss, int* host_stop, cudaStream_t stream) {
     global_norm_squared(mg->scalars, norm_scratch, mg->model->grads + mg->shard_offset, mg->shard_size, stream);
+    CUDA_CHECK(cudaEventRecord(mg->scalars_start, stream));
     float* host = mg->pinned;
     host[0] = 0.0f, host[1] = (float)loss, host[2] = stop ? 1.0f : 0.0f;
     CUDA_CHECK(cudaMemcpyAsync(mg->scalars + 1, host + 1, 2 * sizeof(float), cudaMemcpyHostToDevice, stream));
     NCCL_ENQUEUE(mg, ncclAllReduce(mg->scalars, mg->scalars, 3, ncclFloat, ncclSum, mg->comm, stream),
                  "enqueueing the (norm, loss, stop) all-reduce");
+    CUDA_CHECK(cudaEventRecord(mg->scalars_end, stream));
     multi_gpu_finish_kernel<<<1, 1, 0, stream>>>(mg->scalars, 1.0f / (float)mg->world);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaMemcpyAsync(host, mg->scalars, 3 * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -361,9 +373,23 @@ static void multi_gpu_norm_and_loss(MultiGpu* mg, float* norm_scratch, double lo
 // ZeRO-1: every rank's updated shard of the bf16 weights to every rank (in place); the host waits
 // for it (watched).
 static void multi_gpu_all_gather_params(MultiGpu* mg, __nv_bfloat16* params, cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(mg->gather_start, stream));
     NCCL_ENQUEUE(mg, ncclAllGather(params + mg->shard_offset, params, mg->shard_size, ncclBfloat16, mg->comm, stream),
                  "enqueueing the ZeRO-1 all-gather of the weights");
+    CUDA_CHECK(cudaEventRecord(mg->gather_end, stream));
+    mg->gathered = 1;
     multi_gpu_watch_stream(mg, stream, "ZeRO-1 all-gather of the weights");
+}
+
+// Milliseconds of the last step in which the compute stream waited on communication: for the
+// gradient buckets still reducing when the backward ended (0 when they were done before), the
+// (norm, loss, stop) all-reduce and ZeRO-1's all-gather. Call after the step has finished.
+static double multi_gpu_exposed_ms(const MultiGpu* mg) {
+    float wait = 0.0f, scalars = 0.0f, gather = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&wait, mg->wait_start, mg->done));  // negative: done before the wait
+    CUDA_CHECK(cudaEventElapsedTime(&scalars, mg->scalars_start, mg->scalars_end));
+    if (mg->gathered) CUDA_CHECK(cudaEventElapsedTime(&gather, mg->gather_start, mg->gather_end));
+    return (wait > 0.0f ? wait : 0.0f) + scalars + gather;
 }
 
 // The sum over ranks of `x` (blocking, watched; also a barrier). `what` names it for the watchdog.
@@ -391,6 +417,8 @@ static void multi_gpu_destroy(MultiGpu* mg) {
     CUDA_CHECK(cudaEventDestroy(mg->done));
     CUDA_CHECK(cudaEventDestroy(mg->scalars_done));
     CUDA_CHECK(cudaEventDestroy(mg->finished));
+    cudaEvent_t timed[] = {mg->wait_start, mg->scalars_start, mg->scalars_end, mg->gather_start, mg->gather_end};
+    for (size_t i = 0; i < sizeof(timed) / sizeof(timed[0]); i++) CUDA_CHECK(cudaEventDestroy(timed[i]));
     CUDA_CHECK(cudaFree(mg->scalars));
     CUDA_CHECK(cudaFreeHost(mg->pinned));
     mg->comm = NULL;
