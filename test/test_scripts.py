@@ -6,6 +6,8 @@ tags, results files written whole, running a child with its log and step records
 step clock and window arithmetic (NVML itself needs a GPU), and the benchmarks' --precision (bench_train.py
 and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao).
 """
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -540,9 +542,14 @@ def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
                "json.dump({'status': 'ok', 'torch': 'x', 'step_ms': [ms] * 6}, "
                "open(a[a.index('--result-json') + 1], 'w'))\n")
     out = os.path.join(WORK, "bench_mg")
-    code = bench_multigpu.main(["bench", "--out-dir", out, "--gpus", "2,4", "--train-gpt", fake_gpt, "--python",
-                                fake_python, "--results", out, "--train-data", "unused.bin"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # its PASS/FAIL lines are the bench's, not this test's
+        code = bench_multigpu.main(["bench", "--out-dir", out, "--gpus", "2,4", "--train-gpt", fake_gpt, "--python",
+                                    fake_python, "--results", out, "--train-data", "unused.bin"])
     assert code == 1, "ZeRO-1 at 4 GPUs is below 0.99 of one GPU: the bench must fail"
+    verdicts = [line for line in printed.getvalue().splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(verdicts) == 4 and verdicts[-1].startswith("FAIL bench_4gpu_zero1: per-GPU TFLOP/s 0.9667") and \
+        "PyTorch DDP: 0.97" in verdicts[-1], verdicts
     [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("multigpu_") and n.endswith(".json")]
     records = {(r["impl"], r["gpus"], r["zero"]): r for r in json.load(open(path))["records"]}
     assert set(records) == {("train_gpt", 1, 0), ("train_gpt", 2, 0), ("train_gpt", 2, 1), ("train_gpt", 4, 0),
