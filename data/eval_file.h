@@ -48,7 +48,6 @@ typedef struct {
     uint16_t* words;  // the file's examples, as read
     EvalExample* examples;
     int num_examples;
-    int longest_row;     // most tokens of context + completion in any row (before any truncation)
     int longest_completion;
     char path[512];
     char error[1024];
@@ -169,11 +168,8 @@ static inline int eval_file_open(EvalFile* ef, const char* path, int vocab) {
             return -1;
         }
         const EvalExample* e = &ef->examples[i];
-        for (int c = 0; c < e->num_completions; c++) {
-            const int row = e->context_len + e->completion_len[c];
-            if (row > ef->longest_row) ef->longest_row = row;
+        for (int c = 0; c < e->num_completions; c++)
             if (e->completion_len[c] > ef->longest_completion) ef->longest_completion = e->completion_len[c];
-        }
     }
     if (at != num_words) {
         eval_fail(ef, "%zu words after the last of the header's %d examples (a wrong count, or two files joined)",

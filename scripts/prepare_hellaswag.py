@@ -293,10 +293,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         run(args)
-    except Fail as err:
-        print(f"prepare_hellaswag.py: error: {err}", file=sys.stderr)
-        return 1
-    except OSError as err:  # disk full, permissions, ... while writing
+    except (Fail, OSError) as err:  # OSError: disk full, permissions, ... while writing
         print(f"prepare_hellaswag.py: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ skip a case, naming the missing path, when it is not there; importing this modul
 at the shared ranks (TIKTOKEN_CACHE_DIR) when they are there, so the tests run offline.
 """
 import os
+import subprocess
 import sys
 import traceback
 
@@ -43,6 +44,22 @@ def need_shakespeare():
 def need_ranks():
     """Skips the case unless the shared data folder holds the GPT-2 BPE ranks (tiktoken_cache/)."""
     _need(RANKS, "the GPT-2 BPE ranks", f"in {TIKTOKEN_CACHE}/")
+
+
+def gpu_listed():
+    """Whether nvidia-smi lists a GPU (the GPU cases of the Python tests skip otherwise)."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    except OSError:
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def expect_error(result, code, *words):
+    """A finished subprocess exited with `code` and its stderr names every one of `words`."""
+    assert result.returncode == code, f"exit {result.returncode}, want {code}; stderr: {result.stderr.strip()}"
+    for word in words:
+        assert word in result.stderr, f"stderr lacks {word!r}: {result.stderr.strip()}"
 
 
 def run_module(namespace):

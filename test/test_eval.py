@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 import harness  # noqa: E402
+from harness import expect_error, gpu_listed  # noqa: E402
 from prepare_hellaswag import read_eval_file, write_eval_file  # noqa: E402
 from shard_format import write_shard  # noqa: E402
 from test_cpu_gpt_numpy import numpy_forward, param_shapes  # noqa: E402
@@ -34,20 +35,6 @@ CONFIG = (L, C, NH, V, VP, MAX_T, NH)
 
 def run(*args, timeout=300):
     return subprocess.run([TRAIN_GPT, *args], capture_output=True, text=True, errors="replace", timeout=timeout)
-
-
-def gpu_listed():
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    except OSError:
-        return False
-    return listed.returncode == 0 and "GPU" in listed.stdout
-
-
-def expect_error(r, code, *words):
-    assert r.returncode == code, f"exit {r.returncode}, want {code}; stderr:\n{r.stderr}"
-    for w in words:
-        assert w in r.stderr, f"{w!r} not in stderr:\n{r.stderr}"
 
 
 def random_examples(n, max_ctx=40):

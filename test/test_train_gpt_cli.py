@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 import harness  # noqa: E402
+from harness import expect_error, gpu_listed  # noqa: E402
 from shard_format import write_shard  # noqa: E402
 
 TRAIN_GPT = os.path.join(ROOT, "train_gpt")
@@ -40,25 +41,11 @@ def run(*args):
     return subprocess.run([TRAIN_GPT, *args], capture_output=True, text=True, errors="replace", timeout=120)
 
 
-def gpu_listed():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    listed = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    return listed.returncode == 0 and "GPU" in listed.stdout
-
-
 def gpu_memory_mib():
     """The largest GPU's memory in MiB, as nvidia-smi lists it."""
     q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                        capture_output=True, text=True, check=True)
     return max(int(v) for v in q.stdout.split())
-
-
-def expect_error(result, code, *words):
-    assert result.returncode == code, f"exit {result.returncode}, want {code}; stderr: {result.stderr.strip()}"
-    for word in words:
-        assert word in result.stderr, f"stderr lacks {word!r}: {result.stderr.strip()}"
 
 
 def test_help_lists_flags():
@@ -877,7 +864,6 @@ def test_gpu_samples_during_training():
     r = run(*GOOD, *TINY, "--sample-every", "2", "--sample-tokens", "20", "--val-data", "")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("sample       after step") == 2, r.stdout  # steps 2 and 3 (the last)
-
 
 
 # ---- what a newcomer meets: the default run's checkpoint and sample, --init-from's shape, text as data ----
