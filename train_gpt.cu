@@ -1288,6 +1288,10 @@ static double forward_backward(Plan* p, Trainer* t) {
         if (t->mg) multi_gpu_arm_hook(t->mg, &t->model, micro == p->accumulation_steps - 1);
         gpt_model_backward(&t->model, grad_scale);
     }
+    // ZeRO-1: the forward waited for the last step's all-gather; should a rank have died in it, the
+    // watchdog, not a plain read, must be the one to wait
+    if (t->mg && t->mg->zero)
+        multi_gpu_watch_stream(t->mg, t->stream, "ZeRO-1 all-gather of the weights (the forward waits for it)");
     return cuda_read_float(t->step_loss, t->stream);
 }
 
@@ -1414,6 +1418,13 @@ static int sample_due(const Plan* p, const Trainer* t, long long step) {
     return t->sampler && ((every > 0 && step % every == 0) || step == p->steps);
 }
 
+// Samples from the model (--sample-every), once ZeRO-1's weights are all there: the decoder reads them
+// without the forward's per-layer waits.
+static void sample(Trainer* t, long long step) {
+    if (t->mg) multi_gpu_wait_params(t->mg, t->stream);
+    training_sample(t->sampler, &t->tokenizer, step);
+}
+
 static int checkpoint_due(const Plan* p, long long step) {
     return p->checkpoint_dir &&
            ((p->opt->checkpoint_every > 0 && step % p->opt->checkpoint_every == 0) || step == p->steps);
@@ -1425,6 +1436,7 @@ static int checkpoint_due(const Plan* p, long long step) {
 // barrier) that every file is in place before rank 0 prunes. A failed write is reported and the run
 // goes on (the previous checkpoints stay). Returns 0 when saved.
 static int save_checkpoint(const Plan* p, Trainer* t, long long step, DataLoaderState data) {
+    if (t->mg) multi_gpu_wait_params(t->mg, t->stream);  // ZeRO-1: the weights written are all there
     CheckpointHeader h = p->header;
     h.step = step;
     h.data_epoch = data.epoch, h.data_shard_index = data.shard_index, h.data_chunk_index = data.chunk_index;
@@ -1490,7 +1502,8 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
     if (t->steps_done && t->mg)
         printf("             communication exposed %.2f ms per step, %.2f%% of the steps' time (the compute stream's "
                "waits: last gradient buckets, the norm all-reduce%s)\n", t->comm_exposed_ms / (double)t->steps_done,
-               100.0 * t->comm_exposed_ms / 1e3 / t->step_seconds, p->opt->zero ? ", the ZeRO-1 all-gather" : "");
+               100.0 * t->comm_exposed_ms / 1e3 / t->step_seconds,
+               p->opt->zero ? ", the forward's waits for ZeRO-1's weights" : "");
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->eval_step >= 0)
@@ -1545,12 +1558,12 @@ static void train(Plan* p, Trainer* t) {
         if (!isfinite(loss) || !isfinite(grad_norm)) stop_non_finite(p, t, step, step_data, loss, grad_norm);
         const double lr = learning_rate(opt, step, p->steps);
         optimizer_update(&t->optimizer, &t->model, norm_device(t), lr, step);  // clip, AdamW
-        if (t->mg && t->mg->zero) multi_gpu_all_gather_params(t->mg, t->model.params, t->stream);
+        if (t->mg && t->mg->zero) multi_gpu_all_gather_params(t->mg, t->stream);  // under the next forward
         log_step(p, t, step, loss, lr, grad_norm, step_ms(t));
         if (step == t->profile_step) CUDA_CHECK(cudaProfilerStop());
         if (validation_due(p, step)) validate(p, t, step);
         if (eval_due(p, step)) evaluate(p, t, step);
-        if (sample_due(p, t, step)) training_sample(t->sampler, &t->tokenizer, step);
+        if (sample_due(p, t, step)) sample(t, step);
         if (t->log) fflush(t->log);
         if (checkpoint_due(p, step)) save_checkpoint(p, t, step, dataloader_get_state(&t->train));
         if (step < p->steps && stop_requested(t)) stop_on_signal(p, t, step);  // SIGTERM, SIGINT, SIGUSR1

@@ -7,17 +7,23 @@ results_common.py).
       per-step losses of two train_gpt logs: prints max |Δloss| (and step 1's), PASS/FAIL against X;
       exit 1 on FAIL.
   bench --out-dir DIR [--gpus 2,4] [--steps 6] [--skip 2] [--no-torch] [--results scripts/results]
-      GPT3-1.3B at seq 2048, micro batch 8 per GPU, 131072 tokens per step (accumulation where fewer
-      GPUs hold it): train_gpt on one GPU and on each N of --gpus (default: all the machine lists)
-      without and with --zero 1, and PyTorch + torch.compile (scripts/torch_gpt.py bench) on one GPU and
-      data parallel under torchrun (DistributedDataParallel) on each N, all in the same run. train_gpt's
-      ranks are processes with torchrun-style variables, each one's peak GPU memory polled by its pid
-      (train_runs.MemoryPoller). Writes scripts/results/multigpu_<gpu>.json and .md: tokens/s, TFLOP/s
-      per GPU (median of the steps after the warm-up), the per-GPU ratio to the same implementation's
-      one-GPU run, train_gpt's exposed communication per step (comm_exposed_ms of its log) and peak
-      memory; PASS/FAIL lines for train_gpt's ratio against --min-ratio (0.99), PyTorch's beside it.
+      GPT3-1.3B at seq 2048, micro batch 8 per GPU, --tokens-per-gpu (131072) per GPU per step (8
+      micro steps each: the work per GPU stays the same at every GPU count): train_gpt on one GPU and
+      on each N of --gpus (default: all the machine lists) without and with --zero 1, and PyTorch +
+      torch.compile (scripts/torch_gpt.py bench) on one GPU and data parallel under torchrun
+      (DistributedDataParallel) on each N, all in the same run. train_gpt's one-GPU run goes on every
+      GPU the largest N uses at once (one process per GPU, CUDA_VISIBLE_DEVICES): under a power cap the
+      GPUs of one machine run at different speeds, and a synchronous data-parallel step goes at the pace
+      of the slowest. train_gpt's ranks are processes with torchrun-style variables, each one's peak GPU
+      memory polled by its pid (train_runs.MemoryPoller). Writes scripts/results/multigpu_<gpu>.json and
+      .md: tokens/s, TFLOP/s per GPU (median of the steps after the warm-up), the per-GPU ratio to the
+      same implementation's one-GPU run on GPU 0 (x 1 GPU) and, for train_gpt, to the slowest of its
+      one-GPU runs on the N GPUs (x slowest), train_gpt's exposed communication per step
+      (comm_exposed_ms of its log) and peak memory; PASS/FAIL lines for train_gpt's ratio to GPU 0's
+      one-GPU run against --min-ratio (0.99), PyTorch's beside it.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -59,7 +65,7 @@ def compare(args):
 
 # ---- benchmark ---------------------------------------------------------------------------------
 
-MODEL, SEQ, MICRO, STEP_TOKENS = "gpt3-1.3b", 2048, 8, 131072  # the issue's configuration, per step globally
+MODEL, SEQ, MICRO = "gpt3-1.3b", 2048, 8
 
 
 def visible_gpus():
@@ -73,15 +79,19 @@ def median_of(records, field, skip):
     return round(statistics.median(values), 3) if values else None
 
 
-def run_ours(args, world, zero):
-    """train_gpt on `world` GPUs (torchrun-style variables), its steady state and exposed communication."""
+def run_ours(args, world, zero, gpu=None):
+    """train_gpt on `world` GPUs (torchrun-style variables; world 1: on GPU `gpu`, default 0), its
+    steady state and exposed communication."""
     common = ["--model", MODEL, "--seq-len", str(SEQ), "--batch-size", str(MICRO), "--total-batch-tokens",
-              str(STEP_TOKENS), "--max-steps", str(args.steps), "--val-data", "", "--train-data", args.train_data]
-    tag = f"bench_{MODEL}_train_gpt_{world}gpu_zero{zero}"
+              str(args.tokens_per_gpu * world), "--max-steps", str(args.steps), "--val-data", "", "--train-data",
+              args.train_data]
+    tag = f"bench_{MODEL}_train_gpt_{world}gpu_zero{zero}" + (f"_gpu{gpu}" if gpu is not None else "")
     log = os.path.join(args.out_dir, f"{tag}.jsonl")
+    env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else None
     run = train_runs.run_train_gpt_ranks(common + (["--zero", str(zero)] if world > 1 else []), log, world,
-                                         args.timeout)
-    rec = {"impl": "train_gpt", "gpus": world, "zero": zero, "returncode": run.returncode,
+                                         args.timeout, env=env)
+    rec = {"impl": "train_gpt", "gpus": world, "zero": zero, "gpu": gpu if gpu is not None else 0,
+           "returncode": run.returncode,
            "steps_logged": len(run.records), "peak_mem_gb": [round(m / 1024, 2) for m in run.peak_mem_mib_per_rank],
            "log": os.path.relpath(log, REPO)}
     summary = train_runs.steady_state(run.records, args.skip)
@@ -95,6 +105,12 @@ def run_ours(args, world, zero):
     return rec
 
 
+def run_ours_each_gpu(args, n):
+    """train_gpt's one-GPU run on GPUs 0 .. n-1 at once, one process each."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(lambda g: run_ours(args, 1, 0, gpu=g), range(n)))
+
+
 def run_torch(args, world):
     """PyTorch + torch.compile (scripts/torch_gpt.py bench), DistributedDataParallel under torchrun."""
     tag = f"bench_{MODEL}_torch_{world}gpu"
@@ -102,7 +118,8 @@ def run_torch(args, world):
     launch = [args.python] if world == 1 else [args.python, "-m", "torch.distributed.run", "--nproc-per-node",
                                                 str(world), "--master-port", str(29500 + random.randrange(2000))]
     cmd = launch + [os.path.join(REPO, "scripts", "torch_gpt.py"), "bench", "--model", MODEL, "--seq-len", str(SEQ),
-                    "--batch-size", str(MICRO), "--total-batch-tokens", str(STEP_TOKENS), "--steps", str(args.steps),
+                    "--batch-size", str(MICRO), "--total-batch-tokens", str(args.tokens_per_gpu * world),
+                    "--steps", str(args.steps),
                     "--train-data", args.train_data, "--result-json", result]
     print("$ " + " ".join(cmd), flush=True)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
@@ -121,8 +138,9 @@ def run_torch(args, world):
     timed = res.get("step_ms", [])[args.skip:]
     if code == 0 and res.get("status") == "ok" and timed:
         ms = statistics.median(timed)
-        flops = tg.flops_per_sequence(tg.gpt_config(MODEL, seq_len=SEQ), SEQ) * (STEP_TOKENS / SEQ)
-        rec.update(ms=round(ms, 1), tokens_per_s=round(STEP_TOKENS / (ms / 1e3), 1),
+        tokens = args.tokens_per_gpu * world
+        flops = tg.flops_per_sequence(tg.gpt_config(MODEL, seq_len=SEQ), SEQ) * (tokens / SEQ)
+        rec.update(ms=round(ms, 1), tokens_per_s=round(tokens / (ms / 1e3), 1),
                    tflops_per_gpu=round(flops / world / (ms / 1e3) / 1e12, 2), torch=res.get("torch"))
     else:
         rec["error"] = f"exit {code}, status {res.get('status')}: {res.get('message', '')}; see {out}"
@@ -130,35 +148,43 @@ def run_torch(args, world):
 
 
 def add_ratios(records):
-    """Each record's per-GPU TFLOP/s over its implementation's one-GPU record of the same run."""
-    base = {r["impl"]: r for r in records if r["gpus"] == 1 and "tflops_per_gpu" in r}
+    """Each record's per-GPU TFLOP/s over its implementation's one-GPU record on GPU 0 of the same run, and
+    for several GPUs over the slowest one-GPU record among the GPUs it used (where there is one per GPU)."""
+    singles = [r for r in records if r["gpus"] == 1 and "tflops_per_gpu" in r]
+    base = {r["impl"]: r for r in singles if r.get("gpu", 0) == 0}
     for r in records:
         b = base.get(r["impl"])
         if b and "tflops_per_gpu" in r:
             r["per_gpu_vs_1gpu"] = round(r["tflops_per_gpu"] / b["tflops_per_gpu"], 4)
+        used = [s for s in singles if s["impl"] == r["impl"] and s.get("gpu", 0) < r["gpus"]]
+        if r["gpus"] > 1 and "tflops_per_gpu" in r and len(used) == r["gpus"]:
+            r["per_gpu_vs_slowest_1gpu"] = round(r["tflops_per_gpu"] / min(s["tflops_per_gpu"] for s in used), 4)
 
 
 def write_results(args, records):
     meta = results_common.run_metadata()
     slug = results_common.gpu_slug(meta["device"])
-    result = dict(meta, what=f"data-parallel training, {MODEL} seq {SEQ}, micro batch {MICRO} per GPU, {STEP_TOKENS} "
-                  "tokens per step: train_gpt (NCCL, ZeRO 0 and 1) and PyTorch + torch.compile (DDP under torchrun) "
+    result = dict(meta, what=f"data-parallel training, {MODEL} seq {SEQ}, micro batch {MICRO} per GPU, "
+                  f"{args.tokens_per_gpu} tokens per GPU per step: train_gpt (NCCL, ZeRO 0 and 1) and PyTorch + torch.compile (DDP under torchrun) "
                   f"on 1 GPU and on {', '.join(map(str, args.gpus))}, the same run; median of the steps after "
                   f"{args.skip} warm-up steps", records=records)
     json_path = os.path.join(args.results, f"multigpu_{slug}.json")
     os.makedirs(args.results, exist_ok=True)
     results_common.write_json(json_path, result)
     lines = [f"# Data-parallel training on {meta['device']}", "", f"{meta['date']}, commit {meta['commit']}: "
-             f"`{meta['command']}`", "", f"{MODEL}, seq {SEQ}, micro batch {MICRO} per GPU, {STEP_TOKENS} tokens per "
-             f"optimizer step (accumulation where fewer GPUs hold it), flash2 / SDPA flash; median of steps "
+             f"`{meta['command']}`", "", f"{MODEL}, seq {SEQ}, micro batch {MICRO} per GPU, {args.tokens_per_gpu} "
+             f"tokens per GPU per optimizer step (accumulation), flash2 / SDPA flash; median of steps "
              f"{args.skip + 1}-{args.steps}. TFLOP/s per GPU; x 1 GPU: against the same implementation's one-GPU "
-             "run above; comm: the ms per step train_gpt's compute stream waited on communication.", "",
-             "| impl | GPUs | ZeRO | tokens/s | TFLOP/s per GPU | x 1 GPU | comm exposed ms | peak GiB per rank |",
-             "|---|---|---|---|---|---|---|---|"]
+             "run on GPU 0; x slowest: against the slowest of train_gpt's one-GPU runs on the GPUs used (run at "
+             "once, one per GPU); comm: the ms per step train_gpt's compute stream waited on communication.", "",
+             "| impl | GPUs | GPU | ZeRO | tokens/s | TFLOP/s per GPU | x 1 GPU | x slowest | comm exposed ms | "
+             "peak GiB per rank |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        lines.append(f"| {r['impl']} | {r['gpus']} | {r['zero']} | {r.get('tokens_per_s', 'n/a')} | "
+        where = r.get("gpu", 0) if r["gpus"] == 1 else "all"
+        lines.append(f"| {r['impl']} | {r['gpus']} | {where} | {r['zero']} | {r.get('tokens_per_s', 'n/a')} | "
                      f"{r.get('tflops_per_gpu', r.get('error', 'n/a'))} | {r.get('per_gpu_vs_1gpu', 'n/a')} | "
-                     f"{r.get('comm_exposed_ms', '-')} | {', '.join(str(m) for m in r.get('peak_mem_gb', [])) or '-'} |")
+                     f"{r.get('per_gpu_vs_slowest_1gpu', '-')} | {r.get('comm_exposed_ms', '-')} | "
+                     f"{', '.join(str(m) for m in r.get('peak_mem_gb', [])) or '-'} |")
     results_common.write_text(json_path[:-5] + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines[6:]))
     print(f"wrote {json_path} and {json_path[:-5]}.md")
@@ -171,7 +197,7 @@ def bench(args):
     if not args.gpus:
         n = visible_gpus()
         args.gpus = [n] if n >= 2 else [2]
-    records = [run_ours(args, 1, 0)]
+    records = run_ours_each_gpu(args, max(args.gpus))
     for n in args.gpus:
         records += [run_ours(args, n, 0), run_ours(args, n, 1)]
     if args.torch:
@@ -187,7 +213,8 @@ def bench(args):
             torch_ratio = next((t.get("per_gpu_vs_1gpu") for t in records if t["impl"] == "torch"
                                 and t["gpus"] == r["gpus"]), None)
             print(f"{'PASS' if ratio >= args.min_ratio else 'FAIL'} bench_{r['gpus']}gpu_zero{r['zero']}: per-GPU "
-                  f"TFLOP/s {ratio} of one GPU (want >= {args.min_ratio}; PyTorch DDP: {torch_ratio}), comm exposed "
+                  f"TFLOP/s {ratio} of one GPU (want >= {args.min_ratio}; PyTorch DDP: {torch_ratio}), "
+                  f"{r.get('per_gpu_vs_slowest_1gpu')} of the slowest GPU alone, comm exposed "
                   f"{r.get('comm_exposed_ms')} ms per step")
             ok = ok and ratio >= args.min_ratio
     return 0 if ok else 1
@@ -207,6 +234,7 @@ def main(argv=None):
     b.add_argument("--gpus", type=lambda t: [int(x) for x in t.split(",")], default=None,
                    help="GPU counts to run besides one, e.g. 2,4 (default: every GPU the machine lists)")
     b.add_argument("--steps", type=int, default=6)
+    b.add_argument("--tokens-per-gpu", type=int, default=131072, help="tokens per GPU per optimizer step")
     b.add_argument("--skip", type=int, default=2)
     b.add_argument("--timeout", type=int, default=240)
     b.add_argument("--train-data", default="data/tinyshakespeare/tinyshakespeare_train_*.bin")

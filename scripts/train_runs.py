@@ -149,13 +149,14 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
                     seconds=time.time() - start)
 
 
-def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True):
+def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True, env=None):
     """Runs `world` ./train_gpt processes, one per GPU, with torchrun-style variables (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR/PORT) and NCCL_NVLS_ENABLE=0; rank 0 writes --log-file log_path. Each
     rank's output goes to <out_prefix>.rank<r>.out (default: beside the log). Returns a TrainRun:
     the first non-zero exit status, rank 0's output, every rank's last lines as stderr, records of
     rank 0's log, and the largest peak memory of any rank (peak_mem_mib_per_rank lists them all).
-    world 1 runs one process on GPU 0 without the variables. quiet_flags are added to args."""
+    world 1 runs one process on GPU 0 (or CUDA_VISIBLE_DEVICES of `env`) without the variables. `env`:
+    variables added to every process's environment. quiet_flags are added to args."""
     args = [*args, *quiet_flags(args)]
     out_prefix = out_prefix or (log_path[:-6] if log_path.endswith(".jsonl") else log_path)
     port = 29500 + random.randrange(2000)
@@ -163,8 +164,9 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
         os.remove(log_path)
     procs, pollers, out_paths = [], [], []
     start = time.time()
+    extra = env or {}
     for rank in range(world):
-        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", **extra)
         if world > 1:
             env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port))

@@ -42,7 +42,8 @@
 
 // The first three run on one GPU; the others on W ranks, one forked process per GPU (MR_FIRST on).
 enum { C_WATCHDOG, C_SUM, C_NORM,
-       C_ALL_REDUCE, C_PLANT_LOST, C_ZERO1, C_PLANT_ULP, C_STOP, C_LATE, C_PLANT_EARLY_HOOK };
+       C_ALL_REDUCE, C_PLANT_LOST, C_ZERO1, C_PLANT_ULP, C_STOP, C_LATE, C_PLANT_EARLY_HOOK, C_GATHER,
+       C_PLANT_UNWAITED };
 #define MR_FIRST C_ALL_REDUCE
 static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_never_completes",
                               "multi_gpu_nonblocking_communicator_and_watched_sum",
@@ -53,7 +54,9 @@ static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_nev
                               "multi_gpu_planted_one_ulp_in_a_zero1_shard_is_caught",
                               "multi_gpu_stop_flag_of_the_last_rank_reaches_every_rank",
                               "multi_gpu_late_bucket_reaches_the_reduction_on_every_rank",
-                              "multi_gpu_planted_hook_before_the_late_write_is_caught"};
+                              "multi_gpu_planted_hook_before_the_late_write_is_caught",
+                              "multi_gpu_zero1_gather_overlapped_each_layer_there_when_the_forward_reads_it",
+                              "multi_gpu_planted_read_without_the_forward_wait_is_caught"};
 #define NUM_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
 #if MULTI_GPU_AVAILABLE
@@ -425,8 +428,9 @@ static void mr_zero_steps(Rank* R, GPTModel* m, int zero, int plant, uint16_t* p
         optimizer_update(&opt, m, mg->scalars, 1e-3, step);
         if (plant && zero && step == 2 && R->rank == R->world - 1 && offset + 5 < m->num_params)
             mr_bump_kernel<<<1, 1, 0, R->stream>>>((unsigned short*)(m->params + offset + 5));
-        if (zero) multi_gpu_all_gather_params(mg, m->params, R->stream);
+        if (zero) multi_gpu_all_gather_params(mg, R->stream);
     }
+    multi_gpu_wait_params(mg, R->stream);
     free(g);
     mr_download(params_out, m->params, m->num_params, R->stream);
     for (size_t i = 0; i < m->num_params; i++) master_out[i] = NAN;
@@ -554,6 +558,77 @@ static void mr_case_late(Rank* R) {
     gpt_model_destroy(&m);
 }
 
+// Case 5's run: a ZeRO-1 all-gather whose transfers start MR_LATE_NS late (the communication stream
+// spins first), then a "forward" that, layer by layer (-1 first), calls the model's params_needed
+// hook and copies that layer's bucket of the weights to `snap` on the compute stream. Before, every
+// rank's weights are stale (-1) except its own shard, which holds its rank + 1 (the optimizer's
+// output). Every copied element must be its owner's rank + 1. Then a second all-gather is enqueued
+// before the first one's stalls are read (as a training step's does): multi_gpu_exposed_ms must still
+// report the first forward's wait, at least half of MR_LATE_NS. plant: the embeddings' bucket is
+// copied without the hook: it must come out stale (the transfer had not begun), and nothing else may
+// differ.
+static MrCheck mr_overlapped_gather(Rank* R, int plant, GPTModel* m, uint16_t* host, size_t* outside,
+                                    double* stalled_ms) {
+    MultiGpu* mg = R->mg;
+    mg->zero = 1;
+    multi_gpu_attach(mg, m);
+    const size_t S = mg->shard_size;
+    mr_fill(m->params, m->num_params_padded, -1.0f, R->stream);
+    mr_fill(m->params + mg->shard_offset, S, (float)(R->rank + 1), R->stream);
+    __nv_bfloat16* snap;
+    CUDA_CHECK(cudaMalloc(&snap, m->num_params * sizeof(__nv_bfloat16)));
+    mr_fill(snap, m->num_params, -2.0f, R->stream);  // poisoned: an element never copied fails
+    multi_gpu_sum(mg, 0.0, R->stream, "test barrier");
+    mr_spin_kernel<<<1, 1, 0, mg->comm_stream>>>(MR_LATE_NS);
+    multi_gpu_all_gather_params(mg, R->stream);
+    for (int l = -1; l < m->L; l++) {
+        if (!(plant && l == -1)) m->params_needed(m->params_needed_user, l);
+        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+            const int per_layer = GPT_PARAMS[i].per_layer;
+            if (per_layer != (l >= 0)) continue;
+            const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
+            const size_t at = m->param_offsets[i] + (per_layer ? (size_t)l * n : 0);
+            CUDA_CHECK(cudaMemcpyAsync(snap + at, m->params + at, n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice,
+                                       R->stream));
+        }
+    }
+    multi_gpu_all_gather_params(mg, R->stream);
+    mr_download(host, snap, m->num_params, R->stream);
+    *stalled_ms = multi_gpu_exposed_ms(mg);
+    multi_gpu_wait_params(mg, R->stream);
+    CUDA_CHECK(cudaStreamSynchronize(R->stream));
+    CUDA_CHECK(cudaFree(snap));
+    MrCheck c = {0, 0, 0, 0.0f};
+    *outside = 0;
+    for (size_t i = 0; i < m->num_params; i++) {
+        c.checked++;
+        if (host[i] == test_float_to_bf16((float)(i / S + 1))) continue;
+        if (c.bad++ == 0) c.first = i, c.first_value = test_bf16_to_float(host[i]);
+        *outside += !mr_in_bucket(m, -1, i);
+    }
+    return c;
+}
+
+// Case 5 and its plant (see mr_overlapped_gather).
+static void mr_case_gather(Rank* R) {
+    GPTModel m;
+    mr_model_create(&m, MR_ODD, R->world, R->stream);
+    uint16_t* host = (uint16_t*)malloc(m.num_params * sizeof(uint16_t));
+    size_t outside = 0;
+    double stalled = 0.0, least = 0.5 * MR_LATE_NS / 1e6;
+    const MrCheck c = mr_overlapped_gather(R, 0, &m, host, &outside, &stalled);
+    mr_result(R, C_GATHER, c.bad == 0 && c.checked == m.num_params && stalled >= least, 0,
+              "%zu of %zu weights read are not their owner's rank + 1, the first at %zu: %g (-1: read before it "
+              "arrived, -2: never read); the forward's stall measured %.1f ms (want >= %.0f)", c.bad, c.checked,
+              c.first, c.first_value, stalled, least);
+    const MrCheck p = mr_overlapped_gather(R, 1, &m, host, &outside, &stalled);
+    mr_result(R, C_PLANT_UNWAITED, p.bad > 0 && outside == 0, 0,
+              "planted: %zu weights read stale, %zu of them outside the embeddings' bucket (want some, none outside)",
+              p.bad, outside);
+    free(host);
+    gpt_model_destroy(&m);
+}
+
 static LaunchInfo mr_launch_info(int rank, int world) {
     LaunchInfo li;
     memset(&li, 0, sizeof(li));
@@ -583,6 +658,7 @@ static void mr_child(int rank, int world, const char* dir) {
     mr_case_zero1(&R);
     mr_case_stop(&R);
     mr_case_late(&R);
+    mr_case_gather(&R);
     CUDA_CHECK(cudaStreamDestroy(R.stream));
     multi_gpu_destroy(&mg);
     fclose(R.out);

@@ -518,16 +518,21 @@ def test_runner_fails_a_filter_that_selects_nothing_or_is_invalid():
 
 
 def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
-    """bench_multigpu.py bench --gpus 2,4 with stand-in children: train_gpt on 1, 2 and 4 GPUs (ZeRO 0 and 1,
-    torchrun-style variables) and torch_gpt.py on 1 GPU and under torch.distributed.run on 2 and 4; the
-    per-GPU ratios against each implementation's own one-GPU run, train_gpt's exposed communication in
-    the table, and PASS/FAIL against --min-ratio (the stand-in ZeRO-1 at 4 GPUs is below it: exit 1)."""
+    """bench_multigpu.py bench --gpus 2,4 with stand-in children: train_gpt alone on each of GPUs 0-3 (at once,
+    CUDA_VISIBLE_DEVICES), on 2 and 4 GPUs (ZeRO 0 and 1, torchrun-style variables), and torch_gpt.py on 1 GPU
+    and under torch.distributed.run on 2 and 4, each with 131072 tokens per GPU per step; the per-GPU ratios
+    against each implementation's own one-GPU run on GPU 0 and train_gpt's against the slowest GPU alone,
+    train_gpt's exposed communication in the table, and PASS/FAIL against --min-ratio (the stand-in ZeRO-1 at
+    4 GPUs is below it: exit 1)."""
     import bench_multigpu
     fake_gpt, fake_python = os.path.join(WORK, "fake_train_gpt_mg"), os.path.join(WORK, "fake_python_mg")
-    # TFLOP/s per GPU: 600 on one GPU; N GPUs 597 (ZeRO 0) and 594 (ZeRO 1), ZeRO 1 on 4: 580
+    # TFLOP/s per GPU: alone 600, 596, 598, 590 on GPUs 0-3; N GPUs 597 (ZeRO 0) and 594 (ZeRO 1), ZeRO 1
+    # on 4: 580. The stand-in fails unless its batch is 131072 tokens per GPU.
     write_fake(fake_gpt, "import json, os, sys\na = sys.argv\nw = int(os.environ.get('WORLD_SIZE', '1'))\n"
+               "assert int(a[a.index('--total-batch-tokens') + 1]) == 131072 * w\n"
                "z = a[a.index('--zero') + 1] if '--zero' in a else '0'\n"
-               "t = 600.0 if w == 1 else (597.0 if z == '0' else (580.0 if w == 4 else 594.0))\n"
+               "alone = [600.0, 596.0, 598.0, 590.0][int(os.environ['CUDA_VISIBLE_DEVICES'])] if w == 1 else 0\n"
+               "t = alone if w == 1 else (597.0 if z == '0' else (580.0 if w == 4 else 594.0))\n"
                "if '--log-file' in a:\n"
                "    with open(a[a.index('--log-file') + 1], 'w') as f:\n"
                "        for s in range(1, 7):\n"
@@ -535,10 +540,11 @@ def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
                "'mfu': t / 1000}\n"
                "            if w > 1: r['comm_exposed_ms'] = 1.5 * w\n"
                "            f.write(json.dumps(r) + '\\n')\n")
-    # PyTorch: one step of 131072 tokens in 2000 ms on one GPU; N GPUs: 2000 / N / 0.97 ms
+    # PyTorch: 2000 ms per 131072 tokens on one GPU; N GPUs, 131072 each: 2000 / 0.97 ms
     write_fake(fake_python, "import json, sys\na = sys.argv\n"
                "w = int(a[a.index('--nproc-per-node') + 1]) if '--nproc-per-node' in a else 1\n"
-               "ms = 2000.0 if w == 1 else 2000.0 / w / 0.97\n"
+               "tokens = int(a[a.index('--total-batch-tokens') + 1])\n"
+               "ms = 2000.0 * tokens / 131072 / w / (0.97 if w > 1 else 1.0)\n"
                "json.dump({'status': 'ok', 'torch': 'x', 'step_ms': [ms] * 6}, "
                "open(a[a.index('--result-json') + 1], 'w'))\n")
     out = os.path.join(WORK, "bench_mg")
@@ -549,17 +555,22 @@ def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
     assert code == 1, "ZeRO-1 at 4 GPUs is below 0.99 of one GPU: the bench must fail"
     verdicts = [line for line in printed.getvalue().splitlines() if line.startswith(("PASS", "FAIL"))]
     assert len(verdicts) == 4 and verdicts[-1].startswith("FAIL bench_4gpu_zero1: per-GPU TFLOP/s 0.9667") and \
-        "PyTorch DDP: 0.97" in verdicts[-1], verdicts
+        "PyTorch DDP: 0.97" in verdicts[-1] and f"{round(580 / 590, 4)} of the slowest GPU alone" in verdicts[-1], \
+        verdicts
     [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("multigpu_") and n.endswith(".json")]
-    records = {(r["impl"], r["gpus"], r["zero"]): r for r in json.load(open(path))["records"]}
-    assert set(records) == {("train_gpt", 1, 0), ("train_gpt", 2, 0), ("train_gpt", 2, 1), ("train_gpt", 4, 0),
-                            ("train_gpt", 4, 1), ("torch", 1, 0), ("torch", 2, 0), ("torch", 4, 0)}, sorted(records)
-    assert records["train_gpt", 2, 0]["per_gpu_vs_1gpu"] == 0.995 and records["train_gpt", 4, 1]["per_gpu_vs_1gpu"] \
-        == round(580 / 600, 4), records
-    assert records["torch", 4, 0]["per_gpu_vs_1gpu"] == 0.97 and records["torch", 1, 0]["per_gpu_vs_1gpu"] == 1.0
-    assert records["train_gpt", 4, 0]["comm_exposed_ms"] == 6.0 and "comm_exposed_ms" not in records["train_gpt", 1, 0]
+    records = {(r["impl"], r["gpus"], r["zero"], r.get("gpu", 0)): r for r in json.load(open(path))["records"]}
+    assert set(records) == {("train_gpt", 1, 0, g) for g in range(4)} | {
+        ("train_gpt", 2, 0, 0), ("train_gpt", 2, 1, 0), ("train_gpt", 4, 0, 0), ("train_gpt", 4, 1, 0),
+        ("torch", 1, 0, 0), ("torch", 2, 0, 0), ("torch", 4, 0, 0)}, sorted(records)
+    two, four = records["train_gpt", 2, 0, 0], records["train_gpt", 4, 1, 0]
+    assert two["per_gpu_vs_1gpu"] == 0.995 and two["per_gpu_vs_slowest_1gpu"] == round(597 / 596, 4), two
+    assert four["per_gpu_vs_1gpu"] == round(580 / 600, 4) and four["per_gpu_vs_slowest_1gpu"] == round(580 / 590, 4)
+    assert records["torch", 4, 0, 0]["per_gpu_vs_1gpu"] == 0.97 and records["torch", 1, 0, 0]["per_gpu_vs_1gpu"] == 1.0
+    assert records["train_gpt", 4, 0, 0]["comm_exposed_ms"] == 6.0 and \
+        "comm_exposed_ms" not in records["train_gpt", 1, 0, 0]
     md = open(path[:-5] + ".md").read()
-    assert "| train_gpt | 4 | 1 |" in md and "| torch | 4 | 0 |" in md and "comm exposed ms" in md, md
+    assert "| train_gpt | 4 | all | 1 |" in md and "| torch | 4 | all | 0 |" in md and "| train_gpt | 1 | 3 | 0 |" \
+        in md and "comm exposed ms" in md, md
 
 
 def test_torch_gpt_data_parallel_matches_one_process():

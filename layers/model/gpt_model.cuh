@@ -69,7 +69,10 @@
 // GPTModelOptions.pad_multiple elements (zero-filled, after the 16 tensors) so they split evenly over ranks, and an
 // optional hook, grads_ready(user, l), is called during gpt_model_backward as soon as layer l's 12
 // gradient slices are final (l = L−1 .. 0), and with l = −1 at the very end, when wte, wpe, lnfw
-// and lnfb are final; it may enqueue work on other streams after an event on model->stream.
+// and lnfb are final; it may enqueue work on other streams after an event on model->stream. Its twin
+// params_needed(user, l) is called by the forward before it reads layer l's weights (l = -1 before
+// the embeddings, l = L before the FP8 casts of every layer), so that weights still arriving from
+// other ranks (ZeRO-1's all-gather) are waited for layer by layer.
 // Everything runs on model->stream. inputs and targets are device arrays (B, T) int32 that must stay
 // valid from gpt_model_forward until gpt_model_backward returns (the backward reads them again).
 #ifndef GPT_MODEL_CUH
@@ -137,6 +140,10 @@ typedef struct {
     // optional backward hook (NULL: none): layer l's gradients are final (l = -1: the embeddings and lnf)
     void (*grads_ready)(void* user, int layer);
     void* grads_ready_user;
+    // optional forward hook (NULL: none): the forward is about to read layer l's weights (l = -1: the
+    // embeddings and lnf, l = L: all of them); it may make model->stream wait for them
+    void (*params_needed)(void* user, int layer);
+    void* params_needed_user;
 } GPTModel;
 
 // ---- memory ----------------------------------------------------------------------------------------
@@ -477,6 +484,10 @@ static void gpt_lm_head_chunk(GPTModel* m, int row0, int rows) {
                    m->Vp, NULL);
 }
 
+static void gpt_params_needed(GPTModel* m, int layer) {
+    if (m->params_needed) m->params_needed(m->params_needed_user, layer);
+}
+
 // The forward; grad_scale > 0: the last LM-head chunk's cross-entropy also writes dlogits (the
 // backward's first step, done while the logits are fresh in memory). See the two callers below.
 static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* targets, float grad_scale) {
@@ -489,12 +500,17 @@ static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* ta
     // fp8: the weights are cast once per optimizer step (and for every evaluation forward, which
     // may follow an update without a new step)
     if (m->precision == PRECISION_FP8 && (m->fp8.weights_stale || grad_scale == 0.0f)) {
+        gpt_params_needed(m, L);
         const __nv_bfloat16* w[GPT_LINEARS] = {p[GPT_QKVW], p[GPT_ATTPROJW], p[GPT_FCW], p[GPT_FCPROJW]};
         gpt_fp8_cast_weights(&m->fp8, w);
     }
 
+    gpt_params_needed(m, -1);
     encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
-    for (int l = 0; l < L; l++) gpt_block_forward(m, l, 0);
+    for (int l = 0; l < L; l++) {
+        gpt_params_needed(m, l);
+        gpt_block_forward(m, l, 0);
+    }
     // lnf = LNf(residual3[L−1])
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->residual3 + (L - 1) * NC, p[GPT_LNFW], p[GPT_LNFB], N, C,
                       s);

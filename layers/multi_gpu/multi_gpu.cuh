@@ -32,7 +32,9 @@
 // The norm: every rank sums the squares of its shard (global_norm_squared), one all-reduce of
 // (Σ g², loss, stop) gives the global norm, the mean loss and whether any rank got a stop signal
 // (SIGTERM on one rank stops every rank after the same step) on every rank. ZeRO-1's AdamW updates only
-// the shard (the caller), then multi_gpu_all_gather_params gathers the bf16 weights in place.
+// the shard (the caller), then multi_gpu_all_gather_params sends the bf16 weights to every rank in
+// place, layer by layer on the communication stream, while the next step's forward runs: before each
+// layer the forward waits only for that layer's bucket (GPTModel.params_needed).
 #ifndef MULTI_GPU_CUH
 #define MULTI_GPU_CUH
 
@@ -61,18 +63,20 @@ static void multi_gpu_init(MultiGpu*, const LaunchInfo*, int, int, uint64_t, dou
     multi_gpu_unavailable();
 }
 static void multi_gpu_set_step(MultiGpu*, long long) {}
-static void multi_gpu_attach(MultiGpu*, const GPTModel*) { multi_gpu_unavailable(); }
+static void multi_gpu_attach(MultiGpu*, GPTModel*) { multi_gpu_unavailable(); }
 static void multi_gpu_arm_hook(MultiGpu*, GPTModel*, int) { multi_gpu_unavailable(); }
 static void multi_gpu_wait_grads(MultiGpu*, cudaStream_t) { multi_gpu_unavailable(); }
 static void multi_gpu_norm_and_loss(MultiGpu*, float*, double, int, float*, float*, int*, cudaStream_t) {
     multi_gpu_unavailable();
 }
-static void multi_gpu_all_gather_params(MultiGpu*, __nv_bfloat16*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_all_gather_params(MultiGpu*, cudaStream_t) { multi_gpu_unavailable(); }
+static void multi_gpu_wait_params(MultiGpu*, cudaStream_t) {}
+static void multi_gpu_watch_stream(MultiGpu*, cudaStream_t, const char*) {}
 static double multi_gpu_sum(MultiGpu*, double, cudaStream_t, const char*) {
     multi_gpu_unavailable();
     return 0.0;
 }
-static double multi_gpu_exposed_ms(const MultiGpu*) { return 0.0; }
+static double multi_gpu_exposed_ms(MultiGpu*) { return 0.0; }
 static void multi_gpu_destroy(MultiGpu*) {}
 
 #else  // NCCL
@@ -132,16 +136,27 @@ typedef struct {
     cudaEvent_t ready, done;    // compute -> comm (a layer's gradients), comm -> compute (all reduced)
     cudaEvent_t scalars_done;   // after the (norm, loss, stop) all-reduce and its copy to the host
     // timing of what the compute stream waits for (multi_gpu_exposed_ms): the wait for the last
-    // gradient bucket (from wait_start to done), the (norm, loss, stop) all-reduce and ZeRO-1's
-    // all-gather (each between its own pair of events on the compute stream)
-    cudaEvent_t wait_start, scalars_start, scalars_end, gather_start, gather_end;
-    int gathered;               // this step ran the all-gather
+    // gradient bucket (from wait_start to done) and the (norm, loss, stop) all-reduce (between its pair
+    // of events on the compute stream); ZeRO-1's stalls below
+    cudaEvent_t wait_start, scalars_start, scalars_end;
+    // ZeRO-1's all-gather, bucket by bucket on the communication stream (k = 0: wte, wpe, lnfw, lnfb;
+    // k = l + 1: layer l), waited for by the next forward layer by layer (multi_gpu_params_needed)
+    int buckets;                // L + 1
+    cudaEvent_t updated;        // compute -> comm: the optimizer has written this rank's shard
+    // Two sets of events, one per all-gather in turn: a step's gather records its set while the stalls
+    // its forward had on the last gather's set are still to be read (multi_gpu_exposed_ms).
+    int set;                    // the set of the last all-gather: its events are [set·buckets, +buckets)
+    cudaEvent_t* gathered;      // (2·buckets) comm -> compute, timed: bucket k is everywhere
+    cudaEvent_t* reached;       // (2·buckets) timed, on the compute stream where it began to wait for bucket k
+    int* waited;                // (2·buckets) 1: the compute stream waited for that bucket since the last
+                                // multi_gpu_exposed_ms (its stall counts there)
+    int next_bucket;            // the first bucket the compute stream has not waited for; buckets: none pending
     cudaEvent_t finished;       // after the other watched collectives (all-gather, multi_gpu_sum)
     float* scalars;             // (3) device: Σ g², the loss and the stop flag for one all-reduce
     float* pinned;              // (3) host, pinned: with pageable memory cudaMemcpyAsync would wait for
                                 // the stream on the host, where a hung collective would hang it too
     size_t shard_offset, shard_size;  // this rank's elements of the padded flat parameter vector
-    const GPTModel* model;      // for the backward hook
+    GPTModel* model;            // for the hooks
     // the watchdog
     Watchdog wd;
     WatchdogPeer* peers;        // (world)
@@ -276,7 +291,7 @@ static void multi_gpu_init(MultiGpu* mg, const LaunchInfo* li, int device, int z
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->comm_stream, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreate(&mg->done));  // timed: the end of the gradient reduction
-    cudaEvent_t* timed[] = {&mg->wait_start, &mg->scalars_start, &mg->scalars_end, &mg->gather_start, &mg->gather_end};
+    cudaEvent_t* timed[] = {&mg->wait_start, &mg->scalars_start, &mg->scalars_end};
     for (size_t i = 0; i < sizeof(timed) / sizeof(timed[0]); i++) CUDA_CHECK(cudaEventCreate(timed[i]));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->scalars_done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->finished, cudaEventDisableTiming));
@@ -284,44 +299,86 @@ static void multi_gpu_init(MultiGpu* mg, const LaunchInfo* li, int device, int z
     CUDA_CHECK(cudaMallocHost(&mg->pinned, 3 * sizeof(float)));
 }
 
-// Sets the shards from the model's padded parameter count and installs nothing yet (see
-// multi_gpu_arm_hook).
-static void multi_gpu_attach(MultiGpu* mg, const GPTModel* model) {
+static void multi_gpu_params_needed(void* user, int layer);
+
+static void multi_gpu_free_buckets(MultiGpu* mg) {
+    for (int k = 0; k < 2 * mg->buckets; k++) {
+        CUDA_CHECK(cudaEventDestroy(mg->gathered[k]));
+        CUDA_CHECK(cudaEventDestroy(mg->reached[k]));
+    }
+    if (mg->buckets) CUDA_CHECK(cudaEventDestroy(mg->updated));
+    free(mg->gathered), free(mg->reached), free(mg->waited);
+    mg->gathered = mg->reached = NULL, mg->waited = NULL, mg->buckets = 0;
+}
+
+// Sets the shards from the model's padded parameter count, makes the all-gather's per-bucket events
+// and installs the forward's wait for the weights (multi_gpu_params_needed: a no-op until a ZeRO-1
+// all-gather is pending). The gradient hook is multi_gpu_arm_hook's.
+static void multi_gpu_attach(MultiGpu* mg, GPTModel* model) {
+    multi_gpu_free_buckets(mg);
     mg->model = model;
     mg->shard_size = model->num_params_padded / (size_t)mg->world;
     mg->shard_offset = (size_t)mg->rank * mg->shard_size;
+    mg->buckets = model->L + 1;
+    mg->gathered = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * 2 * (size_t)mg->buckets);
+    mg->reached = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * 2 * (size_t)mg->buckets);
+    mg->waited = (int*)calloc(2 * (size_t)mg->buckets, sizeof(int));
+    for (int k = 0; k < 2 * mg->buckets; k++) {
+        CUDA_CHECK(cudaEventCreate(&mg->gathered[k]));
+        CUDA_CHECK(cudaEventCreate(&mg->reached[k]));
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->updated, cudaEventDisableTiming));
+    mg->next_bucket = mg->buckets;  // nothing pending
+    model->params_needed = multi_gpu_params_needed;
+    model->params_needed_user = mg;
 }
 
-// Reduces grads[off, off + n) (mean over ranks): everywhere (zero 0) or to the owners (zero 1).
-static void multi_gpu_reduce_range(MultiGpu* mg, __nv_bfloat16* grads, size_t off, size_t n) {
+typedef enum { MG_REDUCE, MG_GATHER } MgBucketOp;
+
+// MG_REDUCE: the mean over ranks of buf[off, off + n), everywhere (zero 0) or only in the shards that own
+// it (zero 1, ncclReduce to each owner). MG_GATHER (zero 1): each owner's part of buf[off, off + n)
+// broadcast to every rank, the mirror of the reduce. Calls inside the caller's NCCL group.
+static void multi_gpu_range(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, size_t off, size_t n) {
     if (!mg->zero) {
-        NCCL_IN_GROUP(mg, ncclAllReduce(grads + off, grads + off, n, ncclBfloat16, ncclAvg, mg->comm, mg->comm_stream));
+        NCCL_IN_GROUP(mg, ncclAllReduce(buf + off, buf + off, n, ncclBfloat16, ncclAvg, mg->comm, mg->comm_stream));
         return;
     }
     const size_t S = mg->shard_size;
     for (int q = (int)(off / S); q < mg->world && (size_t)q * S < off + n; q++) {
         const size_t a = off > (size_t)q * S ? off : (size_t)q * S;
         const size_t b = off + n < (size_t)(q + 1) * S ? off + n : (size_t)(q + 1) * S;
-        if (a < b)
-            NCCL_IN_GROUP(mg, ncclReduce(grads + a, grads + a, b - a, ncclBfloat16, ncclAvg, q, mg->comm, mg->comm_stream));
+        if (a >= b) continue;
+        if (op == MG_REDUCE)
+            NCCL_IN_GROUP(mg, ncclReduce(buf + a, buf + a, b - a, ncclBfloat16, ncclAvg, q, mg->comm, mg->comm_stream));
+        else
+            NCCL_IN_GROUP(mg, ncclBroadcast(buf + a, buf + a, b - a, ncclBfloat16, q, mg->comm, mg->comm_stream));
     }
+}
+
+// One bucket of buf (the model's grads or params layout) in one NCCL group on the communication
+// stream: layer l's slices of the per-layer tensors (gpt_config.h's table; not contiguous), or for
+// l = -1 the other tensors: wte, wpe, lnfw, lnfb.
+static void multi_gpu_bucket(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, int layer) {
+    const GPTModel* m = mg->model;
+    NCCL_IN_GROUP(mg, ncclGroupStart());
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const int per_layer = GPT_PARAMS[i].per_layer;
+        if (per_layer != (layer >= 0)) continue;
+        const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
+        multi_gpu_range(mg, op, buf, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
+    }
+    const char* what = op == MG_REDUCE ? "enqueueing the gradient reduction (ncclGroupEnd)"
+                                       : "enqueueing the ZeRO-1 all-gather of the weights (ncclGroupEnd)";
+    NCCL_ENQUEUE(mg, ncclGroupEnd(), what);
 }
 
 // The backward hook: layer l's gradient slices (l = -1: wte, wpe, lnfw, lnfb) are final on the
 // compute stream; reduce them on the communication stream.
 static void multi_gpu_grads_ready(void* user, int layer) {
     MultiGpu* mg = (MultiGpu*)user;
-    const GPTModel* m = mg->model;
-    CUDA_CHECK(cudaEventRecord(mg->ready, m->stream));
+    CUDA_CHECK(cudaEventRecord(mg->ready, mg->model->stream));
     CUDA_CHECK(cudaStreamWaitEvent(mg->comm_stream, mg->ready, 0));
-    NCCL_IN_GROUP(mg, ncclGroupStart());
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {  // per-layer tensors: layer l's slice; the others at l = -1
-        const int per_layer = GPT_PARAMS[i].per_layer;
-        if (per_layer != (layer >= 0)) continue;
-        const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
-        multi_gpu_reduce_range(mg, m->grads, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
-    }
-    NCCL_ENQUEUE(mg, ncclGroupEnd(), "enqueueing the gradient reduction (ncclGroupEnd)");
+    multi_gpu_bucket(mg, MG_REDUCE, mg->model->grads, layer);
     if (layer < 0) CUDA_CHECK(cudaEventRecord(mg->done, mg->comm_stream));
 }
 
@@ -331,11 +388,14 @@ static void multi_gpu_arm_hook(MultiGpu* mg, GPTModel* m, int on) {
     m->grads_ready_user = on ? (void*)mg : NULL;
 }
 
-// The compute stream waits until every gradient bucket of this step is reduced.
+static void multi_gpu_wait_params(MultiGpu* mg, cudaStream_t stream);
+
+// The compute stream waits until every gradient bucket of this step is reduced, and for a ZeRO-1
+// all-gather still pending (none after a forward): the optimizer must not rewrite a shard still sent.
 static void multi_gpu_wait_grads(MultiGpu* mg, cudaStream_t stream) {
+    multi_gpu_wait_params(mg, stream);
     CUDA_CHECK(cudaEventRecord(mg->wait_start, stream));
     CUDA_CHECK(cudaStreamWaitEvent(stream, mg->done, 0));
-    mg->gathered = 0;
 }
 
 static __global__ void multi_gpu_finish_kernel(float* scalars, float inv_world) {
@@ -370,26 +430,66 @@ static void multi_gpu_norm_and_loss(MultiGpu* mg, float* norm_scratch, double lo
     *host_stop = host[2] > 0.0f;
 }
 
-// ZeRO-1: every rank's updated shard of the bf16 weights to every rank (in place); the host waits
-// for it (watched).
-static void multi_gpu_all_gather_params(MultiGpu* mg, __nv_bfloat16* params, cudaStream_t stream) {
-    CUDA_CHECK(cudaEventRecord(mg->gather_start, stream));
-    NCCL_ENQUEUE(mg, ncclAllGather(params + mg->shard_offset, params, mg->shard_size, ncclBfloat16, mg->comm, stream),
-                 "enqueueing the ZeRO-1 all-gather of the weights");
-    CUDA_CHECK(cudaEventRecord(mg->gather_end, stream));
-    mg->gathered = 1;
-    multi_gpu_watch_stream(mg, stream, "ZeRO-1 all-gather of the weights");
+// ZeRO-1, after the optimizer wrote this rank's shard of the bf16 weights on `stream`: every shard to
+// every rank (in place), bucket by bucket in the order the next forward reads them (the embeddings,
+// then layer 0, 1, ...), on the communication stream. Nothing waits here: the next forward waits for
+// each layer's bucket as it reaches it (multi_gpu_params_needed), so the transfer hides behind the
+// layers before; whatever else reads the weights first calls multi_gpu_wait_params. A hung transfer
+// is caught by the host's next watched wait, which follows a forward (multi_gpu_watch_stream).
+static void multi_gpu_all_gather_params(MultiGpu* mg, cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(mg->updated, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(mg->comm_stream, mg->updated, 0));
+    mg->set ^= 1;
+    const int first = mg->set * mg->buckets;
+    for (int k = 0; k < mg->buckets; k++) {
+        multi_gpu_bucket(mg, MG_GATHER, mg->model->params, k - 1);
+        CUDA_CHECK(cudaEventRecord(mg->gathered[first + k], mg->comm_stream));
+        mg->waited[first + k] = 0;  // a stall never read (no multi_gpu_exposed_ms since) is dropped
+    }
+    mg->next_bucket = 0;
 }
 
-// Milliseconds of the last step in which the compute stream waited on communication: for the
-// gradient buckets still reducing when the backward ended (0 when they were done before), the
-// (norm, loss, stop) all-reduce and ZeRO-1's all-gather. Call after the step has finished.
-static double multi_gpu_exposed_ms(const MultiGpu* mg) {
-    float wait = 0.0f, scalars = 0.0f, gather = 0.0f;
+// `stream` waits until bucket k (and so every bucket before it: one stream sends them in order) is
+// gathered; the time it reached the wait is recorded for multi_gpu_exposed_ms.
+static void multi_gpu_wait_bucket(MultiGpu* mg, int k, cudaStream_t stream) {
+    if (k < mg->next_bucket) return;
+    mg->next_bucket = k + 1;
+    k += mg->set * mg->buckets;
+    CUDA_CHECK(cudaEventRecord(mg->reached[k], stream));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, mg->gathered[k], 0));
+    mg->waited[k] = 1;
+}
+
+// The model's forward hook (GPTModel.params_needed): the forward is about to read layer l's weights
+// (l = -1: the embeddings and lnf; l = L: all of them, for the FP8 casts).
+static void multi_gpu_params_needed(void* user, int layer) {
+    MultiGpu* mg = (MultiGpu*)user;
+    if (mg->next_bucket >= mg->buckets) return;  // nothing pending
+    multi_gpu_wait_bucket(mg, layer + 1 < mg->buckets ? layer + 1 : mg->buckets - 1, mg->model->stream);
+}
+
+// `stream` waits for the whole pending all-gather, if any: before anything but the training forward
+// reads the weights (validation, evaluation, samples, a checkpoint).
+static void multi_gpu_wait_params(MultiGpu* mg, cudaStream_t stream) {
+    if (mg->next_bucket < mg->buckets) multi_gpu_wait_bucket(mg, mg->buckets - 1, stream);
+}
+
+// Milliseconds the compute stream waited on communication since the last call (call after the step
+// has finished): the gradient buckets still reducing when the backward ended (0 when they were done
+// before), the (norm, loss, stop) all-reduce, and with ZeRO-1 the forward's stalls on buckets of the
+// all-gather not yet there when it reached them.
+static double multi_gpu_exposed_ms(MultiGpu* mg) {
+    float wait = 0.0f, scalars = 0.0f, stalls = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&wait, mg->wait_start, mg->done));  // negative: done before the wait
     CUDA_CHECK(cudaEventElapsedTime(&scalars, mg->scalars_start, mg->scalars_end));
-    if (mg->gathered) CUDA_CHECK(cudaEventElapsedTime(&gather, mg->gather_start, mg->gather_end));
-    return (wait > 0.0f ? wait : 0.0f) + scalars + gather;
+    for (int k = 0; k < 2 * mg->buckets; k++) {
+        if (!mg->waited[k]) continue;
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, mg->reached[k], mg->gathered[k]));
+        if (ms > 0.0f) stalls += ms;
+        mg->waited[k] = 0;
+    }
+    return (wait > 0.0f ? wait : 0.0f) + scalars + stalls;
 }
 
 // The sum over ranks of `x` (blocking, watched; also a barrier). `what` names it for the watchdog.
@@ -417,7 +517,8 @@ static void multi_gpu_destroy(MultiGpu* mg) {
     CUDA_CHECK(cudaEventDestroy(mg->done));
     CUDA_CHECK(cudaEventDestroy(mg->scalars_done));
     CUDA_CHECK(cudaEventDestroy(mg->finished));
-    cudaEvent_t timed[] = {mg->wait_start, mg->scalars_start, mg->scalars_end, mg->gather_start, mg->gather_end};
+    multi_gpu_free_buckets(mg);
+    cudaEvent_t timed[] = {mg->wait_start, mg->scalars_start, mg->scalars_end};
     for (size_t i = 0; i < sizeof(timed) / sizeof(timed[0]); i++) CUDA_CHECK(cudaEventDestroy(timed[i]));
     CUDA_CHECK(cudaFree(mg->scalars));
     CUDA_CHECK(cudaFreeHost(mg->pinned));
