@@ -35,11 +35,11 @@ DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint \
              $(BUILD)/test_launcher $(BUILD)/test_stop_signal $(BUILD)/test_tokenizer $(BUILD)/test_watchdog \
-             $(BUILD)/test_eval_file
+             $(BUILD)/test_eval_file $(BUILD)/test_zigzag
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \
-             $(BUILD)/test_gpu_generate $(BUILD)/test_gpu_fp8
+             $(BUILD)/test_gpu_generate $(BUILD)/test_gpu_fp8 $(BUILD)/test_gpu_context_parallel
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
@@ -179,6 +179,13 @@ $(BUILD)/test_gpu_recompute: test/test_gpu_recompute.cu $(BUILD)/cpu_reference_p
 # multi_gpu.cuh on one GPU through a one-rank NCCL communicator (skips in a build without NCCL).
 $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+
+# The ring attention of context parallelism (layers/context_parallel/) on 1, 2 and 4 forked ranks against
+# flash2 on the whole sequence (skips in a build without NCCL, and where there are fewer GPUs).
+$(BUILD)/test_gpu_context_parallel: test/test_gpu_context_parallel.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) \
+		$(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_context_parallel.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+		$(ATTN_OBJS) -lcublas $(TRAIN_GPT_NCCL)
 
 $(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \

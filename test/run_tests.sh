@@ -43,6 +43,7 @@ tests=(
     "$BUILD/test_tokenizer"
     "$BUILD/test_watchdog"
     "$BUILD/test_eval_file"
+    "$BUILD/test_zigzag"
     "$PYTHON test/test_prepare_data.py"
     "$PYTHON test/test_prepare_hellaswag.py"
     "$PYTHON test/test_tokenizer.py"
@@ -62,6 +63,7 @@ tests=(
     "$BUILD/test_gpu_recompute"
     "$BUILD/test_gpu_decode"
     "$BUILD/test_gpu_multi_gpu"
+    "$BUILD/test_gpu_context_parallel"
     "$BUILD/test_gpu_generate"
 )
 if [ -n "${TEST_PROGRAMS:-}" ]; then mapfile -t tests < <(grep -v '^ *$' <<<"$TEST_PROGRAMS"); fi
