@@ -12,7 +12,8 @@
 //                                 packed QKV activation's row)
 //   k_cache  (B, Tmax, NKV, HD)   contiguous; entries at positions ≥ lengths[b] are never read
 //   v_cache  (B, Tmax, NKV, HD)   contiguous
-//   lengths  int32 (B), on the GPU: 1 ≤ Tq ≤ lengths[b] ≤ max_length ≤ Tmax
+//   lengths  int32 (B), on the GPU: 1 ≤ Tq ≤ lengths[b] ≤ max_length ≤ Tmax (max_length 0: not known on
+//            the host, lengths[b] ≤ Tmax)
 //   out      (B, Tq, NH, HD)      row (b, t) at out + (b·Tq + t)·out_stride
 //   lse      fp32 (B, NH, Tq), or NULL when not wanted
 //
@@ -22,6 +23,11 @@
 // merged in shared memory. With one split the block writes out and lse; with several, each split
 // writes its normalized partial output and LSE (fp32) to the workspace and a combine kernel rescales
 // and sums them: out = Σ_s exp(lse_s − lse) · out_s, lse = log Σ_s exp(lse_s).
+// Each sequence's keys are shared out over the splits by its own length, read on the GPU: the host's
+// max_length only picks the number of splits. With max_length = 0 (the lengths live only on the GPU,
+// e.g. a decode step captured once in a CUDA graph and replayed at every length) the splits are
+// picked for the capacity Tmax; splits past a sequence's keys return an empty partial (LSE −∞) that
+// the combine skips, so the same launch is right for every lengths[b] ≤ Tmax.
 #ifndef FLASH2_DECODE_H
 #define FLASH2_DECODE_H
 
@@ -44,7 +50,7 @@ typedef struct {
     long q_stride;
     const __nv_bfloat16 *k_cache, *v_cache;  // (B, Tmax, NKV, HD)
     const int* lengths;                      // (B) on the GPU
-    int max_length;                          // ≥ every lengths[b], known on the host
+    int max_length;                          // ≥ every lengths[b], known on the host; 0: unknown (≤ Tmax)
     __nv_bfloat16* out;                      // (B, Tq, NH, HD), rows at out_stride
     long out_stride;
     float* lse;        // (B, NH, Tq) or NULL
@@ -56,8 +62,8 @@ typedef struct {
 extern "C" {
 #endif
 
-// 0 when the shape (with max_length and num_splits; 0 = automatic) can run; otherwise -1 and a
-// message in `why` that says what to change.
+// 0 when the shape (with max_length, 0 = not known on the host, and num_splits, 0 = automatic) can
+// run; otherwise -1 and a message in `why` that says what to change.
 int decode_check(const DecodeShape* shape, int max_length, int num_splits, char* why, size_t why_size);
 
 // decode_check, and the arguments: strides of at least NH·HD and pointers and strides aligned to
@@ -73,6 +79,9 @@ int decode_splits_for(long blocks, int max_length, long concurrent_blocks);
 
 // The splits decode_attention runs with for num_splits = 0 on the current GPU.
 int decode_num_splits(const DecodeShape* shape, int max_length);
+
+// The length the automatic split count is planned for: args->max_length, or Tmax when it is 0.
+int decode_planned_length(const DecodeArgs* args);
 
 // Bytes of workspace for `num_splits` splits (0 for one split): partial outputs and LSEs, fp32.
 size_t decode_workspace_bytes(const DecodeShape* shape, int num_splits);

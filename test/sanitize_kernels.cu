@@ -701,21 +701,18 @@ static void generate_steps(GPTDecoder* d, int V) {
     d->splits_override = 0;
 }
 
-// gpt_generate_tokens as --generate runs it: top-k sampling, then greedy.
-static void generate_sampling(GPTDecoder* d, int V, int Vp) {
-    uint16_t* logits_host = NULL;
-    CUDA_CHECK(cudaMallocHost((void**)&logits_host, (size_t)d->B * Vp * sizeof(uint16_t)));
+// gpt_generate_tokens as --generate runs it: top-k sampling on the GPU (the first token from the
+// held logits, the second after an uncaptured step, the third from the captured graph), then greedy.
+static void generate_sampling(GPTDecoder* d) {
     int out[3 * 3];
-    Sampler s;
-    sampler_create(&s, 1.0, 20, 11, V);
-    gpt_generate_tokens(d, &s, 3, out, logits_host);
+    GPTGenerator g;
+    gpt_generator_create(&g, d, 1.0, 20, 11);
+    gpt_generate_tokens(&g, 3, out, NULL, NULL);
     case_end("generate_tokens_top_k20");
-    sampler_destroy(&s);
-    sampler_create(&s, 0.0, 0, 11, V);
-    gpt_generate_tokens(d, &s, 2, out, logits_host);
+    gpt_generator_set(&g, 0.0, 0, 11, 1);
+    gpt_generate_tokens(&g, 2, out, NULL, NULL);
     case_end("generate_tokens_greedy");
-    sampler_destroy(&s);
-    CUDA_CHECK(cudaFreeHost(logits_host));
+    gpt_generator_destroy(&g);
 }
 
 // The decoder's activations that only a GEMM writes (see "memory that TMA stores write"): qkv (read by
@@ -731,9 +728,9 @@ static void decoder_fill_tma_outputs(const GPTDecoder* d) {
     fill_tma_output(d->logits, (size_t)d->B * d->model->Vp * bf);
 }
 
-// A 2-layer GPT (head dim 64, one K/V head for two query heads), 3 sequences: prefill of 5 tokens
-// through the training forward (flash2), decode steps of 1, 3 and 16 tokens (own and forced splits),
-// sampling, and the training samples' path from an empty cache.
+// A 2-layer GPT (head dim 64, one K/V head for two query heads), 3 sequences: prefill of 5 tokens (a
+// layer at a time in the decoder's buffers, flash2), decode steps of 1, 3 and 16 tokens (own and forced
+// splits), sampling, and the training samples' path from an empty cache.
 static void family_generate(const Options* o) {
     (void)o;
     g_uses_cublas = 1;
@@ -748,10 +745,10 @@ static void family_generate(const Options* o) {
     GPTDecoder d;
     if (gpt_decoder_create(&d, &m, B, 40, DECODE_MAX_QUERY_TOKENS) != 0) exit(1);
     decoder_fill_tma_outputs(&d);
-    gpt_decoder_prefill(&d, tokens_random((size_t)B * P, config.vocab_size, 1));
+    gpt_decoder_prefill(&d, tokens_random((size_t)B * P, config.vocab_size, 1), P);
     case_end("generate_prefill_B%d_P%d", B, P);
     generate_steps(&d, config.vocab_size);
-    generate_sampling(&d, config.vocab_size, config.padded_vocab_size);
+    generate_sampling(&d);
     gpt_decoder_reset(&d);
     const int first[3] = {GPT2_EOT_TOKEN % config.vocab_size, 1, 2};
     gpt_decoder_step(&d, first, 1);

@@ -12,7 +12,12 @@
 //   head), Tq = 12 at 4:1 (48 rows), Tq = 16 at 2:2 and at 16:2 (128 rows: two row groups), L in
 //   {17, 1000}, head dims 80 and 128.
 // Each set runs with one split, with the automatic count (decode_num_splits; the detail line says
-// how many) and with many (one per 64-key tile plus 3 empty ones, at most DECODE_MAX_SPLITS).
+// how many), with many (one per 64-key tile plus 3 empty ones, at most DECODE_MAX_SPLITS), all three
+// with the host's max_length, and with max_length 0 (the lengths only on the GPU, as in a decode step
+// captured in a CUDA graph: the splits planned for Tmax, each sequence's keys split by its own length).
+// Lengths far below the capacity (GQA 8:2, Tmax 8192, lengths 17/9 and 1000/500, Tq 1 and 4, head
+// dims 64 and 128): the max_length-0 launch against fp64, the launch with the host's max_length and
+// the same split count against fp64, and the two bit for bit (most splits hold no key there).
 //
 // Every run: q sits in a packed (B, Tq, NH + 2·NKV, HD) buffer (row stride (NH + 2·NKV)·HD, as the
 // model's QKV activation) whose K/V slots are NaN; the cache is (B, Tmax, NKV, HD) with Tmax = L + 7
@@ -40,6 +45,7 @@
 typedef struct {
     int HD, NH, NKV, Tq, L;
     double scale;
+    int Tmax;  // 0: L + 7
 } InputCase;
 
 static const int HEAD_DIMS[] = {64, 80, 96, 128};
@@ -56,16 +62,16 @@ static int list_cases(InputCase* cases, int max) {
     for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
         for (size_t k = 0; k < COUNT(HEADS); k++)
             for (size_t l = 0; l < COUNT(LENGTHS); l++)
-                if (n < max) cases[n++] = (InputCase){HEAD_DIMS[h], HEADS[k][0], HEADS[k][1], 1, LENGTHS[l], 1.0};
+                if (n < max) cases[n++] = (InputCase){HEAD_DIMS[h], HEADS[k][0], HEADS[k][1], 1, LENGTHS[l], 1.0, 0};
     for (size_t h = 0; h < COUNT(HEAD_DIMS); h++)
-        if (n < max) cases[n++] = (InputCase){HEAD_DIMS[h], 8, 2, 1, 1000, 6.0};
+        if (n < max) cases[n++] = (InputCase){HEAD_DIMS[h], 8, 2, 1, 1000, 6.0, 0};
     const int multi_hd[] = {80, 128}, multi_len[] = {17, 1000};
     for (int h = 0; h < 2; h++)
         for (size_t m = 0; m < COUNT(MULTI_QUERY); m++)
             for (int l = 0; l < 2; l++)
                 if (n < max)
                     cases[n++] = (InputCase){multi_hd[h], MULTI_QUERY[m][0], MULTI_QUERY[m][1], MULTI_QUERY[m][2],
-                                             multi_len[l], 1.0};
+                                             multi_len[l], 1.0, 0};
     return n;
 }
 
@@ -76,7 +82,7 @@ static int sequence_length(const InputCase* c, int b) {
 }
 
 static DecodeShape shape_of(const InputCase* c) {
-    DecodeShape s = {BATCH, c->Tq, c->NH, c->NKV, c->HD, c->L + 7};
+    DecodeShape s = {BATCH, c->Tq, c->NH, c->NKV, c->HD, c->Tmax ? c->Tmax : c->L + 7};
     return s;
 }
 
@@ -87,8 +93,10 @@ static int many_splits(const InputCase* c) {
 }
 
 static void case_name(char* buf, size_t size, const InputCase* c, const char* splits) {
-    snprintf(buf, size, "decode_hd%d_nh%d_nkv%d_tq%d_len%d_scale%g_splits_%s", c->HD, c->NH, c->NKV, c->Tq, c->L,
-             c->scale, splits);
+    char tmax[32] = "";
+    if (c->Tmax) snprintf(tmax, sizeof(tmax), "_tmax%d", c->Tmax);
+    snprintf(buf, size, "decode_hd%d_nh%d_nkv%d_tq%d_len%d%s_scale%g_splits_%s", c->HD, c->NH, c->NKV, c->Tq, c->L,
+             tmax, c->scale, splits);
 }
 
 // ---- inputs and the fp64 reference ---------------------------------------------------------------
@@ -216,22 +224,30 @@ static void free_device(Device* d) {
 
 static int guard_intact(const unsigned char* p, size_t bytes) { return changed_poison_bytes(p, bytes) == 0; }
 
-// Runs the decode with `num_splits` (0: automatic) and checks it; `name` is the case.
-static void run_case(const InputSet* in, Device* d, int num_splits, const char* name, cudaStream_t stream) {
+// Runs the decode with `num_splits` (0: automatic) and max_length (0: not known on the host, the
+// splits planned for Tmax) and checks it; `name` is the case. With kept, *kept receives out's bits
+// (malloc'ed; NULL when the run was rejected).
+static void run_case(const InputSet* in, Device* d, int num_splits, int max_length, const char* name,
+                     cudaStream_t stream, uint16_t** kept) {
     const DecodeShape* s = &in->s;
-    const int splits = num_splits > 0 ? num_splits : decode_num_splits(s, in->c.L);
+    const int splits = num_splits > 0 ? num_splits : decode_num_splits(s, max_length ? max_length : s->Tmax);
+    if (kept) *kept = NULL;
     const size_t ws_bytes = decode_workspace_bytes(s, splits);
     void* workspace = device_alloc(ws_bytes);
-    if (ws_bytes) CUDA_CHECK(cudaMemset(workspace, 0xFF, ws_bytes));
-    CUDA_CHECK(cudaMemset(d->out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2));
-    CUDA_CHECK(cudaMemset(d->lse_buf, 0xFF, (d->n_lse + 2 * GUARD) * 4));
+    // The poison goes in on the launch's stream, and the device is idle before the launch: `stream` is
+    // non-blocking, so a cudaMemset (legacy stream) or the inputs' upload could otherwise still be
+    // running under the kernel and overwrite what it wrote (NaN out or lse where the kernel is right).
+    if (ws_bytes) CUDA_CHECK(cudaMemsetAsync(workspace, 0xFF, ws_bytes, stream));
+    CUDA_CHECK(cudaMemsetAsync(d->out_buf, 0xFF, (d->n_out + 2 * GUARD) * 2, stream));
+    CUDA_CHECK(cudaMemsetAsync(d->lse_buf, 0xFF, (d->n_lse + 2 * GUARD) * 4, stream));
+    CUDA_CHECK(cudaDeviceSynchronize());
 
     DecodeArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = *s;
     a.q = d->q, a.q_stride = in->q_stride;
     a.k_cache = d->k, a.v_cache = d->v;
-    a.lengths = d->lengths, a.max_length = in->c.L;
+    a.lengths = d->lengths, a.max_length = max_length;
     a.out = d->out_buf + GUARD, a.out_stride = (long)s->NH * s->HD;
     a.lse = d->lse_buf + GUARD;
     a.num_splits = num_splits;
@@ -264,7 +280,7 @@ static void run_case(const InputSet* in, Device* d, int num_splits, const char* 
     for (size_t i = 0; i < d->n_lse; i++) {
         const double r = in->ref_lse[i], e = fabs((double)lse[GUARD + i] - r) / (fabs(r) > 1.0 ? fabs(r) : 1.0);
         lse_not_finite += !isfinite(lse[GUARD + i]);
-        if (!(e <= lse_err)) lse_err = e;  // NaN sticks
+        if (!isnan(lse_err) && !(e <= lse_err)) lse_err = e;  // NaN sticks (a later finite e must not clear it)
     }
     if (not_finite) add_problem(problems, sizeof(problems), "%zu of %zu out elements not finite (unwritten?)",
                                 not_finite, d->n_out);
@@ -278,8 +294,12 @@ static void run_case(const InputSet* in, Device* d, int num_splits, const char* 
     printf("  %s: splits %d, out error %.2e, lse error %.2e\n", name, splits, out_err, lse_err);
     test_report(name, problems[0] == 0, "%s", problems);
     free(x);
-    free(out);
     free(lse);
+    if (kept) {
+        *kept = (uint16_t*)host_alloc(d->n_out * 2);
+        memcpy(*kept, out + GUARD, d->n_out * 2);
+    }
+    free(out);
 }
 
 // ---- CPU cases ---------------------------------------------------------------------------------------
@@ -297,13 +317,15 @@ static const struct {
     {"decode_check_rejects_length_under_query_tokens", {2, 4, 8, 2, 128, 100}, 3, 0},
     {"decode_check_rejects_too_many_splits", {2, 1, 8, 2, 128, 100}, 100, DECODE_MAX_SPLITS + 1},
 };
-// cpu_cases: one per BAD_SHAPES entry, the accepted shape and the five named split heuristic cases.
-#define CPU_CASES ((int)COUNT(BAD_SHAPES) + 1 + 5)
+// cpu_cases: one per BAD_SHAPES entry, the two accepted shapes and the five named split heuristic cases.
+#define CPU_CASES ((int)COUNT(BAD_SHAPES) + 2 + 5)
 
 static void cpu_cases(void) {
     char why[512];
     DecodeShape ok = {2, 1, 8, 2, 128, 100};
     test_report("decode_check_accepts_gqa", decode_check(&ok, 100, 0, why, sizeof(why)) == 0, "%s", why);
+    test_report("decode_check_accepts_a_length_unknown_on_the_host", decode_check(&ok, 0, 0, why, sizeof(why)) == 0,
+                "%s", why);
     for (size_t i = 0; i < COUNT(BAD_SHAPES); i++) {
         why[0] = 0;
         const int rc = decode_check(&BAD_SHAPES[i].s, BAD_SHAPES[i].max_length, BAD_SHAPES[i].splits, why, sizeof(why));
@@ -396,16 +418,66 @@ static void append_cases(const char* skip_why, uint64_t seed) {
             }
 }
 
+// ---- lengths far below the cache's capacity -------------------------------------------------------
+
+// GQA 8:2 in a cache of 8192 positions holding 17 (9) or 1000 (500) keys: the launch planned for the
+// capacity (max_length 0, as in a captured decode step) leaves most splits without keys.
+static const int FAR_HDS[] = {64, 128}, FAR_TQS[] = {1, 4}, FAR_LENGTHS[] = {17, 1000};
+#define FAR_TMAX 8192
+#define FAR_SETS ((int)(COUNT(FAR_HDS) * COUNT(FAR_TQS) * COUNT(FAR_LENGTHS)))
+#define FAR_CASES_PER_SET 3  // unknown_length, host_length_same_splits, and their bits equal
+
+static InputCase far_case(int i) {
+    const int h = i / 4, t = (i / 2) % 2, l = i % 2;
+    return (InputCase){FAR_HDS[h], 8, 2, FAR_TQS[t], FAR_LENGTHS[l], 1.0, FAR_TMAX};
+}
+
+static void far_names(char names[FAR_CASES_PER_SET][160], const InputCase* c) {
+    case_name(names[0], 160, c, "unknown_length");
+    case_name(names[1], 160, c, "host_length_same_splits");
+    case_name(names[2], 160, c, "unknown_length_equals_host_length_bits");
+}
+
+// The launch with max_length 0 against fp64, the launch with the host's max_length and the same
+// splits against fp64, and the two bit for bit (each sequence's keys are split by its own length).
+static void far_cases(uint64_t seed, const char* skip_why, cudaStream_t stream) {
+    for (int i = 0; i < FAR_SETS; i++) {
+        const InputCase c = far_case(i);
+        char names[FAR_CASES_PER_SET][160];
+        far_names(names, &c);
+        if (skip_why) {
+            for (int k = 0; k < FAR_CASES_PER_SET; k++) test_skip(names[k], skip_why);
+            continue;
+        }
+        InputSet in = make_inputs(&c, seed ^ (0xC2B2AE3D27D4EB4Full * (uint64_t)(i + 1)));
+        Device d = upload(&in);
+        const int splits = decode_num_splits(&in.s, FAR_TMAX);
+        uint16_t *unknown = NULL, *host = NULL;
+        snprintf(g_running_case, sizeof(g_running_case), "%s", names[0]);
+        run_case(&in, &d, 0, 0, names[0], stream, &unknown);
+        snprintf(g_running_case, sizeof(g_running_case), "%s", names[1]);
+        run_case(&in, &d, splits, c.L, names[1], stream, &host);
+        g_running_case[0] = 0;
+        const int equal = unknown && host && memcmp(unknown, host, d.n_out * 2) == 0;
+        test_report(names[2], equal, "the two launches (%d splits) differ", splits);
+        free(unknown), free(host);
+        free_device(&d);
+        free_inputs(&in);
+    }
+}
+
 // ---- main --------------------------------------------------------------------------------------------
 
-// The split settings every input set runs with: one split, automatic, many.
-#define SPLIT_SETTINGS 3
+// The settings every input set runs with: one split, automatic, many (each with the host's
+// max_length), and automatic with max_length 0 (planned for Tmax; the lengths only on the GPU).
+#define SPLIT_SETTINGS 4
+static const char* SETTING_LABELS[SPLIT_SETTINGS] = {"1", "auto", "many", "unknown_length"};
 
 int main(void) {
     test_begin();
     InputCase cases[160];
     const int n = list_cases(cases, (int)COUNT(cases));
-    test_plan(CPU_CASES + n * SPLIT_SETTINGS + APPEND_CASES);  // the same without a GPU: skipped there
+    test_plan(CPU_CASES + n * SPLIT_SETTINGS + FAR_SETS * FAR_CASES_PER_SET + APPEND_CASES);  // same without a GPU
     const uint64_t seed = pick_and_print_seed();
     cpu_cases();
 
@@ -413,12 +485,12 @@ int main(void) {
     const char* skip_why = gpu_skip_reason(&gpu, "the decode kernels");
     char name[200];
     if (skip_why) {
-        const char* settings[SPLIT_SETTINGS] = {"1", "auto", "many"};
         for (int i = 0; i < n; i++)
             for (int k = 0; k < SPLIT_SETTINGS; k++) {
-                case_name(name, sizeof(name), &cases[i], settings[k]);
+                case_name(name, sizeof(name), &cases[i], SETTING_LABELS[k]);
                 test_skip(name, skip_why);
             }
+        far_cases(seed, skip_why, 0);
         append_cases(skip_why, seed);
         return test_end();
     }
@@ -429,18 +501,18 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         InputSet in = make_inputs(&cases[i], seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1));
         Device d = upload(&in);
-        const int settings[SPLIT_SETTINGS] = {1, 0, many_splits(&cases[i])};
-        const char* labels[SPLIT_SETTINGS] = {"1", "auto", "many"};
+        const int splits[SPLIT_SETTINGS] = {1, 0, many_splits(&cases[i]), 0};
+        const int lengths[SPLIT_SETTINGS] = {cases[i].L, cases[i].L, cases[i].L, 0};
         for (int k = 0; k < SPLIT_SETTINGS; k++) {
-            const char* label = labels[k];
-            case_name(g_running_case, sizeof(g_running_case), &cases[i], label);
+            case_name(g_running_case, sizeof(g_running_case), &cases[i], SETTING_LABELS[k]);
             snprintf(name, sizeof(name), "%s", g_running_case);
-            run_case(&in, &d, settings[k], name, stream);
+            run_case(&in, &d, splits[k], lengths[k], name, stream, NULL);
             g_running_case[0] = 0;
         }
         free_device(&d);
         free_inputs(&in);
     }
+    far_cases(seed, NULL, stream);
     append_cases(NULL, seed);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return test_end();

@@ -4,7 +4,9 @@ scripts/power_poller.py), and the test runner (test/run_tests.sh) on stand-in pr
 CPU only: the GPU peak table against data/gpt_config.h's (a small C program compiled here), GPU name
 tags, results files written whole, running a child with its log and step records, the power poller's
 step clock and window arithmetic (NVML itself needs a GPU), and the benchmarks' --precision (bench_train.py
-and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao).
+and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao), and
+bench_generate.py's arguments, the train_gpt lines it reads, its bounds and table, and its error without
+transformers.
 """
 import contextlib
 import io
@@ -606,6 +608,73 @@ def test_torch_gpt_data_parallel_matches_one_process():
         assert abs(x - y) <= 1e-5 * abs(x), (a["losses"], b["losses"])
     assert a["losses"][0] != a["losses"][2], "the steps did not train"
 
+
+
+# ---- bench_generate.py: its arguments, train_gpt's lines it reads, its bounds, its refusal ----
+
+SPEED_LINE = ("speed        prefill 4 x 16 tokens in 12.5 ms; 4 x 256 new tokens in 0.300 s: 3413 tokens/s (853 per "
+              "sequence), 1.172 ms per step; steady 1.100 ms per step, 3636 tokens/s (tokens 3..256, GPU time)")
+
+
+def test_bench_generate_arguments():
+    import bench_generate
+    a = bench_generate.parse_args(["--models", "gpt2-124m,gpt3-1.3b", "--batches", "1, 4", "--prompts", "16,2k"])
+    assert a.models == ["gpt2-124m", "gpt3-1.3b"] and a.batches == [1, 4] and a.prompts == [16, 2048], vars(a)
+    d = bench_generate.parse_args([])
+    assert d.models == ["gpt2-124m", "gpt3-1.3b", "gpt3-2.7b"] and d.batches == [1, 4, 16, 64], vars(d)
+    assert d.prompts == [16, 2048] and d.tokens == 256, vars(d)
+    for bad, why in ((["--models", "gpt9"], "unknown model"), (["--batches", "0"], "positive"),
+                     (["--prompts", "x"], "--batches"), (["--tokens", "2"], "at least 3")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                bench_generate.parse_args(bad)
+                raise AssertionError(f"{bad} accepted")
+            except SystemExit as e:
+                assert e.code == 2, (bad, e.code)
+        assert why in err.getvalue() or "invalid" in err.getvalue(), (bad, err.getvalue())
+
+
+def test_bench_generate_reads_train_gpt_lines_and_bounds():
+    import bench_generate
+    import torch_gpt as tg
+    text = ("model        from w.bin: ...\n" + SPEED_LINE + "\nmemory       weights 237.0 MiB, KV cache 72.0 MiB (4 x "
+            "271 positions), decode activations 3.1 MiB, prefill 5.0 MiB (freed after the prompt); the GPU's memory "
+            "in use grew by 812.4 MiB at the peak (...)\n")
+    r = bench_generate.parse_train_gpt_output(text)
+    assert r["prefill_ms"] == 12.5 and r["ms_per_token"] == 1.1 and r["B"] == 4 and r["tokens"] == 256, r
+    assert abs(r["tokens_per_s"] - 4000 / 1.1) < 1e-6 and abs(r["wall_ms_per_token"] - 300 / 256) < 1e-9, r
+    assert r["memory_mib"] == 812.4, r
+    no_steady = SPEED_LINE.split("; steady")[0]
+    assert bench_generate.parse_train_gpt_output(no_steady)["ms_per_token"] == 300 / 256
+    assert bench_generate.parse_train_gpt_output("error: no CUDA GPU found") is None
+    cfg = tg.gpt_config("gpt2-124m", seq_len=1024)
+    # 124,475,904 parameters (data/gpt_config.h's count), wpe's 1024 rows less the one a step reads
+    assert bench_generate.weight_read_bytes(cfg) == 2 * (124475904 - 1024 * 768 + 768)
+    assert bench_generate.kv_read_bytes(cfg, 2, 100) == 2 * 2 * 2 * 100 * 12 * 12 * 64
+    table = bench_generate.table([{"model": "gpt2-124m", "prompt": 16, "batch": 4, "weight_bound_ms": 0.55,
+                                   "kv_bound_ms": 0.6, "ours": r, "hf": {"ms_per_token": 2.2, "tokens_per_s": 1818}},
+                                  {"model": "gpt2-124m", "prompt": 16, "batch": 64, "weight_bound_ms": 0.55,
+                                   "kv_bound_ms": 0.9, "ours": {"error": "exit 1"}, "hf": {"error": "oom"}}])
+    lines = table.splitlines()
+    assert len(lines) == 3 and "2.00x" in lines[1] and "50%" in lines[1] and lines[2].count(" - ") >= 4, table
+
+
+def test_bench_generate_fails_clearly_without_torch_or_transformers():
+    env = dict(os.environ, PYTHONPATH="")
+    blocker = os.path.join(WORK, "no_torch")
+    os.makedirs(blocker, exist_ok=True)
+    with open(os.path.join(blocker, "sitecustomize.py"), "w") as f:  # makes `import transformers` fail
+        f.write("import sys\nimport importlib.abc\n"
+                "class _Block(importlib.abc.MetaPathFinder):\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name.split('.')[0] == 'transformers':\n"
+                "            raise ModuleNotFoundError(name)\n        return None\n"
+                "sys.meta_path.insert(0, _Block())\n")
+    env["PYTHONPATH"] = blocker
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_generate.py"), "--models", "gpt2-124m"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "needs transformers" in r.stderr, (r.returncode, r.stderr)
 
 if __name__ == "__main__":
     try:

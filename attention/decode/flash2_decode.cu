@@ -3,7 +3,10 @@
 //   decode_split_kernel    grid (splits, NKV · row groups, B), 4 warps. The query rows of one K/V
 //                          head are its G = NH/NKV query heads times the Tq new tokens, row r =
 //                          t·G + g; a block takes 16·MT of them (MT m16 tiles; more rows than 64 make
-//                          several row groups, each reading the cache again). The block streams the
+//                          several row groups, each reading the cache again). Sequence b's
+//                          ceil(lengths[b] / 64) tiles are shared out evenly over the splits (read on
+//                          the GPU, so one launch serves any length up to Tmax; a split left without
+//                          keys writes LSE −∞ and exits). The block streams the
 //                          split's keys in tiles of 64 (K and V, cp.async, 3 stages); warp w owns
 //                          m-tile w / KW and keys [w % KW · 64/KW, +64/KW) of every tile (KW = 4/MT),
 //                          so each K/V byte crosses HBM once per block and every warp has tensor-core
@@ -42,7 +45,7 @@ struct DecodeParams {
     int Tq, NH, NKV, G, Tmax;
     int M;            // query rows per K/V head: Tq·G
     int row_groups;   // ceil(M / (16·MT))
-    int splits, split_keys;
+    int splits;       // split s of sequence b takes tiles [s·per, (s+1)·per) of its ceil(lengths[b]/64)
     float scale_log2;  // log2(e) / √HD
 };
 
@@ -110,10 +113,25 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     const int kvh = blockIdx.y / p.row_groups, row0 = (blockIdx.y % p.row_groups) * 16 * MT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int mt = warp / KW, kw = warp % KW;
+    // The sequence's own tiles are shared out over the splits (per tiles each), so the work of a split
+    // follows lengths[b] on the GPU: a launch sized for the cache's capacity serves every length.
     const int len = p.lengths[b];
-    const int k_begin = split * p.split_keys;
-    const int k_end = min(len, k_begin + p.split_keys);
+    const int len_tiles = (len + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK;
+    const int split_keys = (len_tiles + p.splits - 1) / p.splits * DECODE_KEY_BLOCK;
+    const int k_begin = split * split_keys;
+    const int k_end = min(len, k_begin + split_keys);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK : 0;
+    if (n_tiles == 0 && p.splits > 1) {
+        // Past the sequence's keys: an empty partial (LSE −∞; the combine gives it weight 0 and never
+        // reads its output).
+        for (int r = threadIdx.x; r < 16 * MT; r += DECODE_THREADS) {
+            const int R = row0 + r;
+            if (R >= p.M) break;
+            const int t = R / p.G, h = kvh * p.G + R % p.G;
+            p.part_lse[(((long)b * p.Tq + t) * p.NH + h) * p.splits + split] = -INFINITY;
+        }
+        return;
+    }
 
     // Query rows: row r of the block is query row R = row0 + r = t·G + g, head kvh·G + g.
     constexpr int CHUNKS = HD / 8;
@@ -471,9 +489,9 @@ int decode_check(const DecodeShape* s, int max_length, int num_splits, char* why
                  DECODE_MAX_QUERY_TOKENS, s->Tq);
         return -1;
     }
-    if (max_length < s->Tq || max_length > s->Tmax) {
-        snprintf(why, why_size, "max_length %d must be between the new tokens (%d) and the cache capacity (%d)",
-                 max_length, s->Tq, s->Tmax);
+    if (max_length != 0 && (max_length < s->Tq || max_length > s->Tmax)) {
+        snprintf(why, why_size, "max_length %d must be between the new tokens (%d) and the cache capacity (%d), or 0 "
+                 "(not known on the host)", max_length, s->Tq, s->Tmax);
         return -1;
     }
     if (num_splits < 0 || num_splits > DECODE_MAX_SPLITS) {
@@ -487,6 +505,8 @@ int decode_check(const DecodeShape* s, int max_length, int num_splits, char* why
     }
     return 0;
 }
+
+int decode_planned_length(const DecodeArgs* a) { return a->max_length > 0 ? a->max_length : a->shape.Tmax; }
 
 int decode_check_args(const DecodeArgs* a, char* why, size_t why_size) {
     const DecodeShape* s = &a->shape;
@@ -502,7 +522,7 @@ int decode_check_args(const DecodeArgs* a, char* why, size_t why_size) {
         snprintf(why, why_size, "q, k_cache, v_cache, lengths and out must be GPU pointers, the bf16 ones 16-byte aligned");
         return -1;
     }
-    const int splits = a->num_splits > 0 ? a->num_splits : decode_num_splits(s, a->max_length);
+    const int splits = a->num_splits > 0 ? a->num_splits : decode_num_splits(s, decode_planned_length(a));
     if (splits > 1 && (!a->workspace || (size_t)a->workspace % 16 != 0)) {
         snprintf(why, why_size, "%d splits need a 16-byte aligned workspace of %zu bytes (decode_workspace_bytes)",
                  splits, decode_workspace_bytes(s, splits));
@@ -553,10 +573,7 @@ void decode_attention(const DecodeArgs* a, cudaStream_t stream) {
     p.Tq = s->Tq, p.NH = s->NH, p.NKV = s->NKV, p.G = s->NH / s->NKV, p.Tmax = s->Tmax;
     p.M = s->Tq * p.G;
     p.row_groups = (int)row_groups_of(s);
-    p.splits = a->num_splits > 0 ? a->num_splits : decode_num_splits(s, a->max_length);
-    // Whole tiles per split, enough splits · tiles to cover max_length.
-    const int tiles = (a->max_length + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK;
-    p.split_keys = (tiles + p.splits - 1) / p.splits * DECODE_KEY_BLOCK;
+    p.splits = a->num_splits > 0 ? a->num_splits : decode_num_splits(s, decode_planned_length(a));
     const size_t parts = (size_t)s->B * s->Tq * s->NH * p.splits;
     p.part_o = (float*)a->workspace;  // first, so that its rows stay 16-byte aligned
     p.part_lse = p.part_o ? p.part_o + parts * s->HD : NULL;

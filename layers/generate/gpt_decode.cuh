@@ -1,13 +1,16 @@
 // gpt_decode.cuh: the model for generation: a KV cache and a cached decode step that runs Tq new
 // tokens per sequence (1 ≤ Tq ≤ DECODE_MAX_QUERY_TOKENS) through the same layers as the training
 // forward (layers/model/gpt_model.cuh), with the split-KV decode attention (attention/decode.h).
+// The prompt goes in through gpt_prefill.cuh; the tokens drawn one by one through gpt_generator.cuh.
 //
 // Shapes: L layers, C channels, NH query heads and NKV key/value heads of HD, V vocab padded to Vp;
 // B sequences, Tmax positions of cache (≤ maxT, the rows of wpe); N = B·Tq rows per step.
-//   KV cache   k, v (L, B, Tmax, NKV, HD) bf16; lengths (B) int32 on the GPU (and a host copy): the
-//              positions of sequence b that hold keys.
-//   A step on tokens (B, Tq) (sequence b's new tokens go to positions lengths[b] .. lengths[b]+Tq−1):
-//     lengths[b] += Tq                                   (first, so the attention sees the new keys)
+//   KV cache   k, v (L, B, Tmax, NKV, HD) bf16; lengths (B) int32 on the GPU: the positions of
+//              sequence b that hold keys (a host copy is kept as bookkeeping, never read by a kernel).
+//   A step on d->tokens (B, Tq) on the GPU (sequence b's new tokens go to positions lengths[b] ..
+//   lengths[b]+Tq−1), everything read from device memory so that it can be captured once in a CUDA
+//   graph and replayed at every length:
+//     starts[b] = lengths[b]; lengths[b] += Tq           (a kernel; first, so the attention sees the new keys)
 //     x (N, C)        = wte[tok] + wpe[pos]
 //     per block l (the training forward's recipe on N rows; no statistics are saved):
 //       ln (N, C)     = LN1(x)
@@ -19,16 +22,16 @@
 //       fch_gelu      = GELU(ln · fcwᵀ + fcb);  x = r2 + fch_gelu · fcprojwᵀ + fcprojb
 //     ln = LNf(x); last (B, C) = ln's row Tq−1 of each sequence
 //     logits (B, Vp) = last · wteᵀ                       (the next-token logits of each sequence)
-// Prefill (gpt_decoder_prefill): the prompt (B, T) runs through gpt_model_forward (causal, any
-// backend), its K and V are copied from the model's qkv activation into the cache (positions 0..T−1)
-// and the logits of its last position start the decoding.
+//   The decode attention runs with max_length 0 (lengths only on the GPU) and a split count fixed
+//   per Tq from the cache's capacity Tmax (decode.h): the same launch for every length.
 //
 // GQA: gpt_qkv_layout is the one place that says how many K/V heads there are and where q, k and v sit
 // in a qkv row (B, T, NH + 2·NKV, HD); everything here reads it.
 //
-// The decoder borrows a GPTModel for its parameters, its cuBLASLt context and its stream (the
-// trainer's model while sampling during training; a model sized for the prompt in --generate) and
-// owns its own activations (B·Tq_max rows) and the cache. Everything runs on model->stream.
+// The decoder borrows a GPTModel for its parameters, its cuBLASLt context, its attention backend
+// (prefill) and its stream (the trainer's model while sampling during training; an inference-only
+// model in --generate, gpt_inference_model.cuh) and owns its own activations (B·Tq_max rows), the
+// cache and the prefill's buffers. Everything runs on model->stream.
 #ifndef GPT_DECODE_CUH
 #define GPT_DECODE_CUH
 
@@ -62,7 +65,7 @@ typedef struct {
     __nv_bfloat16 *k, *v;  // (L, B, Tmax, NKV, HD)
     int* lengths;          // (B) on the GPU
     int* starts;           // (B) on the GPU: the lengths before the last advance (where it appends)
-    int* host_lengths;     // (B) the same on the host (every change is made by the host)
+    int* host_lengths;     // (B) the same on the host: bookkeeping of what was enqueued (bounds checks)
     int max_length;        // max of host_lengths
 } KVCache;
 
@@ -109,6 +112,12 @@ static __global__ void gpt_decode_last_rows_kernel(__nv_bfloat16* __restrict__ o
     store16(out + (size_t)b * C + c, load16(in + ((size_t)b * Tq + Tq - 1) * C + c));
 }
 
+// Rows of `in` (B, T, C) at T − 1, 2T − 1, ... into out (B, C).
+static void gpt_decode_last_rows(__nv_bfloat16* out, const __nv_bfloat16* in, int B, int T, int C, cudaStream_t s) {
+    gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, s>>>(out, in, B, T, C);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // ---- the decoder ----------------------------------------------------------------------------------
 
 // The activations of one step, B·max_tq rows each (see the top of the file), in one allocation.
@@ -122,10 +131,10 @@ static __global__ void gpt_decode_last_rows_kernel(__nv_bfloat16* __restrict__ o
     X(fch_gelu, __nv_bfloat16, N * 4 * C)              \
     X(last,     __nv_bfloat16, B * C)                  \
     X(logits,   __nv_bfloat16, B * Vp) /* (B, Vp) */   \
-    X(tokens,   int,           N)
+    X(tokens,   int,           N)      /* (B, Tq): the step's input, written by the host or the sampler */
 
 typedef struct {
-    GPTModel* model;  // borrowed: parameters, matmul context, stream
+    GPTModel* model;  // borrowed: parameters, matmul context, attention backend, stream
     GPTQKVLayout qkv_layout;
     KVCache cache;
     int B, max_tq;
@@ -133,11 +142,48 @@ typedef struct {
     GPT_DECODE_ACTIVATIONS(GPT_DECODE_MEMBER)
 #undef GPT_DECODE_MEMBER
     void* acts_memory;
+    size_t acts_bytes;
     void* workspace;  // the decode attention's split workspace
     size_t workspace_bytes;
     int* host_tokens;  // pinned (B, max_tq): the step's tokens on their way up
-    int splits_override;  // 0: decode_num_splits; else this many splits (tests)
+    int splits_override;  // 0: the split count for the cache's capacity; else this many splits (tests)
+    void* prefill_memory;  // the prefill's buffers (gpt_prefill.cuh), grown on demand
+    size_t prefill_bytes;
 } GPTDecoder;
+
+// Allocates the cache (keys and values, the lengths) for B sequences of up to Tmax positions.
+static void gpt_decoder_alloc_cache(GPTDecoder* d, int Tmax, const char* hint) {
+    KVCache* c = &d->cache;
+    c->L = d->model->L, c->B = d->B, c->Tmax = Tmax, c->NKV = d->qkv_layout.NKV, c->HD = d->qkv_layout.HD;
+    const size_t cache_bytes = (size_t)c->L * kv_cache_layer_elems(c) * sizeof(__nv_bfloat16);
+    cuda_malloc_or_explain((void**)&c->k, cache_bytes, "the KV cache (keys)", hint);
+    cuda_malloc_or_explain((void**)&c->v, cache_bytes, "the KV cache (values)", hint);
+    CUDA_CHECK(cudaMalloc((void**)&c->lengths, d->B * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&c->starts, d->B * sizeof(int)));
+    CUDA_CHECK(cudaMemsetAsync(c->lengths, 0, d->B * sizeof(int), d->model->stream));
+    CUDA_CHECK(cudaMemsetAsync(c->starts, 0, d->B * sizeof(int), d->model->stream));
+    c->host_lengths = (int*)calloc(d->B, sizeof(int));
+}
+
+// Bytes of the KV cache (keys and values).
+static size_t gpt_decoder_cache_bytes(const GPTDecoder* d) {
+    return 2 * (size_t)d->cache.L * kv_cache_layer_elems(&d->cache) * sizeof(__nv_bfloat16);
+}
+
+// The activations of B·max_tq rows, in one allocation cut as GPT_DECODE_ACTIVATIONS says.
+static void gpt_decoder_alloc_activations(GPTDecoder* d, const char* hint) {
+    const size_t B = d->B, N = (size_t)d->B * d->max_tq, C = d->model->C, R = d->qkv_layout.row, Vp = d->model->Vp;
+    size_t bytes = 0;
+#define GPT_DECODE_SIZE(name, type, count) bytes += layer_align256((count) * sizeof(type));
+    GPT_DECODE_ACTIVATIONS(GPT_DECODE_SIZE)
+#undef GPT_DECODE_SIZE
+    cuda_malloc_or_explain(&d->acts_memory, bytes, "the decoding activations", hint);
+    d->acts_bytes = bytes;
+    char* base = (char*)d->acts_memory;
+#define GPT_DECODE_POINTER(name, type, count) d->name = (type*)base, base += layer_align256((count) * sizeof(type));
+    GPT_DECODE_ACTIVATIONS(GPT_DECODE_POINTER)
+#undef GPT_DECODE_POINTER
+}
 
 // Allocates the cache for B sequences of up to Tmax positions (Tmax ≤ model->maxT, the rows of wpe)
 // and the activations for steps of up to max_tq tokens per sequence; lengths start at 0. Returns 0,
@@ -156,35 +202,15 @@ static int gpt_decoder_create(GPTDecoder* d, GPTModel* model, int B, int Tmax, i
     const GPTQKVLayout* q = &d->qkv_layout;
     DecodeShape shape = {B, max_tq, q->NH, q->NKV, q->HD, Tmax};
     char why[512];
-    if (decode_check(&shape, Tmax, 1, why, sizeof(why)) != 0) {
+    if (decode_check(&shape, 0, 1, why, sizeof(why)) != 0) {
         fprintf(stderr, "error: the decode attention cannot run this model: %s\n", why);
         return -1;
     }
-    KVCache* c = &d->cache;
-    c->L = model->L, c->B = B, c->Tmax = Tmax, c->NKV = q->NKV, c->HD = q->HD;
-    const size_t cache_bytes = (size_t)c->L * kv_cache_layer_elems(c) * sizeof(__nv_bfloat16);
     char hint[256];
     snprintf(hint, sizeof(hint), "the cache grows with samples x positions (%d x %d): lower --num-samples or the "
                                  "tokens to generate", B, Tmax);
-    cuda_malloc_or_explain((void**)&c->k, cache_bytes, "the KV cache (keys)", hint);
-    cuda_malloc_or_explain((void**)&c->v, cache_bytes, "the KV cache (values)", hint);
-    CUDA_CHECK(cudaMalloc((void**)&c->lengths, B * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&c->starts, B * sizeof(int)));
-    CUDA_CHECK(cudaMemsetAsync(c->lengths, 0, B * sizeof(int), model->stream));
-    c->host_lengths = (int*)calloc(B, sizeof(int));
-
-    // activations
-    const size_t N = (size_t)B * max_tq, C = model->C, R = q->row, Vp = model->Vp;
-    size_t bytes = 0;
-#define GPT_DECODE_SIZE(name, type, count) bytes += layer_align256((count) * sizeof(type));
-    GPT_DECODE_ACTIVATIONS(GPT_DECODE_SIZE)
-#undef GPT_DECODE_SIZE
-    cuda_malloc_or_explain(&d->acts_memory, bytes, "the decoding activations", hint);
-    char* base = (char*)d->acts_memory;
-#define GPT_DECODE_POINTER(name, type, count) d->name = (type*)base, base += layer_align256((count) * sizeof(type));
-    GPT_DECODE_ACTIVATIONS(GPT_DECODE_POINTER)
-#undef GPT_DECODE_POINTER
-
+    gpt_decoder_alloc_cache(d, Tmax, hint);
+    gpt_decoder_alloc_activations(d, hint);
     // The split workspace for one token per sequence and as many splits as the cache has tiles (capped);
     // a step that would need more (several tokens per step) runs with fewer splits.
     DecodeShape one = shape;
@@ -193,7 +219,7 @@ static int gpt_decoder_create(GPTDecoder* d, GPTModel* model, int B, int Tmax, i
     if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
     d->workspace_bytes = decode_workspace_bytes(&one, most);
     if (d->workspace_bytes) cuda_malloc_or_explain(&d->workspace, d->workspace_bytes, "the decode workspace", hint);
-    CUDA_CHECK(cudaMallocHost((void**)&d->host_tokens, N * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost((void**)&d->host_tokens, (size_t)B * max_tq * sizeof(int)));
     return 0;
 }
 
@@ -201,6 +227,7 @@ static void gpt_decoder_destroy(GPTDecoder* d) {
     if (d->host_tokens) CUDA_CHECK(cudaFreeHost(d->host_tokens));
     if (d->workspace) CUDA_CHECK(cudaFree(d->workspace));
     if (d->acts_memory) CUDA_CHECK(cudaFree(d->acts_memory));
+    if (d->prefill_memory) CUDA_CHECK(cudaFree(d->prefill_memory));
     if (d->cache.k) CUDA_CHECK(cudaFree(d->cache.k));
     if (d->cache.v) CUDA_CHECK(cudaFree(d->cache.v));
     if (d->cache.lengths) CUDA_CHECK(cudaFree(d->cache.lengths));
@@ -216,10 +243,11 @@ static void gpt_decoder_reset(GPTDecoder* d) {
     d->cache.max_length = 0;
 }
 
-// lengths[b] += Tq on both sides; exits when a sequence would pass the cache's Tmax positions.
-static void gpt_decoder_advance(GPTDecoder* d, int Tq) {
+// The host's bookkeeping of a step of Tq tokens for sequences [b0, b0 + n) (the GPU's lengths advance
+// in the step itself); exits when a sequence would pass the cache's Tmax positions.
+static void gpt_decoder_count(GPTDecoder* d, int b0, int n, int Tq) {
     KVCache* c = &d->cache;
-    for (int b = 0; b < d->B; b++) {
+    for (int b = b0; b < b0 + n; b++) {
         if (c->host_lengths[b] + Tq > c->Tmax) {
             fprintf(stderr, "error: sequence %d would reach %d positions, past the %d the cache holds (at most the "
                             "model's positions): generate fewer tokens or use a shorter prompt\n",
@@ -229,18 +257,28 @@ static void gpt_decoder_advance(GPTDecoder* d, int Tq) {
         c->host_lengths[b] += Tq;
         if (c->host_lengths[b] > c->max_length) c->max_length = c->host_lengths[b];
     }
-    gpt_decode_advance_kernel<<<(d->B + 127) / 128, 128, 0, d->model->stream>>>(c->lengths, c->starts, d->B, Tq);
-    CUDA_CHECK(cudaGetLastError());
 }
 
-// Copies K and V of `rows` rows per sequence from qkv (B, rows, R) of layer l into the cache, at the
-// positions starts[b] .. starts[b] + rows − 1 (the lengths before the last advance).
-static void gpt_decoder_append(GPTDecoder* d, int l, const __nv_bfloat16* qkv, int rows) {
+// Copies K and V of `rows` rows per sequence from qkv (n, rows, R) of layer l into the cache of
+// sequences [b0, b0 + n), at the positions starts[b] .. starts[b] + rows − 1.
+static void gpt_decoder_append(GPTDecoder* d, int l, const __nv_bfloat16* qkv, int b0, int n, int rows) {
     const KVCache* c = &d->cache;
     const GPTQKVLayout* q = &d->qkv_layout;
-    const size_t off = (size_t)l * kv_cache_layer_elems(c);
-    decode_cache_append(qkv + q->k_off, qkv + q->v_off, q->row, d->B, rows, q->NKV, q->HD, c->starts, c->k + off,
+    const size_t off = (size_t)l * kv_cache_layer_elems(c) + (size_t)b0 * c->Tmax * c->NKV * c->HD;
+    decode_cache_append(qkv + q->k_off, qkv + q->v_off, q->row, n, rows, q->NKV, q->HD, c->starts + b0, c->k + off,
                         c->v + off, c->Tmax, d->model->stream);
+}
+
+// The splits of a step of Tq tokens per sequence: fixed by the cache's capacity (not the lengths, so
+// that one captured step serves every length), at most one per tile and as many as the workspace holds.
+static int gpt_decoder_splits(const GPTDecoder* d, const DecodeShape* shape) {
+    int splits = d->splits_override ? d->splits_override : decode_num_splits(shape, shape->Tmax);
+    const int tiles = (shape->Tmax + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK;
+    if (splits > tiles) splits = tiles;
+    const size_t per_split = decode_workspace_bytes(shape, 2) / 2;
+    if (splits > 1 && decode_workspace_bytes(shape, splits) > d->workspace_bytes)
+        splits = (int)(d->workspace_bytes / per_split);
+    return splits > 1 ? splits : 1;
 }
 
 // The decode attention of layer l for Tq new tokens per sequence: q from d->qkv, out into d->atty.
@@ -256,18 +294,11 @@ static void gpt_decoder_attention(GPTDecoder* d, int l, int Tq) {
     a.k_cache = c->k + (size_t)l * kv_cache_layer_elems(c);
     a.v_cache = c->v + (size_t)l * kv_cache_layer_elems(c);
     a.lengths = c->lengths;
-    a.max_length = c->max_length;
+    a.max_length = 0;  // the lengths live on the GPU only
     a.out = d->atty;
     a.out_stride = (long)q->NH * q->HD;
     a.lse = NULL;
-    // The splits the kernel would pick, as many as the workspace holds.
-    int splits = d->splits_override ? d->splits_override : decode_num_splits(&a.shape, c->max_length);
-    const int tiles = (c->max_length + DECODE_KEY_BLOCK - 1) / DECODE_KEY_BLOCK;
-    if (splits > tiles) splits = tiles;  // no split without keys
-    const size_t per_split = decode_workspace_bytes(&a.shape, 2) / 2;
-    if (splits > 1 && decode_workspace_bytes(&a.shape, splits) > d->workspace_bytes)
-        splits = (int)(d->workspace_bytes / per_split);
-    a.num_splits = splits > 1 ? splits : 1;
+    a.num_splits = gpt_decoder_splits(d, &a.shape);
     a.workspace = a.num_splits > 1 ? d->workspace : NULL;
     if (l == 0) {
         char why[512];
@@ -279,23 +310,20 @@ static void gpt_decoder_attention(GPTDecoder* d, int l, int Tq) {
     decode_attention(&a, d->model->stream);
 }
 
-// One step: tokens (B, Tq) on the host (row-major: sequence b's new tokens at b·Tq ..), each in
-// [0, Vp); afterwards d->logits (B, Vp) holds the next-token logits of each sequence (on the GPU, not
-// synchronized). See the top of the file.
-static void gpt_decoder_step(GPTDecoder* d, const int* tokens, int Tq) {
+// The step on d->tokens (B, Tq), already on the GPU: afterwards d->logits (B, Vp) holds the
+// next-token logits of each sequence. Only kernels and GEMMs on model->stream, every changing value
+// read from device memory: capturable in a CUDA graph. The host's bookkeeping (gpt_decoder_count) is
+// the caller's.
+static void gpt_decoder_forward_tokens(GPTDecoder* d, int Tq) {
     GPTModel* m = d->model;
-    LAYER_REQUIRE(Tq >= 1 && Tq <= d->max_tq, "gpt_decoder_step: Tq = %d, the decoder was made for 1..%d", Tq,
-                  d->max_tq);
     const int B = d->B, C = m->C, L = m->L, N = B * Tq, Vp = m->Vp;
     const int R = (int)d->qkv_layout.row;
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->matmul;
     __nv_bfloat16* const* p = m->param_tensors;
 
-    CUDA_CHECK(cudaStreamSynchronize(s));  // the previous step's upload of host_tokens is done
-    memcpy(d->host_tokens, tokens, (size_t)N * sizeof(int));
-    CUDA_CHECK(cudaMemcpyAsync(d->tokens, d->host_tokens, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
-    gpt_decoder_advance(d, Tq);
+    gpt_decode_advance_kernel<<<(B + 127) / 128, 128, 0, s>>>(d->cache.lengths, d->cache.starts, B, Tq);
+    CUDA_CHECK(cudaGetLastError());
     const size_t vecs = (size_t)N * (C / 8);
     gpt_decode_embed_kernel<<<(unsigned)layer_ceil_div(vecs, 256), 256, 0, s>>>(d->x, d->tokens, d->cache.lengths,
                                                                                p[GPT_WTE], p[GPT_WPE], Tq, C, vecs);
@@ -304,7 +332,7 @@ static void gpt_decoder_step(GPTDecoder* d, const int* tokens, int Tq) {
         const size_t lC = (size_t)l * C;
         layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
         matmul_forward(mm, d->qkv, d->ln, p[GPT_QKVW] + lC * R, p[GPT_QKVB] + (size_t)l * R, N, C, R, NULL);
-        gpt_decoder_append(d, l, d->qkv, Tq);
+        gpt_decoder_append(d, l, d->qkv, 0, B, Tq);
         gpt_decoder_attention(d, l, Tq);
         matmul_forward_residual(mm, d->r2, d->x, d->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C);
         layernorm_forward(d->ln, NULL, NULL, d->r2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
@@ -312,33 +340,26 @@ static void gpt_decoder_step(GPTDecoder* d, const int* tokens, int Tq) {
         matmul_forward_residual(mm, d->x, d->r2, d->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N,
                                 4 * C, C);
     }
-    layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LNFW], p[GPT_LNFB], N, C, s);
-    gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, s>>>(d->last, d->ln, B,
-                                                                                                  Tq, C);
-    CUDA_CHECK(cudaGetLastError());
-    matmul_forward(mm, d->logits, d->last, p[GPT_WTE], NULL, B, C, Vp, NULL);
+    // LNf of the last row of each sequence only (a LayerNorm is per row): one token, all rows
+    const __nv_bfloat16* last = d->x;
+    if (Tq > 1) gpt_decode_last_rows(d->last, d->x, B, Tq, C, s), last = d->last;
+    layernorm_forward(d->ln, NULL, NULL, last, p[GPT_LNFW], p[GPT_LNFB], B, C, s);
+    matmul_forward(mm, d->logits, d->ln, p[GPT_WTE], NULL, B, C, Vp, NULL);
 }
 
-// Prefill: the decoder's model must be sized (B, T) for the prompt (its B the decoder's) with
-// inputs (B, T) on the GPU, tokens < V. Runs the training forward (targets = inputs: the loss is not
-// used), fills the cache with positions 0..T−1 of every sequence and d->logits with the next-token
-// logits after the prompt. The cache must be empty (fresh or gpt_decoder_reset).
-static void gpt_decoder_prefill(GPTDecoder* d, const int* inputs) {
-    GPTModel* m = d->model;
-    LAYER_REQUIRE(m->B == d->B, "gpt_decoder_prefill: the model is sized for %d sequences, the decoder for %d", m->B,
-                  d->B);
-    LAYER_REQUIRE(d->cache.max_length == 0, "gpt_decoder_prefill: the cache is not empty (gpt_decoder_reset first)");
-    LAYER_REQUIRE(m->memory.recompute == RECOMPUTE_NONE, "gpt_decoder_prefill: the model must keep every layer's qkv");
-    const int B = m->B, T = m->T, C = m->C;
-    gpt_model_forward(m, inputs, inputs);
-    gpt_decoder_advance(d, T);
-    for (int l = 0; l < m->L; l++) gpt_decoder_append(d, l, gpt_block_acts(m, l).qkv, T);
-    // logits (B, Vp) from rows T−1, 2T−1, ... of lnf: the model keeps only one chunk of its LM head's
-    // logits (GPT_LM_HEAD_CHUNK_ROWS rows), not all B·T
-    gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, m->stream>>>(
-        d->last, m->lnf, B, T, C);
-    CUDA_CHECK(cudaGetLastError());
-    matmul_forward(&m->matmul, d->logits, d->last, m->param_tensors[GPT_WTE], NULL, B, C, m->Vp, NULL);
+// One step on tokens (B, Tq) from the host (row-major: sequence b's new tokens at b·Tq ..), each in
+// [0, Vp): uploads them, then gpt_decoder_forward_tokens. Afterwards d->logits (B, Vp) holds the
+// next-token logits of each sequence (on the GPU, not synchronized).
+static void gpt_decoder_step(GPTDecoder* d, const int* tokens, int Tq) {
+    LAYER_REQUIRE(Tq >= 1 && Tq <= d->max_tq, "gpt_decoder_step: Tq = %d, the decoder was made for 1..%d", Tq,
+                  d->max_tq);
+    const size_t N = (size_t)d->B * Tq;
+    cudaStream_t s = d->model->stream;
+    CUDA_CHECK(cudaStreamSynchronize(s));  // the previous step's upload of host_tokens is done
+    memcpy(d->host_tokens, tokens, N * sizeof(int));
+    CUDA_CHECK(cudaMemcpyAsync(d->tokens, d->host_tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
+    gpt_decoder_count(d, 0, d->B, Tq);
+    gpt_decoder_forward_tokens(d, Tq);
 }
 
 #endif  // GPT_DECODE_CUH

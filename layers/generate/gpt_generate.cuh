@@ -1,13 +1,14 @@
-// gpt_generate.cuh: text generation on top of the cached decoder (layers/generate/gpt_decode.cuh): sampling,
-// the generation loop, the samples printed during training (--sample-every) and the whole
-// `./train_gpt --generate M` run (weights from a checkpoint or an llm.c model file, prefill of the
-// prompt, batched sampling of --num-samples sequences, the text and tokens/s).
+// gpt_generate.cuh: text generation on top of the decoder (gpt_decode.cuh, gpt_prefill.cuh) and the
+// token loop (gpt_generator.cuh: one CUDA graph per token, the draw on the GPU, gpt_sample.cuh): the
+// samples printed during training (--sample-every) and the whole `./train_gpt --generate M` run
+// (weights from a checkpoint or an llm.c model file into an inference-only model, prefill of the
+// prompt, batched sampling of --num-samples sequences, the text, the speed and the memory taken).
 //
-// Sampling runs on the host from the (B, Vp) bf16 logits copied back after each step (B·Vp·2 bytes,
-// 100 KB per sequence): temperature 0 is greedy (the first of the largest logits); otherwise
-// softmax(logits / temperature) over the V real tokens, or over the top_k largest when top_k > 0,
-// drawn with a splitmix64 generator seeded by --seed: the same seed, model and prompt give the same
-// tokens (the GPU work is deterministic, layers/model/matmul.cuh and the decode kernel sum in fixed orders).
+// Sampling: temperature 0 is greedy (the first of the largest logits); otherwise softmax(logits /
+// temperature) over the V real tokens, or over the top_k largest when top_k > 0, drawn with a
+// counter-based generator keyed by --seed: the same seed, model and prompt give the same tokens (the
+// GPU work is deterministic: layers/model/matmul.cuh with fixed GEMM choices and the decode kernels
+// sum in fixed orders).
 #ifndef GPT_GENERATE_CUH
 #define GPT_GENERATE_CUH
 
@@ -19,127 +20,14 @@
 #include "data/prompt_tokens.h"
 #include "data/tokenizer.h"
 #include "layers/training/train_state.cuh"
-#include "layers/generate/gpt_decode.cuh"
-
-// ---- sampling ---------------------------------------------------------------------------------------
-
-typedef struct {
-    double temperature;  // 0: greedy
-    int top_k;           // 0: all V tokens
-    uint64_t state;      // splitmix64
-    float* values;       // (V) scratch
-    int* heap;           // (V) scratch: the indices of the top-k min-heap
-} Sampler;
-
-static void sampler_create(Sampler* s, double temperature, int top_k, uint64_t seed, int V) {
-    s->temperature = temperature, s->top_k = top_k, s->state = seed;
-    s->values = (float*)malloc((size_t)V * sizeof(float));
-    s->heap = (int*)malloc((size_t)V * sizeof(int));
-    if (!s->values || !s->heap) {
-        fprintf(stderr, "error: out of host memory for sampling\n");
-        exit(1);
-    }
-}
-
-static void sampler_destroy(Sampler* s) {
-    free(s->values);
-    free(s->heap);
-    s->values = NULL, s->heap = NULL;
-}
-
-static inline float __uint_as_float_host(uint32_t bits) {
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-
-// Uniform in [0, 1) with 53 random bits.
-static double sampler_uniform(Sampler* s) {
-    uint64_t z = (s->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
-// Restores the min-heap property (by values[heap[.]]) below position i of a heap of n.
-static void sampler_sift_down(const float* values, int* heap, int n, int i) {
-    for (;;) {
-        int smallest = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && values[heap[l]] < values[heap[smallest]]) smallest = l;
-        if (r < n && values[heap[r]] < values[heap[smallest]]) smallest = r;
-        if (smallest == i) return;
-        const int tmp = heap[i];
-        heap[i] = heap[smallest], heap[smallest] = tmp;
-        i = smallest;
-    }
-}
-
-// The next token from one sequence's logits (bf16 bits, the V real tokens first).
-static int sampler_pick(Sampler* s, const uint16_t* logits, int V) {
-    float* x = s->values;
-    int best = 0;
-    float top = -INFINITY;  // the running maximum in a register (x[best] would be reloaded)
-    for (int i = 0; i < V; i++) {
-        const float v = __uint_as_float_host((uint32_t)logits[i] << 16);
-        x[i] = v;
-        if (v > top) top = v, best = i;
-    }
-    if (s->temperature <= 0.0) return best;
-    const float inv_t = (float)(1.0 / s->temperature);
-    double sum = 0.0;
-    if (s->top_k > 0 && s->top_k < V) {
-        // the top_k largest by a min-heap of k (O(V log k)), then their weights in x[idx[i]]
-        const int n = s->top_k;
-        int* idx = s->heap;
-        for (int i = 0; i < n; i++) idx[i] = i;
-        for (int i = n / 2 - 1; i >= 0; i--) sampler_sift_down(x, idx, n, i);
-        float least = x[idx[0]];  // the heap's smallest
-        for (int i = n; i < V; i++)
-            if (x[i] > least) idx[0] = i, sampler_sift_down(x, idx, n, 0), least = x[idx[0]];
-        for (int i = 0; i < n; i++) sum += (x[idx[i]] = expf((x[idx[i]] - top) * inv_t));
-        const double u = sampler_uniform(s) * sum;
-        double cum = 0.0;
-        for (int i = 0; i < n; i++)
-            if (u < (cum += x[idx[i]])) return idx[i];
-        return best;  // rounding left u at the very end
-    }
-    // all V tokens: softmax((x − max) / temperature), then the inverse of its cumulative sum
-    for (int i = 0; i < V; i++) sum += (x[i] = expf((x[i] - top) * inv_t));
-    const double u = sampler_uniform(s) * sum;
-    double cum = 0.0;
-    for (int i = 0; i < V; i++)
-        if (u < (cum += x[i])) return i;
-    return best;
-}
-
-// ---- the generation loop ------------------------------------------------------------------------------
+#include "layers/generate/gpt_generator.cuh"
+#include "layers/generate/gpt_inference_model.cuh"
+#include "layers/generate/gpt_prefill.cuh"
 
 static double generate_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-
-// Draws M tokens per sequence: the first from the logits the decoder holds (after a prefill or a
-// step), each further one after a decode step on the previous. out (B, M) on the host. logits_host:
-// pinned (B, Vp) uint16. Returns the seconds spent sampling on the host.
-static double gpt_generate_tokens(GPTDecoder* d, Sampler* s, int M, int* out, uint16_t* logits_host) {
-    const int B = d->B, V = d->model->V, Vp = d->model->Vp;
-    int* next = (int*)malloc((size_t)B * sizeof(int));
-    double sampling = 0.0;
-    for (int i = 0; i < M; i++) {
-        if (i > 0) gpt_decoder_step(d, next, 1);
-        CUDA_CHECK(cudaMemcpyAsync(logits_host, d->logits, (size_t)B * Vp * sizeof(uint16_t), cudaMemcpyDeviceToHost,
-                                   d->model->stream));
-        CUDA_CHECK(cudaStreamSynchronize(d->model->stream));
-        const double t0 = generate_seconds();
-        for (int b = 0; b < B; b++) next[b] = out[(size_t)b * M + i] = sampler_pick(s, logits_host + (size_t)b * Vp, V);
-        sampling += generate_seconds() - t0;
-    }
-    free(next);
-    return sampling;
 }
 
 // Prints tokens as text, leaving out control bytes other than newline and tab (a stray one would
@@ -160,12 +48,12 @@ static void gpt_print_tokens(const Tokenizer* tok, const int* tokens, int n, FIL
 // ---- samples during training (--sample-every) -------------------------------------------------------
 
 // One sequence, from <|endoftext|> at position 0, on the trainer's model (its weights now), with a
-// decoder of its own (a cache of `tokens` positions), as llm.c prints during training.
+// decoder of its own (a cache of `tokens` positions), as llm.c prints during training. The graph of
+// the step is captured at the first sample and replayed by every later one.
 typedef struct {
     GPTDecoder decoder;
-    Sampler sampler;
-    uint16_t* logits_host;  // pinned (1, Vp)
-    int* tokens;            // (M)
+    GPTGenerator generator;
+    int* tokens;  // (M)
     int M;
 } TrainingSampler;
 
@@ -174,25 +62,23 @@ static void training_sampler_create(TrainingSampler* t, GPTModel* model, int M, 
     memset(t, 0, sizeof(*t));
     t->M = M;
     if (gpt_decoder_create(&t->decoder, model, 1, M, 1) != 0) exit(1);
-    sampler_create(&t->sampler, temperature, top_k, seed, model->V);
-    CUDA_CHECK(cudaMallocHost((void**)&t->logits_host, (size_t)model->Vp * sizeof(uint16_t)));
+    gpt_generator_create(&t->generator, &t->decoder, temperature, top_k, seed);
     t->tokens = (int*)malloc((size_t)M * sizeof(int));
 }
 
 static void training_sampler_destroy(TrainingSampler* t) {
+    gpt_generator_destroy(&t->generator);
     gpt_decoder_destroy(&t->decoder);
-    sampler_destroy(&t->sampler);
-    CUDA_CHECK(cudaFreeHost(t->logits_host));
     free(t->tokens);
 }
 
-// Prints "sample  <text>" of M tokens after `step`. The sampler's generator goes on from sample to
-// sample (the whole run is reproducible from --seed).
+// Prints "sample  <text>" of M tokens after `step`. The random counters go on from sample to sample
+// (the whole run is reproducible from --seed).
 static void training_sample(TrainingSampler* t, const Tokenizer* tok, long long step) {
     const int eot = GPT2_EOT_TOKEN;
     gpt_decoder_reset(&t->decoder);
     gpt_decoder_step(&t->decoder, &eot, 1);
-    gpt_generate_tokens(&t->decoder, &t->sampler, t->M, t->tokens, t->logits_host);
+    gpt_generate_tokens(&t->generator, t->M, t->tokens, NULL, NULL);
     printf("sample       after step %lld (%d tokens from <|endoftext|>):\n", step, t->M);
     printf("---\n");
     gpt_print_tokens(tok, t->tokens, t->M, stdout);
@@ -283,20 +169,49 @@ static int generate_check_and_describe(const GenerateRun* g, const GPTConfig* co
     return 0;
 }
 
-// Each sample as text (or token ids without a token table) and its token ids.
-static void generate_print_samples(const GenerateRun* g, const Tokenizer* tok, const int* out) {
-    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
+// Sample b's header line and its prompt as text (or token ids without a token table).
+static void generate_print_sample_start(const GenerateRun* g, const Tokenizer* tok, int b) {
+    printf("--- sample %d/%d\n", b + 1, g->num_samples);
+    gpt_print_tokens(tok, g->prompt, g->prompt_len, stdout);
+    printf("%s", tok ? "" : " |");
+}
+
+// Sample b's token ids.
+static void generate_print_sample_ids(const GenerateRun* g, const int* out, int b) {
+    const int M = g->tokens;
+    printf("tokens      ");
+    for (int i = 0; i < M; i++) printf(" %d", out[(size_t)b * M + i]);
+    printf("\n");
+}
+
+// Each sample as text and its token ids; one sample was already printed as its tokens came
+// (streamed): only its ids are left.
+static void generate_print_samples(const GenerateRun* g, const Tokenizer* tok, const int* out, int streamed) {
+    const int B = g->num_samples, M = g->tokens;
     for (int b = 0; b < B; b++) {
-        printf("--- sample %d/%d\n", b + 1, B);
-        gpt_print_tokens(tok, g->prompt, P, stdout);
-        printf("%s", tok ? "" : " |");
-        gpt_print_tokens(tok, out + (size_t)b * M, M, stdout);
-        printf("\n");
-        printf("tokens      ");
-        for (int i = 0; i < M; i++) printf(" %d", out[(size_t)b * M + i]);
-        printf("\n");
+        if (!streamed) {
+            generate_print_sample_start(g, tok, b);
+            gpt_print_tokens(tok, out + (size_t)b * M, M, stdout);
+            printf("\n");
+        }
+        generate_print_sample_ids(g, out, b);
     }
     printf("---\n");
+}
+
+// Streams one sequence's text as its chunks of tokens arrive (--num-samples 1).
+typedef struct {
+    const Tokenizer* tok;
+    int printed;  // tokens printed so far (ids are separated by spaces)
+} GenerateStream;
+
+static void generate_stream_chunk(void* user, const int* tokens, int first, int n, int B) {
+    GenerateStream* st = (GenerateStream*)user;
+    (void)first, (void)B;  // B is 1: tokens (n, 1) are the sequence's
+    if (!st->tok && st->printed) printf(" ");
+    gpt_print_tokens(st->tok, tokens, n, stdout);
+    st->printed += n;
+    fflush(stdout);
 }
 
 // The prompt, once per sample, on the GPU: (B, P) int32.
@@ -311,33 +226,82 @@ static int* generate_upload_prompts(const GenerateRun* g) {
     return inputs;
 }
 
-// Prefills the prompts, generates M tokens per sample into `out` (B, M), prints the samples and the speed.
-static void generate_and_report(const GenerateRun* g, GPTDecoder* dec, const Tokenizer* tok, int vocab_size,
-                                int padded_vocab_size, cudaStream_t stream) {
-    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
-    int* inputs = generate_upload_prompts(g);
-    Sampler sampler;
-    sampler_create(&sampler, g->temperature, g->top_k, g->seed, vocab_size);
-    uint16_t* logits_host = NULL;
-    CUDA_CHECK(cudaMallocHost((void**)&logits_host, (size_t)B * padded_vocab_size * sizeof(uint16_t)));
-    int* out = (int*)malloc((size_t)B * M * sizeof(int));
-    CUDA_CHECK(cudaDeviceSynchronize());
+// Bytes of GPU memory in use now (all processes; the difference of two readings is what this run took).
+static size_t generate_gpu_used(void) {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return total - free_bytes;
+}
 
+// What the generation holds on the GPU, by part, and what the GPU says it took (used_before: the
+// reading before the model was made; the peak is while the prefill's buffers exist).
+static void generate_print_memory(const GPTModel* m, const GPTDecoder* d, size_t prefill_bytes, size_t used_before,
+                                  size_t used_peak) {
+    const double MiB = 1024.0 * 1024.0;
+    const size_t weights = m->num_params * sizeof(__nv_bfloat16);
+    printf("memory       weights %.1f MiB, KV cache %.1f MiB (%d x %d positions), decode activations %.1f MiB, "
+           "prefill %.1f MiB (freed after the prompt); the GPU's memory in use grew by %.1f MiB at the peak "
+           "(cuBLASLt's workspace and the kernels' code included); no gradients, optimizer state or training "
+           "activations\n", weights / MiB, gpt_decoder_cache_bytes(d) / MiB, d->B, d->cache.Tmax,
+           (d->acts_bytes + d->workspace_bytes) / MiB, prefill_bytes / MiB,
+           used_peak > used_before ? (used_peak - used_before) / MiB : 0.0);
+}
+
+typedef struct {
+    double prefill_s, decode_s;  // host clock, each up to its last result on the host
+    float steady_ms;             // GPU time of the replayed steps (tokens 2 .. M−1)
+    int steady_steps;
+    size_t prefill_bytes, used_peak;
+} GenerateTimes;
+
+// Prefills the prompts and generates M tokens per sample into out (B, M), streaming sample 1's text
+// when it is the only one. Returns the times.
+static GenerateTimes generate_tokens_timed(const GenerateRun* g, GPTDecoder* dec, const Tokenizer* tok, int* out) {
+    GenerateTimes t;
+    memset(&t, 0, sizeof(t));
+    cudaStream_t stream = dec->model->stream;
+    int* inputs = generate_upload_prompts(g);
+    GPTGenerator gen;
+    gpt_generator_create(&gen, dec, g->temperature, g->top_k, g->seed);
+    CUDA_CHECK(cudaDeviceSynchronize());
     const double t0 = generate_seconds();
-    gpt_decoder_prefill(dec, inputs);
+    gpt_decoder_prefill(dec, inputs, g->prompt_len);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const double t1 = generate_seconds();
-    const double sampling = gpt_generate_tokens(dec, &sampler, M, out, logits_host);
-    const double decode_s = generate_seconds() - t1;
-
-    generate_print_samples(g, tok, out);
-    printf("speed        prefill %d x %d tokens in %.1f ms; %d x %d new tokens in %.3f s: %.0f tokens/s (%.0f per "
-           "sequence), %.2f ms per step, of which %.2f ms sampling on the host\n", B, P, (t1 - t0) * 1e3, B, M,
-           decode_s, B * M / decode_s, M / decode_s, decode_s / M * 1e3, sampling / M * 1e3);
-    free(out);
-    CUDA_CHECK(cudaFreeHost(logits_host));
-    sampler_destroy(&sampler);
+    t.prefill_s = t1 - t0;
+    t.prefill_bytes = dec->prefill_bytes;
+    t.used_peak = generate_gpu_used();
+    gpt_decoder_release_prefill(dec);
+    const double t2 = generate_seconds();
+    GenerateStream st = {tok, 0};
+    const int streamed = g->num_samples == 1;
+    if (streamed) generate_print_sample_start(g, tok, 0), fflush(stdout);
+    gpt_generate_tokens(&gen, g->tokens, out, streamed ? generate_stream_chunk : NULL, &st);
+    t.decode_s = generate_seconds() - t2;
+    if (streamed) printf("\n");
+    t.steady_ms = gen.steady_ms, t.steady_steps = gen.steady_steps;
+    printf("decode       %s\n", gen.use_graph ? "one CUDA graph per token (GPT_GENERATE_GRAPH=0: uncaptured)"
+                                               : "uncaptured steps (GPT_GENERATE_GRAPH=0 or the default stream)");
+    gpt_generator_destroy(&gen);
     CUDA_CHECK(cudaFree(inputs));
+    return t;
+}
+
+// Generates, then prints the samples, the speed and the memory.
+static void generate_and_report(const GenerateRun* g, GPTDecoder* dec, const Tokenizer* tok, size_t used_before) {
+    const int B = g->num_samples, P = g->prompt_len, M = g->tokens;
+    int* out = (int*)malloc((size_t)B * M * sizeof(int));
+    const GenerateTimes t = generate_tokens_timed(g, dec, tok, out);
+    generate_print_samples(g, tok, out, B == 1);
+    char steady[160] = "";
+    if (t.steady_steps > 0)
+        snprintf(steady, sizeof(steady), "; steady %.3f ms per step, %.0f tokens/s (tokens 3..%d, GPU time)",
+                 t.steady_ms / t.steady_steps, B * t.steady_steps / (t.steady_ms * 1e-3), M);
+    printf("speed        prefill %d x %d tokens in %.1f ms; %d x %d new tokens in %.3f s: %.0f tokens/s (%.0f per "
+           "sequence), %.3f ms per step%s\n", B, P, t.prefill_s * 1e3, B, M, t.decode_s, B * M / t.decode_s,
+           M / t.decode_s, t.decode_s / M * 1e3, steady);
+    generate_print_memory(dec->model, dec, t.prefill_bytes, used_before, t.used_peak);
+    free(out);
 }
 
 // The whole --generate run; returns the exit status.
@@ -356,13 +320,13 @@ static int generate_run(const GenerateRun* g) {
     }
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
+    const size_t used_before = generate_gpu_used();
     GPTModel model;
-    const GPTModelOptions options = gpt_model_options(g->num_samples, g->prompt_len, g->attn, stream);
-    if (gpt_model_create(&model, &config, &options) != 0) return 1;
+    if (gpt_inference_model_create(&model, &config, g->attn, stream) != 0) return 1;
     train_state_load_weights(path, g->init_from != NULL, &model);
     GPTDecoder dec;
     if (gpt_decoder_create(&dec, &model, g->num_samples, g->prompt_len + g->tokens - 1, 1) != 0) return 1;
-    generate_and_report(g, &dec, tok, config.vocab_size, config.padded_vocab_size, stream);
+    generate_and_report(g, &dec, tok, used_before);
     if (tok) tokenizer_free(&table);
     gpt_decoder_destroy(&dec);
     gpt_model_destroy(&model);

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""bench_generate.py: generation speed of `train_gpt --generate` against Hugging Face transformers, in one run.
+
+Run on a GPU machine with PyTorch and transformers, from the repository root, after `make train_gpt`:
+    python3 scripts/bench_generate.py                                   # the whole grid (long: see below)
+    python3 scripts/bench_generate.py --models gpt2-124m --batches 1,16 --prompts 16
+    python3 scripts/bench_generate.py --out build/bench_generate --tokens 256
+
+Rows: every --models x --prompts x --batches (default gpt2-124m, gpt3-1.3b, gpt3-2.7b x 16, 2048 x 1, 4,
+16, 64), --tokens new tokens per sequence (256), greedy. For each model:
+ 1. random GPT-2-init weights (numpy, --seed) are written as a bf16 llm.c model file with
+    max(--prompts) + --tokens positions (GPT-3's 2048 rows of wpe would not hold a 2048-token prompt and
+    its continuation), and exported with scripts/export_hf.py to a Hugging Face GPT-2 folder: both sides
+    compute with the same bf16 values (kept in --out and reused when they are there);
+ 2. ours: `./train_gpt --generate TOKENS --init-from W --prompt-tokens FILE --num-samples B
+    --temperature 0` per row; its "speed" line gives the prefill time, the steady time per step (GPU time
+    of the replayed CUDA-graph steps, tokens 3..TOKENS) and the wall time of all new tokens, its
+    "memory" line what it took;
+ 3. Hugging Face: GPT2LMHeadModel.from_pretrained(folder, bf16, SDPA attention) and `generate` with
+    cache_implementation="static" (transformers then compiles the decoding forward with torch.compile,
+    mode reduce-overhead, CUDA graphs), greedy, min_new_tokens = max_new_tokens so that no row stops
+    early. Per row, after one untimed run of each length: ms per token = (t(TOKENS) - t(1)) / (TOKENS - 1),
+    wall clock around `generate` with the GPU synchronized: the prefill and the first token cancel;
+ 4. the bounds: the copy rate of a 1 GiB device-to-device copy (bytes read + written, median with the
+    L2 flushed, results_common.median_gpu_ms), measured in the same run; weight-read bound = the bf16
+    weights a step reads (every parameter but the unused rows of wpe) / that rate; the "+KV" bound adds
+    the K and V a step reads at the mean cache length (prompt + TOKENS/2).
+The table, printed last, gives ms per token and tokens/s of both, ours / theirs as a speed ratio (> 1:
+ours faster), and the fraction of the weight-read bound ours reaches. The log (bench_generate.log),
+the records (bench_generate.json, written after every row) and each command's output are in --out.
+Time: the whole grid compiles transformers' forward once per row (tens of seconds each) and generates
+64 x 2048-token prompts on the 2.7B model; restrict it with --models/--batches/--prompts.
+
+Exit 0 when every row ran, 1 when one failed (recorded, the others still run), 2 on a usage error or when
+PyTorch or transformers is missing.
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt as tg  # noqa: E402
+from results_common import Report, run_metadata, text_table, write_json, parse_list  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("gpt2-124m", "gpt3-1.3b", "gpt3-2.7b")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train-gpt", default=os.path.join(REPO_ROOT, "train_gpt"))
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
+    ap.add_argument("--batches", default="1,4,16,64", help="sequences generated together, a comma list")
+    ap.add_argument("--prompts", default="16,2048", help="prompt lengths, a comma list")
+    ap.add_argument("--tokens", type=int, default=256, help="new tokens per sequence (at least 3)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_generate"))
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per train_gpt run")
+    args = ap.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in args.models:
+        if m not in tg.NAMED_SHAPES:
+            ap.error(f"--models: unknown model {m!r} (known: {', '.join(tg.NAMED_SHAPES)})")
+    try:
+        args.batches = parse_list(args.batches, int)
+        args.prompts = parse_list(args.prompts, int)
+    except ValueError as e:
+        ap.error(str(e))
+    if not args.models or not args.batches or not args.prompts:
+        ap.error("--models, --batches and --prompts need at least one value each")
+    if min(args.batches) < 1 or min(args.prompts) < 1:
+        ap.error("--batches and --prompts must be positive")
+    if args.tokens < 3:
+        ap.error("--tokens must be at least 3 (the steady time is over tokens 3..N)")
+    return args
+
+
+def require_torch_and_transformers():
+    """Exits 2 with what to install when PyTorch or transformers is missing."""
+    missing = []
+    for name in ("torch", "transformers"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        print(f"error: bench_generate.py needs {' and '.join(missing)} (the Hugging Face side and the copy "
+              f"rate): pip install -r test/requirements.txt", file=sys.stderr)
+        sys.exit(2)
+
+
+SPEED = re.compile(r"prefill (\d+) x (\d+) tokens in ([\d.]+) ms; (\d+) x (\d+) new tokens in ([\d.]+) s: "
+                   r"(\d+) tokens/s .*?, ([\d.]+) ms per step(?:; steady ([\d.]+) ms per step, (\d+) tokens/s)?")
+MEMORY = re.compile(r"grew by ([\d.]+) MiB")
+
+
+def parse_train_gpt_output(text):
+    """The numbers of `train_gpt --generate`'s speed and memory lines: a dict, or None without a speed line."""
+    m = next((SPEED.search(line) for line in text.splitlines() if line.startswith("speed") and SPEED.search(line)),
+             None)
+    if not m:
+        return None
+    B, M = int(m.group(4)), int(m.group(5))
+    r = {"prefill_ms": float(m.group(3)), "wall_ms_per_token": float(m.group(6)) * 1e3 / M,
+         "wall_tokens_per_s": float(m.group(7)), "B": B, "tokens": M}
+    r["ms_per_token"] = float(m.group(9)) if m.group(9) else r["wall_ms_per_token"]
+    r["tokens_per_s"] = B * 1e3 / r["ms_per_token"]
+    mem = next((MEMORY.search(line) for line in text.splitlines() if line.startswith("memory") and
+                MEMORY.search(line)), None)
+    r["memory_mib"] = float(mem.group(1)) if mem else None
+    return r
+
+
+def weight_read_bytes(cfg):
+    """bf16 bytes one decode step reads: every parameter but wpe's rows other than the step's own."""
+    wpe = cfg.max_seq_len * cfg.channels
+    return 2 * (tg.num_params(cfg) - wpe + cfg.channels)
+
+
+def kv_read_bytes(cfg, B, length):
+    """bf16 bytes of K and V one decode step reads from a cache of `length` positions per sequence."""
+    return 2 * 2 * B * length * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+
+
+def model_files(args, name, report):
+    """The model's config, bf16 model file and Hugging Face folder (made once, kept in --out)."""
+    positions = int(math.ceil((max(args.prompts) + args.tokens) / 64.0) * 64)
+    cfg = tg.gpt_config(name, seq_len=positions)
+    tag = f"{name}_p{positions}_seed{args.seed}"
+    weights = os.path.join(args.out, f"{tag}.bin")
+    hf_dir = os.path.join(args.out, f"{tag}_hf")
+    if not os.path.exists(weights):
+        report(f"{name}: writing random weights ({tg.num_params(cfg) / 1e9:.2f} B parameters) to {weights}")
+        rng = np.random.default_rng(args.seed)
+        residual = 0.02 / math.sqrt(2 * cfg.num_layers)
+        tensors = []
+        for pname, shape in tg.param_shapes(cfg):
+            if pname in ("ln1w", "ln2w", "lnfw"):
+                tensors.append(np.ones(shape, np.float32))
+            elif pname.endswith("b"):
+                tensors.append(np.zeros(shape, np.float32))
+            else:
+                std = residual if pname in ("attprojw", "fcprojw") else 0.02
+                tensors.append(rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+        tg.write_model_file(weights + ".tmp", cfg, tensors, dtype="bf16")
+        os.replace(weights + ".tmp", weights)
+    if not os.path.exists(os.path.join(hf_dir, "config.json")):
+        cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "export_hf.py"), weights, hf_dir, "--dtype", "bf16"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            report(f"{name}: export_hf.py failed: {r.stderr.strip()}")
+            sys.exit(1)
+    return cfg, weights, hf_dir
+
+
+def run_ours(args, weights, prompt_file, B, P, tag):
+    cmd = [args.train_gpt, "--generate", str(args.tokens), "--init-from", weights, "--prompt-tokens", prompt_file,
+           "--num-samples", str(B), "--temperature", "0"]
+    log = os.path.join(args.out, f"train_gpt_{tag}.log")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO_ROOT)
+        out, rc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = f"timeout after {args.timeout} s"
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + out)
+    parsed = parse_train_gpt_output(out) if rc == 0 else None
+    if parsed is None:
+        last = [line for line in out.splitlines() if line.strip()][-1:] or ["(no output)"]
+        return {"error": f"exit {rc}: {last[0]} (log {log})"}
+    return parsed
+
+
+def copy_gbps():
+    """Device-to-device copy rate of a 1 GiB buffer, bytes read + written (as bench_decode.py measures it)."""
+    import torch
+    from results_common import median_gpu_ms
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    ms = median_gpu_ms(lambda: dst.copy_(src), flush, 100, 500, 5, 200)
+    del src, dst, flush
+    torch.cuda.empty_cache()
+    return 2.0 * (1 << 30) / (ms * 1e-3) / 1e9
+
+
+def hf_load(hf_dir):
+    import torch
+    import transformers
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.to("cuda").eval()
+
+
+def hf_generate_s(model, ids, new_tokens):
+    """Wall seconds of one greedy `generate` of new_tokens with the static cache."""
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             cache_implementation="static", pad_token_id=0)
+    torch.cuda.synchronize()
+    assert out.shape[1] == ids.shape[1] + new_tokens, out.shape
+    return time.perf_counter() - t0
+
+
+def run_hf(model, prompt, B, M):
+    """ms per token of transformers' generate: (t(M) - t(1)) / (M - 1), medians of 3 after a warm-up each."""
+    import torch
+    ids = torch.tensor([prompt] * B, device="cuda")
+    try:
+        for n in (1, M):
+            hf_generate_s(model, ids, n)  # compiles (the decoding forward for M)
+        t1 = statistics.median(hf_generate_s(model, ids, 1) for _ in range(3))
+        tm = statistics.median(hf_generate_s(model, ids, M) for _ in range(3))
+    except torch.cuda.OutOfMemoryError as e:
+        torch.cuda.empty_cache()
+        return {"error": f"out of memory: {str(e).splitlines()[0]}"}
+    ms = (tm - t1) * 1e3 / (M - 1)
+    return {"ms_per_token": ms, "tokens_per_s": B * 1e3 / ms, "prefill_ms": t1 * 1e3}
+
+
+def fmt(x, spec):
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def table(records):
+    header = ["model", "prompt", "batch", "ours ms/tok", "ours tok/s", "HF ms/tok", "HF tok/s", "ours/HF",
+              "weight bound ms", "of bound", "+KV bound ms", "ours prefill ms", "ours MiB"]
+    rows = []
+    for r in records:
+        o, h = r.get("ours", {}), r.get("hf", {})
+        ratio = h["ms_per_token"] / o["ms_per_token"] if "ms_per_token" in o and "ms_per_token" in h else None
+        of_bound = r["weight_bound_ms"] / o["ms_per_token"] if "ms_per_token" in o else None
+        rows.append([r["model"], str(r["prompt"]), str(r["batch"]), fmt(o.get("ms_per_token"), ".3f"),
+                     fmt(o.get("tokens_per_s"), ".0f"), fmt(h.get("ms_per_token"), ".3f"),
+                     fmt(h.get("tokens_per_s"), ".0f"), fmt(ratio, ".2f") + ("x" if ratio else ""),
+                     fmt(r["weight_bound_ms"], ".3f"), fmt(of_bound and 100 * of_bound, ".0f") + ("%" if of_bound else ""),
+                     fmt(r["kv_bound_ms"], ".3f"), fmt(o.get("prefill_ms"), ".1f"), fmt(o.get("memory_mib"), ".0f")])
+    return text_table(header, rows, left=(0,))
+
+
+def bench_model(args, name, gbps, records, report):
+    """Every row of one model: ours first (separate processes), then transformers in this process."""
+    import torch
+    cfg, weights, hf_dir = model_files(args, name, report)
+    rng = np.random.default_rng(args.seed + 1)
+    rows = []
+    for P in args.prompts:
+        prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, size=P)]
+        prompt_file = os.path.join(args.out, f"prompt_{P}.txt")
+        with open(prompt_file, "w") as f:
+            f.write(",".join(map(str, prompt)) + "\n")
+        for B in args.batches:
+            tag = f"{name}_p{P}_b{B}"
+            length = P + args.tokens / 2
+            rec = {"model": name, "prompt": P, "batch": B, "tokens": args.tokens,
+                   "weight_bound_ms": weight_read_bytes(cfg) / (gbps * 1e9) * 1e3,
+                   "kv_bound_ms": (weight_read_bytes(cfg) + kv_read_bytes(cfg, B, length)) / (gbps * 1e9) * 1e3,
+                   "ours": run_ours(args, weights, prompt_file, B, P, tag)}
+            report(f"{tag}: ours {json.dumps(rec['ours'])}")
+            rows.append((rec, prompt))
+    model = hf_load(hf_dir)
+    for rec, prompt in rows:
+        rec["hf"] = run_hf(model, prompt, rec["batch"], args.tokens)
+        report(f"{rec['model']}_p{rec['prompt']}_b{rec['batch']}: HF {json.dumps(rec['hf'])}")
+        records.append(rec)
+        write_json(os.path.join(args.out, "bench_generate.json"), {**run_metadata(), "copy_gbps": gbps,
+                                                                   "records": records})
+    del model
+    torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_torch_and_transformers()
+    import torch
+    if not torch.cuda.is_available():
+        print("error: bench_generate.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    with Report(os.path.join(args.out, "bench_generate.log")) as report:
+        meta = run_metadata()
+        report(f"device {meta['device']}, commit {meta['commit']}, {meta['date']}; torch {torch.__version__}, "
+               f"transformers {__import__('transformers').__version__}")
+        report("$ " + " ".join(shlex.quote(a) for a in sys.argv))
+        gbps = copy_gbps()
+        report(f"copy rate {gbps:.0f} GB/s (1 GiB device-to-device, read + written)")
+        records = []
+        for name in args.models:
+            bench_model(args, name, gbps, records, report)
+        report("")
+        report(f"greedy, {args.tokens} new tokens per sequence; ms per token: ours the steady CUDA-graph steps (GPU "
+               f"time), HF (t({args.tokens}) - t(1)) / {args.tokens - 1} (wall); ours/HF > 1: ours faster; of bound: "
+               f"the weight-read bound over ours")
+        report(table(records))
+        failed = [r for r in records if "error" in r.get("ours", {}) or "error" in r.get("hf", {})]
+        return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
