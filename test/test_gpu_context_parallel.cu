@@ -32,10 +32,8 @@
 // Skipped, and counted: every case in a build without NCCL, the N-rank cases with fewer than N GPUs.
 // NCCL_NVLS_ENABLE=0 unless set otherwise. TEST_SEED repeats a run's inputs.
 #include <cuda_bf16.h>
-#include <dirent.h>
 #include <math.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "attention/attention.h"
@@ -46,6 +44,7 @@
 #ifndef TRAIN_GPT_NO_NCCL
 #include "layers/context_parallel/ring_attention.cuh"
 #include "layers/multi_gpu/launcher.h"
+#include "test/forked_ranks.h"
 #endif
 
 typedef struct {
@@ -405,11 +404,7 @@ static void rank_case(const Rank* R, int k) {
 // The group's communicator through the file rendezvous in dir; non-blocking, as train_gpt's.
 static ncclComm_t make_comm(int rank, int world, const char* dir) {
     if (world == 1) return NULL;
-    LaunchInfo li;
-    memset(&li, 0, sizeof(li));
-    li.rank = rank, li.world = world, li.local_rank = rank, li.source = "test (forked ranks)";
-    snprintf(li.master_addr, sizeof(li.master_addr), "127.0.0.1");
-    li.master_port = 29500;  // unused: the file rendezvous
+    const LaunchInfo li = forked_launch_info(rank, world);
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (rank == 0) RING_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -440,14 +435,7 @@ static void close_comm(ncclComm_t comm) {
 }
 
 static void rank_main(int rank, int world, const char* dir) {
-    dup2(STDERR_FILENO, STDOUT_FILENO);  // only the parent prints case lines
-    alarm(300);                          // a hang ends this rank (SIGALRM); the parent reports it
-    setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast off, unless the caller says otherwise
-    char path[4200];
-    snprintf(path, sizeof(path), "%s/rank%d.txt", dir, rank);
-    Rank R = {rank, world, NULL, NULL, fopen(path, "w")};
-    if (!R.out) _exit(3);
-    CUDA_CHECK(cudaSetDevice(rank));
+    Rank R = {rank, world, NULL, NULL, forked_rank_begin(rank, dir)};
     R.comm = make_comm(rank, world, dir);
     CUDA_CHECK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
     for (int k = 0; k < RUNS_PER_WORLD; k++) rank_case(&R, k);
@@ -457,28 +445,10 @@ static void rank_main(int rank, int world, const char* dir) {
     _exit(0);
 }
 
-// How many GPUs the ranks can use, asked in a child so that this process has not started CUDA;
-// 0 when any is older than sm_80 (flash2 needs bf16 tensor cores).
-static int count_gpus(void) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        for (int d = 0; d < n; d++) {
-            cudaDeviceProp prop;
-            if (cudaGetDeviceProperties(&prop, d) != cudaSuccess || prop.major < 8) n = 0;
-        }
-        _exit(n > 100 ? 100 : n);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-}
-
 // Rank r's line for run k: 1 and its errors and bounds, or 0 when it wrote none.
 static int read_line(const char* dir, int r, int k, double err[NUM_QUANTITIES], double bound[NUM_QUANTITIES]) {
-    char path[4200], line[1024];
-    snprintf(path, sizeof(path), "%s/rank%d.txt", dir, r);
+    char path[FORKED_PATH_MAX], line[1024];
+    forked_rank_path(path, sizeof(path), dir, r);
     FILE* f = fopen(path, "r");
     int found = 0, index = -1;
     while (f && !found && fgets(line, sizeof(line), f)) {
@@ -524,17 +494,6 @@ static void report_run(int w, int k, const char* dir, const int* codes) {
     test_report(name, why[0] == '\0', "%s", why);
 }
 
-static void remove_dir(const char* dir) {
-    DIR* d = opendir(dir);
-    struct dirent* e;
-    char path[4200];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name), unlink(path);
-    if (d) closedir(d);
-    rmdir(dir);
-}
-
 // The cases of N = WORLDS[w] ranks: forked, one per GPU; skipped with fewer GPUs.
 static void run_world(int w, int gpus) {
     const int world = WORLDS[w];
@@ -548,20 +507,10 @@ static void run_world(int w, int gpus) {
             else test_fail(g_names[1 + w * RUNS_PER_WORLD + k], "cannot make a directory in /tmp");
         return;
     }
-    fflush(stdout);
-    pid_t pids[MAX_WORLD];
     int codes[MAX_WORLD];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) rank_main(r, world, dir);
-    }
-    for (int r = 0; r < world; r++) {
-        int status = 0;
-        if (pids[r] < 0 || waitpid(pids[r], &status, 0) != pids[r]) status = 255 << 8;
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
+    forked_run(world, dir, rank_main, codes);
     for (int k = 0; k < RUNS_PER_WORLD; k++) report_run(w, k, dir, codes);
-    remove_dir(dir);
+    forked_remove_dir(dir);
 }
 
 // Case 0, no GPU needed: T = 601 over 2 ranks (not a multiple of 4) is refused by ring_attention_create
@@ -607,7 +556,7 @@ int main(void) {
     for (int i = 0; i < NUM_CASES; i++) test_skip(g_names[i], "built without NCCL");
 #else
     signal(SIGPIPE, SIG_IGN);
-    const int gpus = count_gpus();  // in a child: this process starts CUDA never
+    const int gpus = forked_count_gpus(8);  // in a child: this process starts CUDA never
     if (gpus > 0) {  // the inputs and the fp64 reference, before the ranks fork
         TestRng rng = {pick_and_print_seed()};
         for (int i = 0; i < NUM_CONFIGS; i++) make_problem(&g_problems[i], &CONFIGS[i], &rng);

@@ -28,7 +28,6 @@
 // Every case is skipped without a GPU, and in a build without NCCL; the W-rank cases with fewer than
 // 2 GPUs. NCCL_NVLS_ENABLE=0 unless set otherwise.
 #include <cuda_bf16.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -38,6 +37,7 @@
 
 #include "layers/multi_gpu/multi_gpu.cuh"
 #include "layers/optimizer/optimizer.cuh"
+#include "test/forked_ranks.h"
 #include "test/test_harness.h"
 
 // The first three run on one GPU; the others on W ranks, one forked process per GPU (MR_FIRST on).
@@ -211,7 +211,7 @@ static void test_in_process(void) {
 // rank that did not otherwise (or that ended without a line: its stderr is in the log above).
 // W is the largest power of two <= the GPUs (at most 16): then ncclAvg's 1/W is exact in bf16, and
 // the values below sum exactly in any order, so "exact" holds whatever order NCCL adds the ranks in.
-#define MR_MAX_WORLD 16
+#define MR_MAX_WORLD FORKED_MAX_WORLD
 #define MR_LATE_NS (100ull * 1000000ull)  // how long a late bucket's gradients are held back
 
 typedef struct {
@@ -629,28 +629,13 @@ static void mr_case_gather(Rank* R) {
     gpt_model_destroy(&m);
 }
 
-static LaunchInfo mr_launch_info(int rank, int world) {
-    LaunchInfo li;
-    memset(&li, 0, sizeof(li));
-    li.rank = rank, li.world = world, li.local_rank = rank, li.source = "test (forked ranks)";
-    snprintf(li.master_addr, sizeof(li.master_addr), "127.0.0.1");
-    li.master_port = 29500;  // unused: the file rendezvous
-    return li;
-}
-
 // One rank: its GPU, the communicator (file rendezvous in dir), the cases in order, a clean end.
 static void mr_child(int rank, int world, const char* dir) {
-    dup2(STDERR_FILENO, STDOUT_FILENO);  // only the parent prints case lines
-    alarm(300);                          // a hang ends this rank (SIGALRM); the parent reports it
-    setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast off, unless the caller says otherwise
-    char path[4200], rendezvous[4200];
-    snprintf(path, sizeof(path), "%s/rank%d.txt", dir, rank);
+    Rank R = {rank, world, NULL, NULL, forked_rank_begin(rank, dir)};
+    char rendezvous[FORKED_PATH_MAX];
     snprintf(rendezvous, sizeof(rendezvous), "%s/rendezvous", dir);
-    Rank R = {rank, world, NULL, NULL, fopen(path, "w")};
-    if (!R.out) _exit(3);
-    CUDA_CHECK(cudaSetDevice(rank));
     static MultiGpu mg;
-    const LaunchInfo li = mr_launch_info(rank, world);
+    const LaunchInfo li = forked_launch_info(rank, world);
     multi_gpu_init(&mg, &li, rank, 0, 0x6d756c7469ull, 60.0, rendezvous, 120.0);
     R.mg = &mg;
     CUDA_CHECK(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
@@ -665,23 +650,10 @@ static void mr_child(int rank, int world, const char* dir) {
     _exit(0);
 }
 
-// The parent: how many CUDA GPUs, asked in a child so that this process has not started CUDA.
-static int mr_count_gpus(void) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-}
-
 // Rank r's line for case c: 1 (ok, hash, text filled) or 0 when it wrote none.
 static int mr_read_line(const char* dir, int r, int c, int* ok, unsigned long long* hash, char* text, size_t len) {
-    char path[4200], line[1024];
-    snprintf(path, sizeof(path), "%s/rank%d.txt", dir, r);
+    char path[FORKED_PATH_MAX], line[1024];
+    forked_rank_path(path, sizeof(path), dir, r);
     FILE* f = fopen(path, "r");
     int found = 0, index = -1, n = 0;
     while (f && !found && fgets(line, sizeof(line), f)) {
@@ -723,17 +695,6 @@ static void mr_report(int c, const char* dir, int world, const int* codes) {
     test_report(CASES[c], ok, "%s", why);
 }
 
-static void mr_remove_dir(const char* dir) {
-    DIR* d = opendir(dir);
-    struct dirent* e;
-    char path[4200];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name), unlink(path);
-    if (d) closedir(d);
-    rmdir(dir);
-}
-
 // The multi-rank cases: W = the largest power of two <= the GPUs (at most MR_MAX_WORLD) forked
 // ranks; skipped with fewer than 2 GPUs.
 static void test_multi_rank(int gpus) {
@@ -750,20 +711,10 @@ static void test_multi_rank(int gpus) {
         for (int c = MR_FIRST; c < NUM_CASES; c++) test_fail(CASES[c], "cannot make a directory in /tmp");
         return;
     }
-    fflush(stdout);
-    pid_t pids[MR_MAX_WORLD];
-    int codes[MR_MAX_WORLD];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) mr_child(r, world, dir);
-    }
-    for (int r = 0; r < world; r++) {
-        int status = 0;
-        if (pids[r] < 0 || waitpid(pids[r], &status, 0) != pids[r]) status = 255 << 8;
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
+    int codes[FORKED_MAX_WORLD];
+    forked_run(world, dir, mr_child, codes);
     for (int c = MR_FIRST; c < NUM_CASES; c++) mr_report(c, dir, world, codes);
-    mr_remove_dir(dir);
+    forked_remove_dir(dir);
 }
 #endif
 
@@ -772,7 +723,7 @@ int main(void) {
     test_plan(NUM_CASES);
 #if MULTI_GPU_AVAILABLE
     signal(SIGPIPE, SIG_IGN);
-    const int gpus = mr_count_gpus();  // in a child: this process starts CUDA only after its forks
+    const int gpus = forked_count_gpus(0);  // in a child: this process starts CUDA only after its forks
     test_watchdog_fires();
     test_multi_rank(gpus);
     test_in_process();

@@ -95,27 +95,30 @@ static inline int zigzag_ring_source(int rank, int step, int world) { return ((r
 static inline int zigzag_ring_next(int rank, int world) { return (rank + 1) % world; }
 static inline int zigzag_ring_prev(int rank, int world) { return (rank + world - 1) % world; }
 
-// full (outer, T, row) -> rank's local (outer, T/N, row); T must pass zigzag_check.
-static inline void zigzag_scatter(void* local, const void* full, long outer, long T, size_t row_bytes, int rank,
-                                  int world) {
+// Copies between full (outer, T, row) and rank's local (outer, T/N, row), chunk by chunk: to the
+// local rows (to_local = 1) or back to their places in full (0). T must pass zigzag_check.
+static inline void zigzag_copy(void* local, void* full, long outer, long T, size_t row_bytes, int rank, int world,
+                               int to_local) {
     const long C = T / (2L * world);
     const size_t chunk_bytes = (size_t)C * row_bytes;
     for (long o = 0; o < outer; o++)
-        for (int lc = 0; lc < 2; lc++)
-            memcpy((char*)local + ((size_t)o * 2 + lc) * chunk_bytes,
-                   (const char*)full + (size_t)o * T * row_bytes + (size_t)zigzag_chunk_of(rank, lc, world) * chunk_bytes,
-                   chunk_bytes);
+        for (int lc = 0; lc < 2; lc++) {
+            char* l = (char*)local + ((size_t)o * 2 + lc) * chunk_bytes;
+            char* f = (char*)full + (size_t)o * T * row_bytes + (size_t)zigzag_chunk_of(rank, lc, world) * chunk_bytes;
+            memcpy(to_local ? l : f, to_local ? f : l, chunk_bytes);
+        }
 }
 
-// rank's local (outer, T/N, row) -> its rows of full (outer, T, row); the others stay as they are.
+// full -> rank's local rows.
+static inline void zigzag_scatter(void* local, const void* full, long outer, long T, size_t row_bytes, int rank,
+                                  int world) {
+    zigzag_copy(local, (void*)full, outer, T, row_bytes, rank, world, 1);
+}
+
+// rank's local rows -> their places in full; the other rows of full stay as they are.
 static inline void zigzag_gather(void* full, const void* local, long outer, long T, size_t row_bytes, int rank,
                                  int world) {
-    const long C = T / (2L * world);
-    const size_t chunk_bytes = (size_t)C * row_bytes;
-    for (long o = 0; o < outer; o++)
-        for (int lc = 0; lc < 2; lc++)
-            memcpy((char*)full + (size_t)o * T * row_bytes + (size_t)zigzag_chunk_of(rank, lc, world) * chunk_bytes,
-                   (const char*)local + ((size_t)o * 2 + lc) * chunk_bytes, chunk_bytes);
+    zigzag_copy((void*)local, full, outer, T, row_bytes, rank, world, 0);
 }
 
 #endif  // ZIGZAG_H
