@@ -12,7 +12,7 @@
 //   graph and replayed at every length:
 //     starts[b] = lengths[b]; lengths[b] += Tq           (a kernel; first, so the attention sees the new keys)
 //     x (N, C)        = wte[tok] + wpe[pos]
-//     per block l (the training forward's recipe on N rows; no statistics are saved):
+//     per block l (gpt_inference_block: the training forward's recipe on N rows, no statistics saved):
 //       ln (N, C)     = LN1(x)
 //       qkv (N, R)    = ln · qkvwᵀ + qkvb                R = (NH + 2·NKV)·HD, a row: q | k | v heads
 //       cache[l][b, pos] = k, v of the row               (decode_cache_append, attention/decode/kv_cache.cu)
@@ -20,8 +20,8 @@
 //       r2 (N, C)     = x + atty · attprojwᵀ + attprojb  (the residual added in the GEMM, as in training)
 //       ln            = LN2(r2)
 //       fch_gelu      = GELU(ln · fcwᵀ + fcb);  x = r2 + fch_gelu · fcprojwᵀ + fcprojb
-//     ln = LNf(x); last (B, C) = ln's row Tq−1 of each sequence
-//     logits (B, Vp) = last · wteᵀ                       (the next-token logits of each sequence)
+//     last (B, C) = x's row Tq−1 of each sequence;  ln = LNf(last)
+//     logits (B, Vp) = ln · wteᵀ                         (the next-token logits of each sequence)
 //   The decode attention runs with max_length 0 (lengths only on the GPU) and a split count fixed
 //   per Tq from the cache's capacity Tmax (decode.h): the same launch for every length.
 //
@@ -310,14 +310,50 @@ static void gpt_decoder_attention(GPTDecoder* d, int l, int Tq) {
     decode_attention(&a, d->model->stream);
 }
 
+// The buffers one block runs through (rows N; R = the qkv row): the step's or the prefill's.
+typedef struct {
+    __nv_bfloat16 *x, *r2, *ln, *qkv, *atty, *fch, *fch_gelu;  // (N, C) but qkv (N, R), fch* (N, 4C)
+} GPTInferenceActs;
+
+// Block l on the N rows of a.x (in and out): the training forward's recipe without the statistics it
+// keeps for the backward. attend(user, l) writes a.atty from a.qkv (and puts K and V in the cache):
+// the decode attention for a step, the full causal attention for a prefill.
+static void gpt_inference_block(GPTModel* m, const GPTInferenceActs* a, int l, int N, int R,
+                                void (*attend)(void* user, int l), void* user) {
+    const int C = m->C;
+    const size_t lC = (size_t)l * C;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->matmul;
+    __nv_bfloat16* const* p = m->param_tensors;
+    layernorm_forward(a->ln, NULL, NULL, a->x, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
+    matmul_forward(mm, a->qkv, a->ln, p[GPT_QKVW] + lC * R, p[GPT_QKVB] + (size_t)l * R, N, C, R, NULL);
+    attend(user, l);
+    matmul_forward_residual(mm, a->r2, a->x, a->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C);
+    layernorm_forward(a->ln, NULL, NULL, a->r2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
+    matmul_forward(mm, a->fch_gelu, a->ln, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, a->fch);
+    matmul_forward_residual(mm, a->x, a->r2, a->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N, 4 * C,
+                            C);
+}
+
+typedef struct {
+    GPTDecoder* d;
+    int Tq;
+} GPTDecodeAttend;
+
+// A step's attend: the new rows' K and V to the cache, then the decode attention.
+static void gpt_decode_attend(void* user, int l) {
+    const GPTDecodeAttend* a = (const GPTDecodeAttend*)user;
+    gpt_decoder_append(a->d, l, a->d->qkv, 0, a->d->B, a->Tq);
+    gpt_decoder_attention(a->d, l, a->Tq);
+}
+
 // The step on d->tokens (B, Tq), already on the GPU: afterwards d->logits (B, Vp) holds the
 // next-token logits of each sequence. Only kernels and GEMMs on model->stream, every changing value
 // read from device memory: capturable in a CUDA graph. The host's bookkeeping (gpt_decoder_count) is
 // the caller's.
 static void gpt_decoder_forward_tokens(GPTDecoder* d, int Tq) {
     GPTModel* m = d->model;
-    const int B = d->B, C = m->C, L = m->L, N = B * Tq, Vp = m->Vp;
-    const int R = (int)d->qkv_layout.row;
+    const int B = d->B, C = m->C, L = m->L, N = B * Tq, Vp = m->Vp, R = (int)d->qkv_layout.row;
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->matmul;
     __nv_bfloat16* const* p = m->param_tensors;
@@ -328,18 +364,9 @@ static void gpt_decoder_forward_tokens(GPTDecoder* d, int Tq) {
     gpt_decode_embed_kernel<<<(unsigned)layer_ceil_div(vecs, 256), 256, 0, s>>>(d->x, d->tokens, d->cache.lengths,
                                                                                p[GPT_WTE], p[GPT_WPE], Tq, C, vecs);
     CUDA_CHECK(cudaGetLastError());
-    for (int l = 0; l < L; l++) {
-        const size_t lC = (size_t)l * C;
-        layernorm_forward(d->ln, NULL, NULL, d->x, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
-        matmul_forward(mm, d->qkv, d->ln, p[GPT_QKVW] + lC * R, p[GPT_QKVB] + (size_t)l * R, N, C, R, NULL);
-        gpt_decoder_append(d, l, d->qkv, 0, B, Tq);
-        gpt_decoder_attention(d, l, Tq);
-        matmul_forward_residual(mm, d->r2, d->x, d->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C, C);
-        layernorm_forward(d->ln, NULL, NULL, d->r2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
-        matmul_forward(mm, d->fch_gelu, d->ln, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C, d->fch);
-        matmul_forward_residual(mm, d->x, d->r2, d->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC, N,
-                                4 * C, C);
-    }
+    const GPTInferenceActs acts = {d->x, d->r2, d->ln, d->qkv, d->atty, d->fch, d->fch_gelu};
+    GPTDecodeAttend attend = {d, Tq};
+    for (int l = 0; l < L; l++) gpt_inference_block(m, &acts, l, N, R, gpt_decode_attend, &attend);
     // LNf of the last row of each sequence only (a LayerNorm is per row): one token, all rows
     const __nv_bfloat16* last = d->x;
     if (Tq > 1) gpt_decode_last_rows(d->last, d->x, B, Tq, C, s), last = d->last;

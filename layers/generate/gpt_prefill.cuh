@@ -8,8 +8,8 @@
 // Shapes (a pass of n' ≤ n sequences, Np = n'·P rows, R = (NH + 2·NKV)·HD):
 //   x, r2, ln, atty (Np, C)   qkv (Np, R)   fch, fch_gelu (Np, 4C)   lse (n', NH, P) fp32
 //   x (Np, C)    = wte[tokens] + wpe[0 .. P−1]
-//   per block l: the training forward's recipe (gpt_block_forward_bf16) on these buffers, and
-//                cache[l][b, 0 .. P−1] = the k and v heads of qkv
+//   per block l: gpt_inference_block (gpt_decode.cuh, the decode step's too) on these buffers, with
+//                cache[l][b, 0 .. P−1] = the k and v heads of qkv and the backend's causal attention
 //   last (n', C) = x's rows P−1, 2P−1, ...;  logits[b] = LNf(last) · wteᵀ
 // The same kernels and GEMM calls as the training forward, so the same bits as gpt_model_forward
 // wherever cuBLASLt picks the same algorithm for the same shape.
@@ -82,35 +82,29 @@ static GPTPrefillPass gpt_prefill_buffers(GPTDecoder* d, int n, int P) {
     return pass;
 }
 
-// Block l of a pass over sequences [b0, b0 + n) of P tokens: x (n·P, C) in, x out; K and V to the cache.
-static void gpt_prefill_block(GPTDecoder* d, const GPTPrefillPass* pass, int l, int b0) {
-    GPTModel* m = d->model;
-    const int n = pass->shape.B, P = pass->shape.T, N = n * P, C = m->C, R = (int)d->qkv_layout.row;
-    const size_t lC = (size_t)l * C;
-    cudaStream_t s = m->stream;
-    MatmulContext* mm = &m->matmul;
-    __nv_bfloat16* const* p = m->param_tensors;
-    const GPTQKVLayout* q = &d->qkv_layout;
+typedef struct {
+    GPTDecoder* d;
+    const GPTPrefillPass* pass;
+    int b0;
+} GPTPrefillAttend;
 
-    layernorm_forward(pass->ln, NULL, NULL, pass->x, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, N, C, s);
-    matmul_forward(mm, pass->qkv, pass->ln, p[GPT_QKVW] + lC * R, p[GPT_QKVB] + (size_t)l * R, N, C, R, NULL);
-    gpt_decoder_append(d, l, pass->qkv, b0, n, P);
+// A prefill's attend (gpt_inference_block) over sequences [b0, b0 + n) of P tokens: K and V of every
+// position to the cache, then the model's causal attention backend on the whole prompt.
+static void gpt_prefill_attend(void* user, int l) {
+    const GPTPrefillAttend* u = (const GPTPrefillAttend*)user;
+    const GPTPrefillPass* pass = u->pass;
+    GPTModel* m = u->d->model;
+    const GPTQKVLayout* q = &u->d->qkv_layout;
+    gpt_decoder_append(u->d, l, pass->qkv, u->b0, pass->shape.B, pass->shape.T);
     AttentionArgs a;
     memset(&a, 0, sizeof(a));
     a.shape = pass->shape;
     a.q = pass->qkv + q->q_off, a.k = pass->qkv + q->k_off, a.v = pass->qkv + q->v_off;
     a.qkv_stride = q->row;
-    a.out = pass->atty, a.out_stride = C;
+    a.out = pass->atty, a.out_stride = m->C;
     a.lse = pass->lse;
     a.saved = pass->saved, a.workspace = pass->scratch;
-    attention_forward(m->backend, &m->att_ctx, &a, s);  // atty (n, P, NH, HD)
-    matmul_forward_residual(mm, pass->r2, pass->x, pass->atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N, C,
-                            C);
-    layernorm_forward(pass->ln, NULL, NULL, pass->r2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
-    matmul_forward(mm, pass->fch_gelu, pass->ln, p[GPT_FCW] + lC * 4 * C, p[GPT_FCB] + lC * 4, N, C, 4 * C,
-                   pass->fch);
-    matmul_forward_residual(mm, pass->x, pass->r2, pass->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, p[GPT_FCPROJB] + lC,
-                            N, 4 * C, C);
+    attention_forward(m->backend, &m->att_ctx, &a, m->stream);  // atty (n, P, NH, HD)
 }
 
 // One pass: sequences [b0, b0 + n) from tokens (n, P) on the GPU.
@@ -124,7 +118,10 @@ static void gpt_prefill_pass(GPTDecoder* d, const int* tokens, int b0, int n, in
     gpt_decode_advance_kernel<<<(n + 127) / 128, 128, 0, s>>>(d->cache.lengths + b0, d->cache.starts + b0, n, P);
     CUDA_CHECK(cudaGetLastError());
     encoder_forward(pass.x, tokens, p[GPT_WTE], p[GPT_WPE], n, P, C, s);
-    for (int l = 0; l < m->L; l++) gpt_prefill_block(d, &pass, l, b0);
+    const GPTInferenceActs acts = {pass.x, pass.r2, pass.ln, pass.qkv, pass.atty, pass.fch, pass.fch_gelu};
+    GPTPrefillAttend attend = {d, &pass, b0};
+    for (int l = 0; l < m->L; l++)
+        gpt_inference_block(m, &acts, l, n * P, (int)d->qkv_layout.row, gpt_prefill_attend, &attend);
     // logits of rows b0 .. b0+n−1 from the last position of each sequence (LNf of those rows only)
     gpt_decode_last_rows(pass.r2, pass.x, n, P, C, s);
     layernorm_forward(pass.ln, NULL, NULL, pass.r2, p[GPT_LNFW], p[GPT_LNFB], n, C, s);
