@@ -141,19 +141,7 @@ def model_files(args, name, report):
     hf_dir = os.path.join(args.out, f"{tag}_hf")
     if not os.path.exists(weights):
         report(f"{name}: writing random weights ({tg.num_params(cfg) / 1e9:.2f} B parameters) to {weights}")
-        rng = np.random.default_rng(args.seed)
-        residual = 0.02 / math.sqrt(2 * cfg.num_layers)
-        tensors = []
-        for pname, shape in tg.param_shapes(cfg):
-            if pname in ("ln1w", "ln2w", "lnfw"):
-                tensors.append(np.ones(shape, np.float32))
-            elif pname.endswith("b"):
-                tensors.append(np.zeros(shape, np.float32))
-            else:
-                std = residual if pname in ("attprojw", "fcprojw") else 0.02
-                tensors.append(rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
-        tg.write_model_file(weights + ".tmp", cfg, tensors, dtype="bf16")
-        os.replace(weights + ".tmp", weights)
+        tg.write_model_file(weights, cfg, tg.gpt2_init_numpy(cfg, args.seed), dtype="bf16")
     if not os.path.exists(os.path.join(hf_dir, "config.json")):
         cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "export_hf.py"), weights, hf_dir, "--dtype", "bf16"]
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -79,25 +79,6 @@ def parse_args():
     return args
 
 
-def random_weights(cfg, seed, wte_sigma):
-    """GPT-2 init in numpy (fp32), wte rows scaled by exp(N(0, wte_sigma)) when wte_sigma > 0."""
-    rng = np.random.default_rng(seed)
-    residual = 0.02 / math.sqrt(2 * cfg.num_layers)
-    out = []
-    for name, shape in tg.param_shapes(cfg):
-        if name in ("ln1w", "ln2w", "lnfw"):
-            t = np.ones(shape, np.float32)
-        elif name.endswith("b"):
-            t = np.zeros(shape, np.float32)
-        else:
-            std = residual if name in ("attprojw", "fcprojw") else 0.02
-            t = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-        if name == "wte" and wte_sigma > 0:
-            t *= np.exp(rng.normal(0.0, wte_sigma, size=(shape[0], 1))).astype(np.float32)
-        out.append(t)
-    return out
-
-
 def run_train_gpt(args, weights, prompt, work, tag, report):
     cmd = [args.train_gpt, "--generate", str(args.tokens), "--init-from", weights, "--prompt-tokens",
            ",".join(str(t) for t in prompt), "--num-samples", str(args.num_samples), "--temperature", "0",
@@ -138,7 +119,7 @@ def check(args, work, report):
            f"{args.prompt_len} tokens, {args.tokens} new tokens each, {args.num_samples} samples per run; "
            f"attn {args.attn}; tie tolerance {args.tie_ulps} bf16 steps")
     weights = os.path.join(work, "weights_bf16.bin")
-    tg.write_model_file(weights, cfg, random_weights(cfg, args.seed, args.wte_sigma), dtype="bf16")
+    tg.write_model_file(weights, cfg, tg.gpt2_init_numpy(cfg, args.seed, args.wte_sigma), dtype="bf16")
     _, _, tensors = tg.read_model_file(weights)  # the bf16 values, as fp32
     model = tg.GPT(cfg).to(dev)
     tg.load_stacked_(model, tensors)

@@ -5,7 +5,7 @@ Shared helpers (numpy only; usable without PyTorch):
   configs      the named shapes of data/gpt_config.h, overrides, parameter shapes and counts, and the
                FLOPs formula of the FlashAttention-2 paper's Table 1 (6·s·P + 12·L·h·s² per sequence,
                P all parameters)
-  model files  llm.c's format, which `train_gpt --init-from PATH` reads and `--dump-grads PATH` writes:
+  model files  GPT-2's initialization (gpt2_init_numpy), and llm.c's format, which `train_gpt --init-from PATH` reads and `--dump-grads PATH` writes:
                a header of 256 little-endian int32, [0] = 20240326 (magic), [1] = 3 (fp32 values) or
                5 (bf16 values), [2] = maxT, [3] = V (50257), [4] = L, [5] = NH, [6] = C, [7] = Vp (50304),
                [8] = NKV (key/value heads; 0 = NH, multi-head, as llm.c's files), the rest 0; then the
@@ -188,6 +188,27 @@ def fp32_to_bf16_bits(x):
 def bf16_bits_to_fp32(bits):
     """bf16 bit patterns (uint16) -> fp32 values (exact)."""
     return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
+def gpt2_init_numpy(cfg, seed, wte_sigma=0.0):
+    """GPT-2's initialization in numpy (fp32), the 16 tensors in write_model_file's order: weights
+    N(0, 0.02), the residual projections N(0, 0.02/sqrt(2L)), LayerNorm gains 1, biases 0; with
+    wte_sigma > 0 each row of wte is scaled by exp(N(0, wte_sigma)) (rows of unequal norm)."""
+    rng = np.random.default_rng(seed)
+    residual = 0.02 / math.sqrt(2 * cfg.num_layers)
+    out = []
+    for name, shape in param_shapes(cfg):
+        if name in ("ln1w", "ln2w", "lnfw"):
+            t = np.ones(shape, np.float32)
+        elif name.endswith("b"):
+            t = np.zeros(shape, np.float32)
+        else:
+            std = residual if name in ("attprojw", "fcprojw") else 0.02
+            t = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        if name == "wte" and wte_sigma > 0:
+            t *= np.exp(rng.normal(0.0, wte_sigma, size=(shape[0], 1))).astype(np.float32)
+        out.append(t)
+    return out
 
 
 def write_model_file(path, cfg, tensors, dtype="fp32"):
