@@ -54,6 +54,7 @@
 #include "layers/context_parallel/ring_attention_kernels.cuh"
 #include "layers/context_parallel/zigzag.h"
 #include "layers/cuda_common.h"
+#include "layers/multi_gpu/nccl_check.h"
 
 typedef struct {
     AttentionShape global;  // the whole sequence (T tokens)
@@ -80,12 +81,7 @@ typedef struct {
 } RingAttention;
 
 static inline void ring_nccl_check(ncclResult_t r, const char* file, int line) {
-    if (r == ncclSuccess || r == ncclInProgress) return;  // in progress: settled by ring_group_end
-    const char* last = ncclGetLastError(NULL);
-    fprintf(stderr, "error: NCCL call failed at %s:%d: %s%s%s\nhint: rerun with NCCL_DEBUG=INFO to see which rank "
-                    "and transport failed\n", file, line, ncclGetErrorString(r), last && *last ? ": " : "",
-            last ? last : "");
-    exit(EXIT_FAILURE);
+    if (r != ncclInProgress) nccl_check(r, file, line);  // in progress: settled by ring_group_end
 }
 #define RING_NCCL_CHECK(call) ring_nccl_check((call), __FILE__, __LINE__)
 
