@@ -246,7 +246,8 @@ static const OptionSpec OPTIONS[] = {
     SECTION("generation (layers/generate/gpt_generate.cuh)"),
     {"generate", 0, OPT_INT, FIELD(generate), NULL, "M", 1, 1 << 20,
      "instead of training, continue the prompt by M tokens with a KV cache, from --resume CKPT or --init-from "
-     "FILE (the model's shape comes from that file), and print the text and tokens/s"},
+     "FILE (the model's shape comes from that file; only the weights and the cache are allocated), and print "
+     "the text, tokens/s, ms per step and the memory taken"},
     {"prompt-tokens", 0, OPT_STRING, FIELD(prompt_tokens), NULL, "LIST", 0, 0,
      "the prompt as token ids: a comma list (464,3290) or a file of ids (scripts/encode_prompt.py writes one "
      "from text); default: <|endoftext|>"},
