@@ -52,8 +52,8 @@ except ImportError as err:
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, git_commit, gpu_slug, length_label,  # noqa: E402
-                            median_gpu_ms, parse_list, rel_error, write_json, write_text)
+from results_common import (L2_FLUSH_BYTES, MIN_REPS, Skip, copy_gbps, git_commit, gpu_slug,  # noqa: E402
+                            length_label, median_gpu_ms, parse_list, rel_error, write_json, write_text)
 
 TORCH_IMPLS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-efficient": SDPBackend.EFFICIENT_ATTENTION,
                "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -81,16 +81,6 @@ def load_library(path):
 def measure_us(fn, flush, warmup_ms, rep_ms):
     """Median microseconds of fn() (see the method above; results_common.median_gpu_ms)."""
     return 1000.0 * median_gpu_ms(fn, flush, warmup_ms, rep_ms, MIN_REPS, MAX_REPS)
-
-
-def copy_gbps(flush, warmup_ms, rep_ms):
-    """Device-to-device copy bandwidth, bytes read + written, of a 1 GiB buffer."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").fill_(1)
-    dst = torch.empty_like(src)
-    us = measure_us(lambda: dst.copy_(src), flush, warmup_ms, rep_ms)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2.0 * (1 << 30) / (us * 1e-6) / 1e9
 
 
 def torch_runner(impl, q, k, v):
@@ -349,7 +339,7 @@ def main():
         "cuda": torch.version.cuda,
         "method": (f"CUDA events per run, L2 flushed before each, median over ~{args.rep_ms:g} ms after "
                    f"{args.warmup_ms:g} ms warm-up; one query token; GB/s = K and V bytes read once / time"),
-        "copy_gbps": copy_gbps(flush, args.warmup_ms, args.rep_ms),
+        "copy_gbps": copy_gbps(flush, args.warmup_ms, args.rep_ms, MIN_REPS, MAX_REPS),
     }
     print(f"{device}: device-to-device copy {meta['copy_gbps']:.0f} GB/s (read + written)", flush=True)
     records = []

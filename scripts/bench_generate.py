@@ -50,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt as tg  # noqa: E402
-from results_common import Report, run_metadata, text_table, write_json, parse_list  # noqa: E402
+from results_common import Report, copy_gbps, run_metadata, text_table, write_json, parse_list  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("gpt2-124m", "gpt3-1.3b", "gpt3-2.7b")
@@ -170,17 +170,13 @@ def run_ours(args, weights, prompt_file, B, P, tag):
     return parsed
 
 
-def copy_gbps():
-    """Device-to-device copy rate of a 1 GiB buffer, bytes read + written (as bench_decode.py measures it)."""
+def copy_rate():
+    """The copy rate (results_common.copy_gbps, as bench_decode.py measures it), the L2 flushed."""
     import torch
-    from results_common import median_gpu_ms
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").fill_(1)
-    dst = torch.empty_like(src)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    ms = median_gpu_ms(lambda: dst.copy_(src), flush, 100, 500, 5, 200)
-    del src, dst, flush
-    torch.cuda.empty_cache()
-    return 2.0 * (1 << 30) / (ms * 1e-3) / 1e9
+    gbps = copy_gbps(flush, 100, 500, 5, 200)
+    del flush
+    return gbps
 
 
 def hf_load(hf_dir):
@@ -283,7 +279,7 @@ def main(argv=None):
         report(f"device {meta['device']}, commit {meta['commit']}, {meta['date']}; torch {torch.__version__}, "
                f"transformers {__import__('transformers').__version__}")
         report("$ " + " ".join(shlex.quote(a) for a in sys.argv))
-        gbps = copy_gbps()
+        gbps = copy_rate()
         report(f"copy rate {gbps:.0f} GB/s (1 GiB device-to-device, read + written)")
         records = []
         for name in args.models:

@@ -31,7 +31,7 @@ import PyTorch when called.
   Skip                the exception for a point a benchmark cannot run
   L2_FLUSH_BYTES, MIN_REPS
                       the GPU benchmarks' L2 flush buffer and fewest timed runs
-  median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps)
+  median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps), copy_gbps(...): the copy-rate ceiling
                       the GPU benchmarks' one timing method (PyTorch)
   rel_error(x, ref)   ||x - ref|| / ||ref|| in fp32, NaN when x is not finite (PyTorch)
 """
@@ -262,6 +262,18 @@ def rel_error(x, ref):
     if not torch.isfinite(x).all():
         return float("nan")
     return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref))
+
+
+def copy_gbps(flush, warmup_ms, rep_ms, min_reps, max_reps):
+    """Device-to-device copy rate of a 1 GiB buffer (torch copy_), bytes read + written per second / 1e9,
+    timed as median_gpu_ms: the bandwidth ceiling the decoding benchmarks compare against."""
+    import torch
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    ms = median_gpu_ms(lambda: dst.copy_(src), flush, warmup_ms, rep_ms, min_reps, max_reps)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2.0 * (1 << 30) / (ms * 1e-3) / 1e9
 
 
 def median_gpu_ms(fn, flush, warmup_ms, rep_ms, min_reps, max_reps):
