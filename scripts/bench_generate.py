@@ -156,7 +156,7 @@ def run_ours(args, weights, prompt_file, B, P, tag):
            "--num-samples", str(B), "--temperature", "0"]
     log = os.path.join(args.out, f"train_gpt_{tag}.log")
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO_ROOT)
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=args.timeout, cwd=REPO_ROOT)
         out, rc = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")

@@ -83,7 +83,7 @@ def run_train_gpt(args, weights, prompt, work, tag, report):
     cmd = [args.train_gpt, "--generate", str(args.tokens), "--init-from", weights, "--prompt-tokens",
            ",".join(str(t) for t in prompt), "--num-samples", str(args.num_samples), "--temperature", "0",
            "--attn", args.attn]  # its "tokens" lines give the ids (the text needs no token table)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600, cwd=REPO_ROOT)
     with open(os.path.join(work, f"train_gpt_{tag}.log"), "w") as f:
         f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + r.stdout + r.stderr)
     if r.returncode != 0:

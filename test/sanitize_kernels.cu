@@ -745,6 +745,8 @@ static void family_generate(const Options* o) {
     GPTDecoder d;
     if (gpt_decoder_create(&d, &m, B, 40, DECODE_MAX_QUERY_TOKENS) != 0) exit(1);
     decoder_fill_tma_outputs(&d);
+    gpt_prefill_buffers(&d, B, P);  // the prefill's buffers, made now so that their GEMM outputs are filled
+    if (g_gemm_stores_by_tma) fill_tma_output(d.prefill_memory, d.prefill_bytes);
     gpt_decoder_prefill(&d, tokens_random((size_t)B * P, config.vocab_size, 1), P);
     case_end("generate_prefill_B%d_P%d", B, P);
     generate_steps(&d, config.vocab_size);
