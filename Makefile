@@ -39,13 +39,14 @@ CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \
-             $(BUILD)/test_gpu_generate $(BUILD)/test_gpu_fp8 $(BUILD)/test_gpu_context_parallel
+             $(BUILD)/test_gpu_generate $(BUILD)/test_gpu_fp8 $(BUILD)/test_gpu_context_parallel \
+             $(BUILD)/test_gpu_decode_linear
 # Attention backends: one object per file, so editing one kernel rebuilds only that file.
 ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_forward.o $(BUILD)/flash1_backward.o \
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
              $(BUILD)/kv_cache.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
-         $(BUILD)/gpu_ceilings $(BUILD)/sanitize_kernels $(BUILD)/bench_fp8_gemm
+         $(BUILD)/gpu_ceilings $(BUILD)/sanitize_kernels $(BUILD)/bench_fp8_gemm $(BUILD)/bench_decode_linear
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -124,6 +125,11 @@ $(BUILD)/gpu_ceilings: layers/tools/gpu_ceilings.cu | $(BUILD)
 $(BUILD)/bench_fp8_gemm: layers/tools/bench_fp8_gemm.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_fp8_gemm.d -o $@ $< -lcublasLt
 
+# The decode step's linear layers at 1-16 rows: decode_linear against cuBLASLt and the copy rate
+# (`build/bench_decode_linear --help`).
+$(BUILD)/bench_decode_linear: layers/tools/bench_decode_linear.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_decode_linear.d -o $@ $< -lcublasLt
+
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
 
@@ -164,6 +170,9 @@ $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o
 # The FP8 casts, scales and GEMMs (layers/model/fp8_cast.cuh, fp8_scaling.cuh, matmul_fp8.cuh).
 $(BUILD)/test_gpu_fp8: test/test_gpu_fp8.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_fp8.d -o $@ $< -lcublasLt -lcublas
+
+$(BUILD)/test_gpu_decode_linear: test/test_gpu_decode_linear.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode_linear.d -o $@ $< -lcublasLt -lcublas
 
 $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o

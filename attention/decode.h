@@ -28,6 +28,8 @@
 // e.g. a decode step captured once in a CUDA graph and replayed at every length) the splits are
 // picked for the capacity Tmax; splits past a sequence's keys return an empty partial (LSE −∞) that
 // the combine skips, so the same launch is right for every lengths[b] ≤ Tmax.
+// Both kernels are programmatic dependent launches on sm_90+ (attention/common/dependent_launch.cuh):
+// each may start while the stream's previous kernel ends, and waits for it before reading anything.
 #ifndef FLASH2_DECODE_H
 #define FLASH2_DECODE_H
 

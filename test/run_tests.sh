@@ -62,6 +62,7 @@ tests=(
     "$BUILD/test_gpu_gpt"
     "$BUILD/test_gpu_recompute"
     "$BUILD/test_gpu_decode"
+    "$BUILD/test_gpu_decode_linear"
     "$BUILD/test_gpu_multi_gpu"
     "$BUILD/test_gpu_context_parallel"
     "$BUILD/test_gpu_generate"

@@ -17,12 +17,15 @@
 //   decode_combine_kernel  one block per (b, t, h), threads over splits: lse = log Σ_s exp(lse_s),
 //                          out = Σ_s exp(lse_s − lse)·out_s; splits with lse_s = −∞ (no keys) skipped.
 //                          A programmatic dependent launch on Hopper (its start overlaps the split
-//                          kernel's tail).
+//                          kernel's tail); so is the split kernel (its start overlaps the tail of the
+//                          kernel that wrote q and the cache). Each waits for its predecessor before
+//                          it reads anything, and the combine lets the next kernel start at once.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "attention/common/attention_math.cuh"
+#include "attention/common/dependent_launch.cuh"
 #include "attention/common/mma_common.cuh"
 #include "attention/decode.h"
 
@@ -63,20 +66,6 @@ struct DecodeConfig {
     static constexpr size_t SMEM_BYTES = PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES;
 };
 
-// Programmatic dependent launch (Hopper): the split kernel lets the combine kernel start once every
-// split block is past its main loop, and the combine waits for the split kernel's writes, so the
-// second launch's latency hides behind the first's tail. No-ops before sm_90.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // Loads one tile of keys [k0, k0 + 64) ∩ [., k_end) of K and V; rows past k_end become zeros.
 template <int HD>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* k_tile, __nv_bfloat16* v_tile, const __nv_bfloat16* k,
@@ -109,6 +98,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     __nv_bfloat16* v_tiles = k_tiles + DECODE_STAGES * Cfg::TILE_ELEMS;
     __nv_bfloat16* q_tile = v_tiles + DECODE_STAGES * Cfg::TILE_ELEMS;  // [16·MT rows][HD]
 
+    wait_for_prerequisite_grid();  // launched as a dependent of the kernel writing q and the cache
     const int split = blockIdx.x, b = blockIdx.z;
     const int kvh = blockIdx.y / p.row_groups, row0 = (blockIdx.y % p.row_groups) * 16 * MT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -346,6 +336,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decode_combine_kernel(const D
     __shared__ float scratch[COMBINE_WARPS];
     __shared__ __align__(16) float partial[COMBINE_WARPS][HD];
     wait_for_prerequisite_grid();
+    allow_dependent_launch();  // the next kernel (a projection) may start loading its weights
     const long row = blockIdx.x;  // (b·Tq + t)·NH + h
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const float* lse_s = p.part_lse + row * p.splits;
@@ -388,18 +379,6 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decode_combine_kernel(const D
     }
 }
 
-// Programmatic dependent launch needs compute capability 9.0.
-int device_has_pdl() {
-    static int has = -1;
-    if (has < 0) {
-        int device = 0, major = 0;
-        ATTN_CUDA_CHECK(cudaGetDevice(&device));
-        ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        has = major >= 9;
-    }
-    return has;
-}
-
 // m-tiles per block for M query rows per K/V head: 1, 2 or 4 (more than 64 rows: row groups of 64).
 int tiles_for_rows(int M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
 
@@ -434,9 +413,8 @@ int blocks_per_sm_hd(int HD, int MT) {
 template <int HD, int MT>
 void launch_split(const DecodeParams& p, int B, cudaStream_t stream) {
     blocks_per_sm<HD, MT>();  // raises the shared-memory limit once
-    const dim3 grid(p.splits, p.NKV * p.row_groups, B);
-    decode_split_kernel<HD, MT><<<grid, DECODE_THREADS, DecodeConfig<HD, MT>::SMEM_BYTES, stream>>>(p);
-    ATTN_CUDA_CHECK(cudaGetLastError());
+    ATTN_CUDA_CHECK(launch_dependent(decode_split_kernel<HD, MT>, dim3(p.splits, p.NKV * p.row_groups, B),
+                                     DECODE_THREADS, DecodeConfig<HD, MT>::SMEM_BYTES, stream, p));
 }
 
 template <int HD>
@@ -444,19 +422,9 @@ void launch_hd(const DecodeParams& p, int B, int MT, cudaStream_t stream) {
     if (MT == 1) launch_split<HD, 1>(p, B, stream);
     else if (MT == 2) launch_split<HD, 2>(p, B, stream);
     else launch_split<HD, 4>(p, B, stream);
-    if (p.splits > 1) {
-        // Launched as a programmatic dependent of the split kernel where the GPU has it (sm_90+).
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3((unsigned)(B * p.Tq * p.NH));
-        config.blockDim = dim3(COMBINE_THREADS);
-        config.stream = stream;
-        cudaLaunchAttribute attribute[1];
-        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute[0].val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = attribute;
-        config.numAttrs = device_has_pdl() ? 1 : 0;
-        ATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_combine_kernel<HD>, p));
-    }
+    if (p.splits > 1)
+        ATTN_CUDA_CHECK(launch_dependent(decode_combine_kernel<HD>, dim3((unsigned)(B * p.Tq * p.NH)), COMBINE_THREADS,
+                                         0, stream, p));
 }
 
 long row_groups_of(const DecodeShape* s) {

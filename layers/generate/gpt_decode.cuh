@@ -22,6 +22,10 @@
 //       fch_gelu      = GELU(ln · fcwᵀ + fcb);  x = r2 + fch_gelu · fcprojwᵀ + fcprojb
 //     last (B, C) = x's row Tq−1 of each sequence;  ln = LNf(last)
 //     logits (B, Vp) = ln · wteᵀ                         (the next-token logits of each sequence)
+//   At N ≤ GPT_DECODE_LINEAR_ROWS rows (gpt_decode_block_small) every product is decode_linear
+//   (decode_linear.cuh), with LN1 and LN2 inside the QKV and FC products and the cache append in the
+//   QKV product's epilogue: four launches and the attention per layer instead of nine; more rows go
+//   through cuBLASLt.
 //   The decode attention runs with max_length 0 (lengths only on the GPU) and a split count fixed
 //   per Tq from the cache's capacity Tmax (decode.h): the same launch for every length.
 //
@@ -36,6 +40,7 @@
 #define GPT_DECODE_CUH
 
 #include "attention/decode.h"
+#include "layers/generate/decode_linear.cuh"
 #include "layers/model/gpt_model.cuh"
 
 // ---- the packed qkv row ---------------------------------------------------------------------------
@@ -147,6 +152,7 @@ typedef struct {
     size_t workspace_bytes;
     int* host_tokens;  // pinned (B, max_tq): the step's tokens on their way up
     int splits_override;  // 0: the split count for the cache's capacity; else this many splits (tests)
+    int linear_by_cublas; // 1: every step's linear layers through cuBLASLt, even at ≤ 16 rows (tests)
     void* prefill_memory;  // the prefill's buffers (gpt_prefill.cuh), grown on demand
     size_t prefill_bytes;
 } GPTDecoder;
@@ -335,6 +341,41 @@ static void gpt_inference_block(GPTModel* m, const GPTInferenceActs* a, int l, i
                             C);
 }
 
+// Rows up to which a step's linear layers run through decode_linear: a GPT3-1.3B step on an H200 was
+// faster than through cuBLASLt at 1 and 4 sequences and slower at 8 (layers/PERF_NOTES.md, 34).
+#define GPT_DECODE_LINEAR_ROWS 4
+
+// Whether a step of N rows runs its linear layers through decode_linear (each a read of its weights,
+// four launches per layer) rather than gpt_inference_block's cuBLASLt GEMMs.
+static int gpt_decoder_reads_weights_once(const GPTDecoder* d, int N) {
+    const GPTModel* m = d->model;
+    return !d->linear_by_cublas && N <= GPT_DECODE_LINEAR_ROWS &&
+           decode_linear_supported(N, m->C, (int)d->qkv_layout.row) && decode_linear_supported(N, 4 * m->C, m->C);
+}
+
+// Block l of a step of N = B·Tq ≤ 16 rows (d->x in and out): the recipe of gpt_inference_block with
+// each LayerNorm inside the next product, and the QKV product appending K and V to the cache.
+static void gpt_decode_block_small(GPTDecoder* d, int l, int Tq) {
+    GPTModel* m = d->model;
+    const KVCache* c = &d->cache;
+    const GPTQKVLayout* q = &d->qkv_layout;
+    const int C = m->C, N = d->B * Tq, R = (int)q->row;
+    const size_t lC = (size_t)l * C, layer = (size_t)l * kv_cache_layer_elems(c);
+    __nv_bfloat16* const* p = m->param_tensors;
+    cudaStream_t s = m->stream;
+    DecodeLinearOps qkv = {p[GPT_LN1W] + lC, p[GPT_LN1B] + lC, p[GPT_QKVB] + (size_t)l * R, NULL, 0,
+                           {c->k + layer, c->v + layer, c->starts, Tq, c->Tmax, (int)q->k_off, (int)q->v_off,
+                            q->NKV * q->HD}};
+    decode_linear(d->qkv, d->x, p[GPT_QKVW] + lC * R, &qkv, N, C, R, s);
+    gpt_decoder_attention(d, l, Tq);
+    const DecodeLinearOps proj = {NULL, NULL, p[GPT_ATTPROJB] + lC, d->x, 0, {}};
+    decode_linear(d->r2, d->atty, p[GPT_ATTPROJW] + lC * C, &proj, N, C, C, s);
+    const DecodeLinearOps fc = {p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, p[GPT_FCB] + lC * 4, NULL, 1, {}};
+    decode_linear(d->fch_gelu, d->r2, p[GPT_FCW] + lC * 4 * C, &fc, N, C, 4 * C, s);
+    const DecodeLinearOps fcproj = {NULL, NULL, p[GPT_FCPROJB] + lC, d->r2, 0, {}};
+    decode_linear(d->x, d->fch_gelu, p[GPT_FCPROJW] + lC * 4 * C, &fcproj, N, 4 * C, C, s);
+}
+
 typedef struct {
     GPTDecoder* d;
     int Tq;
@@ -364,10 +405,16 @@ static void gpt_decoder_forward_tokens(GPTDecoder* d, int Tq) {
     gpt_decode_embed_kernel<<<(unsigned)layer_ceil_div(vecs, 256), 256, 0, s>>>(d->x, d->tokens, d->cache.lengths,
                                                                                p[GPT_WTE], p[GPT_WPE], Tq, C, vecs);
     CUDA_CHECK(cudaGetLastError());
+    const int small = gpt_decoder_reads_weights_once(d, N);
     const GPTInferenceActs acts = {d->x, d->r2, d->ln, d->qkv, d->atty, d->fch, d->fch_gelu};
     GPTDecodeAttend attend = {d, Tq};
-    for (int l = 0; l < L; l++) gpt_inference_block(m, &acts, l, N, R, gpt_decode_attend, &attend);
-    // LNf of the last row of each sequence only (a LayerNorm is per row): one token, all rows
+    for (int l = 0; l < L; l++) {
+        if (small) gpt_decode_block_small(d, l, Tq);
+        else gpt_inference_block(m, &acts, l, N, R, gpt_decode_attend, &attend);
+    }
+    // LNf of the last row of each sequence only (a LayerNorm is per row): one token, all rows. The LM
+    // head through cuBLASLt at every row count: one large product, where it streams faster than
+    // decode_linear (52-58 against 64 µs on GPT3-1.3B, build/bench_decode_linear).
     const __nv_bfloat16* last = d->x;
     if (Tq > 1) gpt_decode_last_rows(d->last, d->x, B, Tq, C, s), last = d->last;
     layernorm_forward(d->ln, NULL, NULL, last, p[GPT_LNFW], p[GPT_LNFB], B, C, s);
