@@ -28,8 +28,9 @@
 //                            1, top-k 20) through the graph = uncaptured, token for token
 //   sampling_repeats_with_a_seed  the same seed gives the same tokens twice, another seed others
 //   top_k_1_equals_greedy    temperature 1, top-k 1 gives the greedy tokens
-//   rows_independent_in_generation  a row's greedy tokens do not change when the other rows hold
-//                            other prompts of other lengths
+//   rows_independent_in_generation  a row's tokens (greedy and sampled) do not change when the other
+//                            rows hold other prompts of other lengths, while another row's do change
+//                            with its prompt in at least one of the two modes
 // GPU sampler cases: greedy = the first index of the largest logit, with ties planted across warps,
 // −0 against +0, NaN, padding larger than every real logit (a "last index" rule is shown to fail);
 // draws against the host reference with the same random numbers for several temperatures and top-k
@@ -805,6 +806,7 @@ static void rows_independent_case(const Problem* pb, uint64_t seed, cudaStream_t
     const int other_lengths[3] = {ROW_PROMPTS[0], 12, 3};
     int *x = (int*)host_alloc((size_t)B * M * sizeof(int)), *y = (int*)host_alloc((size_t)B * M * sizeof(int));
     char problems[1024] = "";
+    int row1_changed = 0;  // that the other rows' prompts matter at all (else "row 0 unchanged" says little)
     for (int sampled = 0; sampled < 2; sampled++) {
         gpt_generator_set(&g, sampled ? 1.0 : 0.0, sampled ? 20 : 0, seed, 1);
         generate_rows(&g, first, ROW_PROMPTS, M, x);
@@ -812,9 +814,11 @@ static void rows_independent_case(const Problem* pb, uint64_t seed, cudaStream_t
         generate_rows(&g, other, other_lengths, M, y);
         if (memcmp(x, y, M * sizeof(int)))
             add_problem(problems, sizeof(problems), "%s: row 0 changed with the other rows", sampled ? "top-k 20" : "greedy");
-        if (!memcmp(x + M, y + M, M * sizeof(int)))
-            add_problem(problems, sizeof(problems), "%s: row 1 did not change with its prompt", sampled ? "top-k 20" : "greedy");
+        row1_changed += memcmp(x + M, y + M, M * sizeof(int)) != 0;
     }
+    // Either mode will do: a tiny random model's greedy continuation can be the same for two prompts
+    // (TEST_SEED=1795878818993800001, multi-query, with this code and with 532a344's).
+    if (!row1_changed) add_problem(problems, sizeof(problems), "row 1 did not change with its prompt, greedy or sampled");
     report_case(pb, 7, problems);
     g_running_case[0] = 0;
     gpt_generator_destroy(&g);
