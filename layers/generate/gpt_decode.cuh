@@ -24,7 +24,7 @@
 //     logits (B, Vp) = ln · wteᵀ                         (the next-token logits of each sequence)
 //   At N ≤ GPT_DECODE_LINEAR_ROWS rows (gpt_decode_block_small) every product is decode_linear
 //   (decode_linear.cuh), with LN1 and LN2 inside the QKV and FC products and the cache append in the
-//   QKV product's epilogue: four launches and the attention per layer instead of nine; more rows go
+//   QKV product's epilogue: four launches and the attention per layer instead of seven; more rows go
 //   through cuBLASLt.
 //   The decode attention runs with max_length 0 (lengths only on the GPU) and a split count fixed
 //   per Tq from the cache's capacity Tmax (decode.h): the same launch for every length.
