@@ -53,7 +53,8 @@
 typedef struct {
     __nv_bfloat16 *k, *v;  // NULL: no append
     const int* starts;     // (B) the first new position of each sequence
-    int Tq, Tmax;          // rows per sequence in the step; positions the cache holds
+    int Tq, Tmax;          // rows per sequence in the step; positions the cache holds (the caller keeps
+                           // starts[b] + Tq ≤ Tmax: gpt_decoder_count stops a step that would pass it)
     int k_col, v_col;      // first K and V column of a row of y
     int width;             // columns of each: NKV·HD
 } DecodeLinearKV;
@@ -286,6 +287,20 @@ static int decode_linear_supported(int M, int IC, int OC) {
     return M >= 1 && M <= DECODE_LINEAR_MAX_ROWS && IC >= 32 && IC % 32 == 0 && OC >= 8 && OC % 8 == 0;
 }
 
+// The most dynamic shared memory a staged A may take on this GPU: DL_A_STAGED_MAX_BYTES, less where a
+// block may not opt in to that much beside the kernel's static 4.2 KB (99 KB per block on sm_86/89).
+static size_t decode_linear_staged_max_bytes(void) {
+    static size_t most = 0;
+    if (!most) {
+        int device = 0, optin = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        const size_t room = (size_t)optin - sizeof(float) * (DL_WARPS * 16 * DL_FEATURES + 2 * DECODE_LINEAR_MAX_ROWS);
+        most = room < (size_t)DL_A_STAGED_MAX_BYTES ? room : (size_t)DL_A_STAGED_MAX_BYTES;
+    }
+    return most;
+}
+
 typedef void (*DLKernel)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, DecodeLinearOps, int, int, int,
                          int, int);
 
@@ -310,7 +325,8 @@ static DLKernel decode_linear_pick(int M, int tiles, int sms, int* index) {
 static int decode_linear_wave(DLKernel kernel, int index, size_t smem, int sms) {
     static int raised[4] = {0, 0, 0, 0};
     if (!raised[index]) {  // once per kernel: allow A's rows in shared memory
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DL_A_STAGED_MAX_BYTES));
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)decode_linear_staged_max_bytes()));
         raised[index] = 1;
     }
     int per_sm = 0;
@@ -323,7 +339,8 @@ static int decode_linear_wave(DLKernel kernel, int index, size_t smem, int sms) 
 // programmatic dependent of the stream's previous kernel where the GPU has it. One wave of blocks, each
 // a run of whole tiles (ceil(tiles / wave) of them, so that no block has more than one tile more than
 // another). A goes to shared memory when it is small (DL_A_STAGED_SMALL_BYTES) or, normalized once, for
-// a LayerNorm when it fits in DL_A_STAGED_MAX_BYTES; otherwise it is read (and normalized) per step.
+// a LayerNorm when it fits in DL_A_STAGED_MAX_BYTES (less on GPUs with less shared memory per block);
+// otherwise it is read (and normalized) per step.
 static void decode_linear(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
                           const DecodeLinearOps* ops, int M, int IC, int OC, cudaStream_t stream) {
     LAYER_REQUIRE(decode_linear_supported(M, IC, OC), "decode_linear: M = %d, IC = %d, OC = %d: need 1 <= M <= %d, "
@@ -341,7 +358,8 @@ static void decode_linear(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_b
     int index;
     const DLKernel kernel = decode_linear_pick(M, tiles, sms, &index);
     const size_t a_bytes = (size_t)M * (IC + DL_A_PAD) * sizeof(__nv_bfloat16);
-    const int a_staged = a_bytes <= DL_A_STAGED_SMALL_BYTES || (ops->ln_w && a_bytes <= DL_A_STAGED_MAX_BYTES);
+    const int a_staged =
+        a_bytes <= DL_A_STAGED_SMALL_BYTES || (ops->ln_w && a_bytes <= decode_linear_staged_max_bytes());
     const size_t smem = a_staged ? a_bytes : 0;
     const int wave = decode_linear_wave(kernel, index, smem, sms), per_block = (tiles + wave - 1) / wave;
     const unsigned grid = (unsigned)((tiles + per_block - 1) / per_block);
