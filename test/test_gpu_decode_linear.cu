@@ -185,6 +185,27 @@ static void free_device_problem(DeviceProblem* d) {
     for (size_t i = 0; i < COUNT(all); i++) CUDA_CHECK(cudaFree(all[i]));
 }
 
+// One case's problem on the host and on the GPU; the case is named as the running one meanwhile (an exit
+// inside decode_linear then names it).
+typedef struct {
+    Problem p;
+    DeviceProblem d;
+} Rig;
+
+static Rig rig_open(const char* name, Shape s, OpsKind ops, uint64_t seed) {
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
+    Rig r;
+    r.p = make_problem(s, ops, seed);
+    r.d = upload_problem(&r.p);
+    return r;
+}
+
+static void rig_close(Rig* r) {
+    free_device_problem(&r->d);
+    free_problem(&r->p);
+    g_running_case[0] = 0;
+}
+
 static DecodeLinearOps device_ops(const Problem* p, const DeviceProblem* d) {
     DecodeLinearOps ops;
     memset(&ops, 0, sizeof(ops));
@@ -243,25 +264,22 @@ static uint16_t* download_bf16(const __nv_bfloat16* d, size_t n) {
 static void shape_ops_case(Shape s, OpsKind ops, uint64_t seed, cudaStream_t stream) {
     char name[160];
     snprintf(name, sizeof(name), "M%d_IC%d_OC%d_%s", s.M, s.IC, s.OC, OPS_NAMES[ops]);
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
-    Problem p = make_problem(s, ops, seed);
-    DeviceProblem d = upload_problem(&p);
-    uint16_t* y = run_problem(&p, &d, stream, name);
+    Rig r = rig_open(name, s, ops, seed);
+    const Problem& p = r.p;
+    uint16_t* y = run_problem(&p, &r.d, stream, name);
     double worst;
     char problems[512] = "";
     const int over = check_y(&p, y, &worst);
     if (over) add_problem(problems, sizeof(problems), "%d of %d outputs over the bound", over, s.M * s.OC);
     if (ops == OPS_KV) {
-        uint16_t *k = download_bf16(d.k, kv_cache_elems(&p)), *v = download_bf16(d.v, kv_cache_elems(&p));
+        uint16_t *k = download_bf16(r.d.k, kv_cache_elems(&p)), *v = download_bf16(r.d.v, kv_cache_elems(&p));
         check_cache(&p, y, k, v, problems, sizeof(problems));
         free(k), free(v);
     }
     test_report(name, problems[0] == 0, "%s (worst error %.3f of the bound)", problems, worst);
     if (!problems[0]) printf("   %s: worst error %.3f of the bound\n", name, worst);
     free(y);
-    free_device_problem(&d);
-    free_problem(&p);
-    g_running_case[0] = 0;
+    rig_close(&r);
 }
 
 // ---- bit-for-bit cases -----------------------------------------------------------------------------
@@ -297,26 +315,21 @@ static void ln_identity_case(int M, int IC, uint64_t seed, cudaStream_t stream) 
 
 static void deterministic_case(uint64_t seed, cudaStream_t stream) {
     const char* name = "deterministic_M3_IC8192_OC40_ln_bias_gelu";
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
-    Problem p = make_problem((Shape){3, 8192, 40}, OPS_LN_BIAS_GELU, seed);
-    DeviceProblem d = upload_problem(&p);
-    uint16_t *a = run_problem(&p, &d, stream, name), *b = run_problem(&p, &d, stream, name);
+    Rig r = rig_open(name, (Shape){3, 8192, 40}, OPS_LN_BIAS_GELU, seed);
+    uint16_t *a = run_problem(&r.p, &r.d, stream, name), *b = run_problem(&r.p, &r.d, stream, name);
     test_report(name, memcmp(a, b, (size_t)3 * 40 * 2) == 0, "two launches on the same inputs differ");
     free(a), free(b);
-    free_device_problem(&d);
-    free_problem(&p);
-    g_running_case[0] = 0;
+    rig_close(&r);
 }
 
 // y1 = GELU(LN(x)·w1ᵀ + b) (2 rows, 768 → 3072), then y2 = y1·w2ᵀ (3072 → 768): direct launches, then
 // the same two captured in one graph and replayed twice with y1 and y2 poisoned first.
 static void graph_case(uint64_t seed, cudaStream_t stream) {
     const char* name = "graph_of_two_dependent_products";
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
-    Problem p1 = make_problem((Shape){2, 768, 3072}, OPS_LN_BIAS_GELU, seed);
-    Problem p2 = make_problem((Shape){2, 3072, 768}, OPS_PLAIN, seed + 1);
-    DeviceProblem d1 = upload_problem(&p1), d2 = upload_problem(&p2);
-    const DecodeLinearOps o1 = device_ops(&p1, &d1), o2 = device_ops(&p2, &d2);
+    Rig r1 = rig_open(name, (Shape){2, 768, 3072}, OPS_LN_BIAS_GELU, seed);
+    Rig r2 = rig_open(name, (Shape){2, 3072, 768}, OPS_PLAIN, seed + 1);
+    const DeviceProblem &d1 = r1.d, &d2 = r2.d;
+    const DecodeLinearOps o1 = device_ops(&r1.p, &d1), o2 = device_ops(&r2.p, &d2);
     decode_linear(d1.y, d1.x, d1.w, &o1, 2, 768, 3072, stream);
     decode_linear(d2.y, d1.y, d2.w, &o2, 2, 3072, 768, stream);
     sync_or_die(stream, name, "decode_linear");
@@ -342,9 +355,7 @@ static void graph_case(uint64_t seed, cudaStream_t stream) {
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
     free(direct);
-    free_device_problem(&d1), free_device_problem(&d2);
-    free_problem(&p1), free_problem(&p2);
-    g_running_case[0] = 0;
+    rig_close(&r1), rig_close(&r2);
 }
 
 // ---- planted errors: the checks must reject them ----------------------------------------------------
@@ -386,10 +397,9 @@ typedef void (*Planter)(uint16_t* y, const Problem* p);
 // A correct result that passes, then the same with `planter` applied, which must fail.
 static void planted_y_case(const char* name, Shape s, OpsKind ops, Planter planter, uint64_t seed,
                            cudaStream_t stream) {
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
-    Problem p = make_problem(s, ops, seed);
-    DeviceProblem d = upload_problem(&p);
-    uint16_t* y = run_problem(&p, &d, stream, name);
+    Rig r = rig_open(name, s, ops, seed);
+    const Problem& p = r.p;
+    uint16_t* y = run_problem(&p, &r.d, stream, name);
     double before, after;
     const int clean = check_y(&p, y, &before) == 0;
     planter(y, &p);
@@ -397,20 +407,18 @@ static void planted_y_case(const char* name, Shape s, OpsKind ops, Planter plant
     test_report(name, clean && rejected, "the correct result %s (worst %.3f of the bound), the planted one %s "
                 "(worst %.3f)", clean ? "passes" : "FAILS", before, rejected ? "is rejected" : "PASSES", after);
     free(y);
-    free_device_problem(&d);
-    free_problem(&p);
-    g_running_case[0] = 0;
+    rig_close(&r);
 }
 
 // The cache of sequence 0 as if its keys had gone one position late: check_cache must object.
 static void planted_kv_case(uint64_t seed, cudaStream_t stream) {
     const char* name = "planted_kv_append_one_position_late_rejected";
-    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
-    Problem p = make_problem((Shape){6, 128, 512}, OPS_KV, seed);
+    Rig r = rig_open(name, (Shape){6, 128, 512}, OPS_KV, seed);
+    Problem& p = r.p;
     p.starts[0] = 0;  // room for the shift
-    DeviceProblem d = upload_problem(&p);
-    uint16_t* y = run_problem(&p, &d, stream, name);
-    uint16_t *k = download_bf16(d.k, kv_cache_elems(&p)), *v = download_bf16(d.v, kv_cache_elems(&p));
+    CUDA_CHECK(cudaMemcpy(r.d.starts, p.starts, sizeof(p.starts), cudaMemcpyHostToDevice));
+    uint16_t* y = run_problem(&p, &r.d, stream, name);
+    uint16_t *k = download_bf16(r.d.k, kv_cache_elems(&p)), *v = download_bf16(r.d.v, kv_cache_elems(&p));
     char clean[512] = "", planted[512] = "";
     check_cache(&p, y, k, v, clean, sizeof(clean));
     memmove(k + KV_WIDTH, k, (size_t)KV_TQ * KV_WIDTH * 2);  // positions 0, 1 of sequence 0 -> 1, 2
@@ -419,9 +427,7 @@ static void planted_kv_case(uint64_t seed, cudaStream_t stream) {
     test_report(name, clean[0] == 0 && planted[0] != 0, "correct cache: %s; planted: %s", clean[0] ? clean : "ok",
                 planted[0] ? planted : "NOT rejected");
     free(y), free(k), free(v);
-    free_device_problem(&d);
-    free_problem(&p);
-    g_running_case[0] = 0;
+    rig_close(&r);
 }
 
 static void planted_cases(uint64_t seed, cudaStream_t stream) {

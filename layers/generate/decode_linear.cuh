@@ -47,7 +47,6 @@
 #define DL_A_PAD 32   // bf16 after each staged row of A: rows g and g + 1 fall in other banks
 #define DL_A_STAGED_SMALL_BYTES (32 << 10)  // A goes to shared memory when it is this small,
 #define DL_A_STAGED_MAX_BYTES (100 << 10)   // and a LayerNorm's A when it fits in this
-#define DL_HEADROOM 0   // block slots per SM left to the next kernel (decode_linear_set_headroom)
 
 // Where the QKV projection's K and V columns also go: the KV cache of one layer (B, Tmax, width).
 typedef struct {
@@ -304,12 +303,6 @@ static size_t decode_linear_staged_max_bytes(void) {
 typedef void (*DLKernel)(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, DecodeLinearOps, int, int, int,
                          int, int);
 
-// Block slots per SM a product leaves free for the next kernel's first blocks (0: one full wave).
-// build/bench_decode_linear --headroom measures other settings; on an H200 1 and 2 were slower at
-// every row count (layers/PERF_NOTES.md).
-static int g_decode_linear_headroom = DL_HEADROOM;
-static void decode_linear_set_headroom(int slots) { g_decode_linear_headroom = slots; }
-
 // The kernel for M rows and `tiles` tiles: deep groups where the tiles are few (under two per SM: each
 // block then streams one tile's whole IC, and more bytes in flight per lane keep the rate up).
 static DLKernel decode_linear_pick(int M, int tiles, int sms, int* index) {
@@ -320,10 +313,15 @@ static DLKernel decode_linear_pick(int M, int tiles, int sms, int* index) {
     return kernels[*index];
 }
 
-// Blocks of kernel `index` with `smem` dynamic bytes to launch at once: the SMs × (the blocks an SM
-// holds less the headroom, at least one).
+// Blocks of kernel `index` with `smem` dynamic bytes to launch at once: the SMs × the blocks an SM
+// holds (one wave: leaving slots free for the next kernel's early blocks was slower at every row count,
+// layers/PERF_NOTES.md 34). The occupancy is asked once per kernel and size of staged A.
 static int decode_linear_wave(DLKernel kernel, int index, size_t smem, int sms) {
-    static int raised[4] = {0, 0, 0, 0};
+    enum { CACHED = 32 };
+    static int raised[4] = {0, 0, 0, 0}, cached_index[CACHED], cached_per_sm[CACHED], count = 0;
+    static size_t cached_smem[CACHED];
+    for (int i = 0; i < count; i++)
+        if (cached_index[i] == index && cached_smem[i] == smem) return cached_per_sm[i] * sms;
     if (!raised[index]) {  // once per kernel: allow A's rows in shared memory
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)decode_linear_staged_max_bytes()));
@@ -331,8 +329,9 @@ static int decode_linear_wave(DLKernel kernel, int index, size_t smem, int sms) 
     }
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, DL_WARPS * 32, smem));
-    per_sm -= g_decode_linear_headroom;
-    return (per_sm > 0 ? per_sm : 1) * sms;
+    if (per_sm < 1) per_sm = 1;
+    if (count < CACHED) cached_index[count] = index, cached_smem[count] = smem, cached_per_sm[count++] = per_sm;
+    return per_sm * sms;
 }
 
 // y (M, OC) = ops' epilogue of (x or LN(x)) · wᵀ (see the top of the file), on `stream`, launched as a

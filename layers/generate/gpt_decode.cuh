@@ -152,7 +152,6 @@ typedef struct {
     size_t workspace_bytes;
     int* host_tokens;  // pinned (B, max_tq): the step's tokens on their way up
     int splits_override;  // 0: the split count for the cache's capacity; else this many splits (tests)
-    int linear_by_cublas; // 1: every step's linear layers through cuBLASLt, even at ≤ 16 rows (tests)
     void* prefill_memory;  // the prefill's buffers (gpt_prefill.cuh), grown on demand
     size_t prefill_bytes;
 } GPTDecoder;
@@ -349,11 +348,11 @@ static void gpt_inference_block(GPTModel* m, const GPTInferenceActs* a, int l, i
 // four launches per layer) rather than gpt_inference_block's cuBLASLt GEMMs.
 static int gpt_decoder_reads_weights_once(const GPTDecoder* d, int N) {
     const GPTModel* m = d->model;
-    return !d->linear_by_cublas && N <= GPT_DECODE_LINEAR_ROWS &&
+    return N <= GPT_DECODE_LINEAR_ROWS &&
            decode_linear_supported(N, m->C, (int)d->qkv_layout.row) && decode_linear_supported(N, 4 * m->C, m->C);
 }
 
-// Block l of a step of N = B·Tq ≤ 16 rows (d->x in and out): the recipe of gpt_inference_block with
+// Block l of a step of N = B·Tq ≤ GPT_DECODE_LINEAR_ROWS rows (d->x in and out): the recipe of gpt_inference_block with
 // each LayerNorm inside the next product, and the QKV product appending K and V to the cache.
 static void gpt_decode_block_small(GPTDecoder* d, int l, int Tq) {
     GPTModel* m = d->model;

@@ -3,8 +3,6 @@
 // the copy rate of the same GPU: how close does each come to reading its weights at that rate?
 //
 //   build/bench_decode_linear [--model gpt2-124m|gpt3-1.3b|gpt3-2.7b|all] [--rows 1,4,16] [--repeats R]
-//                             [--headroom SLOTS]   (decode_linear's block slots per SM left free; default
-//                                                   DL_HEADROOM)
 //
 // Per model (C channels, L layers) and row count M, every figure a median over R replays of a CUDA graph
 // (the way a decode step runs them), with L layers' own weights, so the weights come from DRAM as in a
@@ -187,7 +185,7 @@ static double bench_copy_gbps(int repeats, cudaStream_t s) {
 
 static void usage_exit(const char* prog, int code) {
     fprintf(code ? stderr : stdout, "usage: %s [--model gpt2-124m|gpt3-1.3b|gpt3-2.7b|all] [--rows 1,4,16] "
-            "[--repeats R (1..%d, default 30)] [--headroom SLOTS]\n(the decode step's linear layers at few rows: decode_linear "
+            "[--repeats R (1..%d, default 30)]\n(the decode step's linear layers at few rows: decode_linear "
             "against cuBLASLt and the copy rate; see the top of layers/tools/bench_decode_linear.cu)\n",
             prog, MEDIAN_TIME_MAX_REPEATS);
     exit(code);
@@ -209,14 +207,12 @@ int main(int argc, char** argv) {
     int rows[BENCH_MAX_ROWS_LIST] = {1, 4, 16}, num_rows = 3, repeats = 30;
     const struct option options[] = {{"model", required_argument, NULL, 'm'}, {"rows", required_argument, NULL, 'r'},
                                      {"repeats", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
-                                     {"headroom", required_argument, NULL, 'o'},
                                      {NULL, 0, NULL, 0}};
     for (int o; (o = getopt_long(argc, argv, "h", options, NULL)) != -1;) {
         switch (o) {
             case 'm': model = optarg; break;
             case 'r': num_rows = parse_rows(optarg, rows); break;
             case 'n': repeats = atoi(optarg); break;
-            case 'o': decode_linear_set_headroom(atoi(optarg)); break;
             case 'h': usage_exit(argv[0], 0); break;
             default: usage_exit(argv[0], 2);
         }
@@ -240,8 +236,8 @@ int main(int argc, char** argv) {
     matmul_context_create(&tuned, s);
     tuned.tune = 1;
     const double copy = bench_copy_gbps(repeats, s);
-    printf("device %s, %d SMs; copy rate %.0f GB/s (1 GiB device-to-device, read + written); median of %d replays; "
-           "decode_linear headroom %d\n", gpu.name, gpu.num_sms, copy, repeats, g_decode_linear_headroom);
+    printf("device %s, %d SMs; copy rate %.0f GB/s (1 GiB device-to-device, read + written); median of %d replays\n",
+           gpu.name, gpu.num_sms, copy, repeats);
     printf("%-10s %3s %-8s %10s %10s %10s %9s %9s %8s\n", "model", "M", "product", "ours us", "lt fixed", "lt tuned",
            "ours GB/s", "of copy", "ours/lt");
     for (int i = 0; i < 3; i++) {
