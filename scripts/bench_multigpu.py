@@ -6,10 +6,11 @@ results_common.py).
   compare A.jsonl B.jsonl --tol X [--steps FIRST-LAST] [--name NAME]
       per-step losses of two train_gpt logs: prints max |Δloss| (and step 1's), PASS/FAIL against X;
       exit 1 on FAIL.
-  bench --out-dir DIR [--gpus 2,4] [--steps 6] [--skip 2] [--no-torch] [--results scripts/results]
+  bench --out-dir DIR [--gpus 2,4] [--zero 0,1] [--steps 6] [--skip 2] [--no-torch] [--results scripts/results]
       GPT3-1.3B at seq 2048, micro batch 8 per GPU, --tokens-per-gpu (131072) per GPU per step (8
       micro steps each: the work per GPU stays the same at every GPU count): train_gpt on one GPU and
-      on each N of --gpus (default: all the machine lists) without and with --zero 1, and PyTorch +
+      on each N of --gpus (default: all the machine lists) with each ZeRO stage of --zero (default 0,1:
+      without and with ZeRO-1; --zero 1 alone saves a run per N when only ZeRO-1 is wanted), and PyTorch +
       torch.compile (scripts/torch_gpt.py bench) on one GPU and data parallel under torchrun
       (DistributedDataParallel) on each N, all in the same run. train_gpt's one-GPU run goes on every
       GPU the largest N uses at once (one process per GPU, CUDA_VISIBLE_DEVICES): under a power cap the
@@ -199,7 +200,7 @@ def bench(args):
         args.gpus = [n] if n >= 2 else [2]
     records = run_ours_each_gpu(args, max(args.gpus))
     for n in args.gpus:
-        records += [run_ours(args, n, 0), run_ours(args, n, 1)]
+        records += [run_ours(args, n, zero) for zero in args.zero]
     if args.torch:
         records += [run_torch(args, 1)] + [run_torch(args, n) for n in args.gpus]
     add_ratios(records)
@@ -220,6 +221,14 @@ def bench(args):
     return 0 if ok else 1
 
 
+def zero_stages(text):
+    """--zero's value: a comma-separated list of 0 and 1."""
+    stages = [x for x in text.split(",") if x]
+    if not stages or any(x not in ("0", "1") for x in stages):
+        raise argparse.ArgumentTypeError(f"{text!r}: give ZeRO stages 0 and/or 1, comma-separated (e.g. 1 or 0,1)")
+    return [int(x) for x in stages]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -233,6 +242,8 @@ def main(argv=None):
     b.add_argument("--out-dir", required=True)
     b.add_argument("--gpus", type=lambda t: [int(x) for x in t.split(",")], default=None,
                    help="GPU counts to run besides one, e.g. 2,4 (default: every GPU the machine lists)")
+    b.add_argument("--zero", type=zero_stages, default=[0, 1],
+                   help="ZeRO stages of train_gpt's multi-GPU runs, e.g. 1 or 0,1 (default 0,1)")
     b.add_argument("--steps", type=int, default=6)
     b.add_argument("--tokens-per-gpu", type=int, default=131072, help="tokens per GPU per optimizer step")
     b.add_argument("--skip", type=int, default=2)

@@ -519,14 +519,9 @@ def test_runner_fails_a_filter_that_selects_nothing_or_is_invalid():
     expect_failure(run_runner({"good": GOOD}, {"good": 2}, TEST_EXCLUDE="("), "is not a valid")
 
 
-def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
-    """bench_multigpu.py bench --gpus 2,4 with stand-in children: train_gpt alone on each of GPUs 0-3 (at once,
-    CUDA_VISIBLE_DEVICES), on 2 and 4 GPUs (ZeRO 0 and 1, torchrun-style variables), and torch_gpt.py on 1 GPU
-    and under torch.distributed.run on 2 and 4, each with 131072 tokens per GPU per step; the per-GPU ratios
-    against each implementation's own one-GPU run on GPU 0 and train_gpt's against the slowest GPU alone,
-    train_gpt's exposed communication in the table, and PASS/FAIL against --min-ratio (the stand-in ZeRO-1 at
-    4 GPUs is below it: exit 1)."""
-    import bench_multigpu
+def write_bench_multigpu_fakes():
+    """Stand-ins for train_gpt and the Python that runs torch_gpt.py, for bench_multigpu.py bench; returns
+    their paths."""
     fake_gpt, fake_python = os.path.join(WORK, "fake_train_gpt_mg"), os.path.join(WORK, "fake_python_mg")
     # TFLOP/s per GPU: alone 600, 596, 598, 590 on GPUs 0-3; N GPUs 597 (ZeRO 0) and 594 (ZeRO 1), ZeRO 1
     # on 4: 580. The stand-in fails unless its batch is 131072 tokens per GPU.
@@ -549,6 +544,18 @@ def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
                "ms = 2000.0 * tokens / 131072 / w / (0.97 if w > 1 else 1.0)\n"
                "json.dump({'status': 'ok', 'torch': 'x', 'step_ms': [ms] * 6}, "
                "open(a[a.index('--result-json') + 1], 'w'))\n")
+    return fake_gpt, fake_python
+
+
+def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
+    """bench_multigpu.py bench --gpus 2,4 with stand-in children: train_gpt alone on each of GPUs 0-3 (at once,
+    CUDA_VISIBLE_DEVICES), on 2 and 4 GPUs (ZeRO 0 and 1, torchrun-style variables), and torch_gpt.py on 1 GPU
+    and under torch.distributed.run on 2 and 4, each with 131072 tokens per GPU per step; the per-GPU ratios
+    against each implementation's own one-GPU run on GPU 0 and train_gpt's against the slowest GPU alone,
+    train_gpt's exposed communication in the table, and PASS/FAIL against --min-ratio (the stand-in ZeRO-1 at
+    4 GPUs is below it: exit 1)."""
+    import bench_multigpu
+    fake_gpt, fake_python = write_bench_multigpu_fakes()
     out = os.path.join(WORK, "bench_mg")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # its PASS/FAIL lines are the bench's, not this test's
@@ -573,6 +580,33 @@ def test_bench_multigpu_runs_ours_and_torch_ddp_at_each_gpu_count():
     md = open(path[:-5] + ".md").read()
     assert "| train_gpt | 4 | all | 1 |" in md and "| torch | 4 | all | 0 |" in md and "| train_gpt | 1 | 3 | 0 |" \
         in md and "comm exposed ms" in md, md
+
+
+def test_bench_multigpu_zero_selects_the_stages_it_runs():
+    """bench --zero 1 runs train_gpt's multi-GPU side with ZeRO-1 only (no ZeRO 0 record, no ZeRO 0 verdict);
+    --zero with anything but 0 and 1 is a usage error (exit 2) that names what it takes."""
+    import bench_multigpu
+    fake_gpt, fake_python = write_bench_multigpu_fakes()
+    out = os.path.join(WORK, "bench_mg_zero1")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = bench_multigpu.main(["bench", "--out-dir", out, "--gpus", "2", "--zero", "1", "--train-gpt", fake_gpt,
+                                    "--python", fake_python, "--results", out, "--train-data", "unused.bin"])
+    assert code == 0, printed.getvalue()[-2000:]
+    verdicts = [line.split(":")[0] for line in printed.getvalue().splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert verdicts == ["PASS bench_2gpu_zero1"], verdicts
+    [path] = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("multigpu_") and n.endswith(".json")]
+    keys = {(r["impl"], r["gpus"], r["zero"], r.get("gpu", 0)) for r in json.load(open(path))["records"]}
+    assert keys == {("train_gpt", 1, 0, 0), ("train_gpt", 1, 0, 1), ("train_gpt", 2, 1, 0), ("torch", 1, 0, 0),
+                    ("torch", 2, 0, 0)}, sorted(keys)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            bench_multigpu.main(["bench", "--out-dir", out, "--zero", "2"])
+            raise AssertionError("--zero 2 was accepted")
+        except SystemExit as e:
+            assert e.code == 2, e.code
+    assert "give ZeRO stages 0 and/or 1" in err.getvalue(), err.getvalue()
 
 
 def test_torch_gpt_data_parallel_matches_one_process():
