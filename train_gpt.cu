@@ -143,7 +143,9 @@ static const OptionSpec OPTIONS[] = {
     {"deterministic", 0, OPT_FLAG, FIELD(deterministic), NULL, NULL, 0, 0,
      "flash2 adds dQ in a fixed order, so that a rerun gives the same gradients bit for bit (its Hopper "
      "kernels; slower, most with causal attention; naive and flash1 are deterministic anyway); GEMMs then "
-     "take cuBLASLt's first algorithm, as with naive and flash1, not the fastest timed at start-up"},
+     "take cuBLASLt's first algorithm, as with naive and flash1, not the fastest timed at start-up; on several GPUs "
+     "--zero 0 reduces the gradients as --zero 1 does (to each shard's owner, then broadcast), so both give the same "
+     "bits"},
     {"recompute", 0, OPT_RECOMPUTE, FIELD(recompute), "none", "MODE", 0, 0,
      "none | selective | full: activation recomputation for long sequences. selective keeps the GEMM outputs "
      "and recomputes LayerNorms and GELU (and naive attention's forward) in the backward; full keeps only each "
@@ -1582,6 +1584,7 @@ static void join_gpus(const Plan* p, MultiGpu* mg) {
     tag = launcher_hash(tag, &p->steps, sizeof(p->steps));
     multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout, p->rendezvous_file,
                    p->opt->nccl_timeout);
+    mg->owner_order = p->opt->deterministic;  // --zero 0 and 1 then sum the gradients alike, bit for bit
 }
 
 // A save cut short (kill -9, a lost node) leaves DIR/.step_*.ckpt.tmp behind: removed, with a note.

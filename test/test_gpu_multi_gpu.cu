@@ -25,6 +25,10 @@
 //   - a late bucket: the first bucket's gradients are written 100 ms late on every rank (and the last
 //     bucket's on the last rank), over stale values: every element is the mean on every rank.
 //     Planted: that bucket's hook called before its late write: it differs, and nothing else does.
+//   - owner order (--deterministic): ZeRO 0 reduces to the owners and broadcasts, from gradients whose
+//     sums round (so the order of the ranks shows from 3 ranks on): every gradient bit for bit what
+//     ZeRO-1's reduce followed by the owners' broadcast gives, the same on every rank (the plain
+//     all-reduce's count of differing elements is printed beside it, to show the order matters).
 // Every case is skipped without a GPU, and in a build without NCCL; the W-rank cases with fewer than
 // 2 GPUs. NCCL_NVLS_ENABLE=0 unless set otherwise.
 #include <cuda_bf16.h>
@@ -43,7 +47,7 @@
 // The first three run on one GPU; the others on W ranks, one forked process per GPU (MR_FIRST on).
 enum { C_WATCHDOG, C_SUM, C_NORM,
        C_ALL_REDUCE, C_PLANT_LOST, C_ZERO1, C_PLANT_ULP, C_STOP, C_LATE, C_PLANT_EARLY_HOOK, C_GATHER,
-       C_PLANT_UNWAITED };
+       C_PLANT_UNWAITED, C_OWNER_ORDER };
 #define MR_FIRST C_ALL_REDUCE
 static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_never_completes",
                               "multi_gpu_nonblocking_communicator_and_watched_sum",
@@ -56,7 +60,8 @@ static const char* CASES[] = {"multi_gpu_watchdog_fires_on_a_collective_that_nev
                               "multi_gpu_late_bucket_reaches_the_reduction_on_every_rank",
                               "multi_gpu_planted_hook_before_the_late_write_is_caught",
                               "multi_gpu_zero1_gather_overlapped_each_layer_there_when_the_forward_reads_it",
-                              "multi_gpu_planted_read_without_the_forward_wait_is_caught"};
+                              "multi_gpu_planted_read_without_the_forward_wait_is_caught",
+                              "multi_gpu_deterministic_zero0_sums_the_gradients_as_zero1_bit_for_bit"};
 #define NUM_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
 #if MULTI_GPU_AVAILABLE
@@ -629,6 +634,63 @@ static void mr_case_gather(Rank* R) {
     gpt_model_destroy(&m);
 }
 
+// Rank r's gradients of 8 significant bits over 2^-6 .. 2^6: their bf16 sums round, so the order in which
+// the ranks are added shows in the last bit.
+static void mr_inexact_grads(uint16_t* g, size_t n, size_t padded, int rank) {
+    for (size_t i = 0; i < padded; i++) {
+        const uint64_t h = mr_mix(((uint64_t)(rank + 1) << 48) ^ i);
+        const float v = ldexpf((float)((int)(h % 255) - 127) / 127.0f, (int)((h >> 20) % 13) - 6);
+        g[i] = i < n ? test_float_to_bf16(v) : 0;
+    }
+}
+
+// The reduced gradients (num_params, into out) of one stage: 0 ZeRO 0 all-reduce, 1 ZeRO 0 in owner
+// order, 2 ZeRO-1's reduce followed by the owners' broadcast of the gradients.
+static void mr_reduce_stage(Rank* R, GPTModel* m, const uint16_t* g, int stage, uint16_t* out) {
+    R->mg->zero = stage == 2, R->mg->owner_order = stage == 1;
+    multi_gpu_attach(R->mg, m);
+    CUDA_CHECK(cudaMemcpyAsync(m->grads, g, m->num_params_padded * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                               R->stream));
+    mr_backward_hooks(R->mg, m);
+    multi_gpu_wait_grads(R->mg, R->stream);
+    if (stage == 2) {
+        for (int l = -1; l < m->L; l++) multi_gpu_bucket(R->mg, MG_GATHER, m->grads, l);
+        CUDA_CHECK(cudaStreamSynchronize(R->mg->comm_stream));
+    }
+    mr_download(out, m->grads, m->num_params, R->stream);
+    R->mg->owner_order = 0;
+}
+
+static size_t mr_count_differing(const uint16_t* a, const uint16_t* b, size_t n, size_t* first) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i] && bad++ == 0) *first = i;
+    return bad;
+}
+
+// Case: ZeRO 0 in owner order against ZeRO-1's reduce + broadcast, from inexact gradients.
+static void mr_case_owner_order(Rank* R) {
+    GPTModel m;
+    mr_model_create(&m, MR_ODD, R->world, R->stream);
+    const size_t n = m.num_params;
+    uint16_t* g = (uint16_t*)malloc(m.num_params_padded * sizeof(uint16_t));
+    uint16_t* out[3];
+    mr_inexact_grads(g, n, m.num_params_padded, R->rank);
+    for (int stage = 0; stage < 3; stage++) {
+        out[stage] = (uint16_t*)malloc(n * sizeof(uint16_t));
+        mr_reduce_stage(R, &m, g, stage, out[stage]);
+    }
+    size_t first = 0, plain_first = 0;
+    const size_t bad = mr_count_differing(out[1], out[2], n, &first);
+    const size_t plain = mr_count_differing(out[0], out[2], n, &plain_first);
+    mr_result(R, C_OWNER_ORDER, bad == 0, mr_hash(out[1], n),
+              "%zu of %zu gradients differ from ZeRO-1's (first at %zu: %04x vs %04x); the plain all-reduce: %zu differ",
+              bad, n, first, out[1][first], out[2][first], plain);
+    for (int stage = 0; stage < 3; stage++) free(out[stage]);
+    free(g);
+    gpt_model_destroy(&m);
+}
+
 // One rank: its GPU, the communicator (file rendezvous in dir), the cases in order, a clean end.
 static void mr_child(int rank, int world, const char* dir) {
     Rank R = {rank, world, NULL, NULL, forked_rank_begin(rank, dir)};
@@ -644,6 +706,7 @@ static void mr_child(int rank, int world, const char* dir) {
     mr_case_stop(&R);
     mr_case_late(&R);
     mr_case_gather(&R);
+    mr_case_owner_order(&R);
     CUDA_CHECK(cudaStreamDestroy(R.stream));
     multi_gpu_destroy(&mg);
     fclose(R.out);

@@ -28,6 +28,9 @@
 //   --zero 0: ncclAllReduce(avg) in place: every rank ends with the mean gradient (bf16).
 //   --zero 1: ncclReduce(avg) of each slice's intersection with each rank's shard to that rank
 //             (a reduce-scatter over the non-contiguous slices): only the owned shard is valid.
+//   --zero 0 --deterministic (owner_order): ZeRO-1's reduce, then each owner broadcasts its part, so
+//             that the two stages sum every element in the same order and train bit for bit alike.
+//             (With 3 or more ranks an all-reduce and a reduce to one rank add in different orders.)
 // multi_gpu_wait_grads makes the compute stream wait for the communication stream before the norm.
 // The norm: every rank sums the squares of its shard (global_norm_squared), one all-reduce of
 // (Σ g², loss, stop) gives the global norm, the mean loss and whether any rank got a stop signal
@@ -51,7 +54,7 @@
 #define MULTI_GPU_AVAILABLE 0
 
 typedef struct {
-    int rank, world, zero;
+    int rank, world, zero, owner_order;
     float* scalars;
 } MultiGpu;
 
@@ -101,6 +104,7 @@ enum { MG_WAIT_EVENTS, MG_WAIT_COMM };  // what a watched wait polls
 
 typedef struct {
     int rank, world, device, zero;
+    int owner_order;            // zero 0: reduce as ZeRO-1 does, then broadcast (--deterministic; see above)
     ncclComm_t comm;
     cudaStream_t comm_stream;   // gradient reduction, overlapped with the backward
     cudaEvent_t ready, done;    // compute -> comm (a layer's gradients), comm -> compute (all reduced)
@@ -305,11 +309,11 @@ static void multi_gpu_attach(MultiGpu* mg, GPTModel* model) {
 
 typedef enum { MG_REDUCE, MG_GATHER } MgBucketOp;
 
-// MG_REDUCE: the mean over ranks of buf[off, off + n), everywhere (zero 0) or only in the shards that own
-// it (zero 1, ncclReduce to each owner). MG_GATHER (zero 1): each owner's part of buf[off, off + n)
-// broadcast to every rank, the mirror of the reduce. Calls inside the caller's NCCL group.
-static void multi_gpu_range(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, size_t off, size_t n) {
-    if (!mg->zero) {
+// MG_REDUCE: the mean over ranks of buf[off, off + n), everywhere (sharded 0: all-reduce) or only in the
+// shards that own it (sharded 1: ncclReduce to each owner). MG_GATHER (sharded 1): each owner's part of
+// buf[off, off + n) broadcast to every rank, the mirror of the reduce. Calls inside the caller's NCCL group.
+static void multi_gpu_range(MultiGpu* mg, MgBucketOp op, int sharded, __nv_bfloat16* buf, size_t off, size_t n) {
+    if (!sharded) {
         NCCL_IN_GROUP(mg, ncclAllReduce(buf + off, buf + off, n, ncclBfloat16, ncclAvg, mg->comm, mg->comm_stream));
         return;
     }
@@ -325,21 +329,30 @@ static void multi_gpu_range(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, siz
     }
 }
 
-// One bucket of buf (the model's grads or params layout) in one NCCL group on the communication
-// stream: layer l's slices of the per-layer tensors (gpt_config.h's table; not contiguous), or for
+// One NCCL group on the communication stream over one bucket of buf (the model's grads or params
+// layout): layer l's slices of the per-layer tensors (gpt_config.h's table; not contiguous), or for
 // l = -1 the other tensors: wte, wpe, lnfw, lnfb.
-static void multi_gpu_bucket(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, int layer) {
+static void multi_gpu_bucket_group(MultiGpu* mg, MgBucketOp op, int sharded, __nv_bfloat16* buf, int layer) {
     const GPTModel* m = mg->model;
     NCCL_IN_GROUP(mg, ncclGroupStart());
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         const int per_layer = GPT_PARAMS[i].per_layer;
         if (per_layer != (layer >= 0)) continue;
         const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
-        multi_gpu_range(mg, op, buf, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
+        multi_gpu_range(mg, op, sharded, buf, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
     }
-    const char* what = op == MG_REDUCE ? "enqueueing the gradient reduction (ncclGroupEnd)"
-                                       : "enqueueing the ZeRO-1 all-gather of the weights (ncclGroupEnd)";
+    const char* what = op == MG_REDUCE          ? "enqueueing the gradient reduction (ncclGroupEnd)"
+                       : buf == mg->model->grads ? "enqueueing the owners' broadcast of the gradients (ncclGroupEnd)"
+                                                 : "enqueueing the ZeRO-1 all-gather of the weights (ncclGroupEnd)";
     NCCL_ENQUEUE(mg, ncclGroupEnd(), what);
+}
+
+// One bucket's reduce or gather. ZeRO 0 in owner order: ZeRO-1's reduce, then the owners' broadcast in
+// a second group (inside one group the broadcast could read a part before its reduce wrote it).
+static void multi_gpu_bucket(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, int layer) {
+    const int owner_order = !mg->zero && mg->owner_order;
+    multi_gpu_bucket_group(mg, op, mg->zero || owner_order, buf, layer);
+    if (op == MG_REDUCE && owner_order) multi_gpu_bucket_group(mg, MG_GATHER, 1, buf, layer);
 }
 
 // The backward hook: layer l's gradient slices (l = -1: wte, wpe, lnfw, lnfb) are final on the
