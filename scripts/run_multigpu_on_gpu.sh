@@ -331,20 +331,18 @@ losscheck step1 "det_step1_loss_${W}gpu_zero1_vs_1gpu" "${D}_1gpu_b4.jsonl" "${D
 # (ii)
 losscheck exact "det_zero1_vs_zero0_bit_identical_${W}gpu" "${D}_${W}gpu.jsonl" "${D}_${W}gpu_zero1.jsonl"
 # (iii) with the bound of (iv)
-refs() { echo "$1_1gpu_b4.jsonl $1_1gpu_b8.jsonl $1_1gpu_b2.jsonl $1_1gpu_b1.jsonl"; }  # refs PREFIX
-# shellcheck disable=SC2046  # the four reference logs, one word each (OUT has no spaces: mkdir'd above)
+# the references of (iv): the -b 4 run, then its three regroupings
+DREFS=("${D}_1gpu_b"{4,8,2,1}.jsonl)
+FREFS=("${F}_1gpu_b"{4,8,2,1}.jsonl)
 losscheck drift "det_drift_${W}gpu_vs_1gpu" "${D}_1gpu_b4.jsonl" "${D}_${W}gpu.jsonl" "$DRIFT_FACTOR" "$STEP1_TERMS" \
-    $(refs "$D")
-# shellcheck disable=SC2046
+    "${DREFS[@]}"
 losscheck drift "det_drift_${W}gpu_zero1_vs_1gpu" "${D}_1gpu_b4.jsonl" "${D}_${W}gpu_zero1.jsonl" "$DRIFT_FACTOR" \
-    "$STEP1_TERMS" $(refs "$D")
+    "$STEP1_TERMS" "${DREFS[@]}"
 # the default attention (flash2), against its own measured references
-# shellcheck disable=SC2046
 losscheck drift "flash2_drift_${W}gpu_vs_1gpu" "${F}_1gpu_b4.jsonl" "${F}_${W}gpu.jsonl" "$DRIFT_FACTOR" \
-    "$STEP1_TERMS" $(refs "$F")
-# shellcheck disable=SC2046
+    "$STEP1_TERMS" "${FREFS[@]}"
 losscheck drift "flash2_drift_${W}gpu_zero1_vs_1gpu" "${F}_1gpu_b4.jsonl" "${F}_${W}gpu_zero1.jsonl" "$DRIFT_FACTOR" \
-    "$STEP1_TERMS" $(refs "$F")
+    "$STEP1_TERMS" "${FREFS[@]}"
 line=$(losscheck_py exact flash2_zero1_vs_zero0 "${F}_${W}gpu.jsonl" "${F}_${W}gpu_zero1.jsonl" 2>&1 | tail -n 1)
 note "    (info, not a check: flash2's backward is not deterministic) flash2 ZeRO-1 vs ZeRO 0: ${line#* flash2_zero1_vs_zero0: }"
 grep -h "^gpus\|model state" "${D}_${W}gpu_zero1.out" | head -2 | sed 's/^/    /' | tee -a "$SUMMARY"

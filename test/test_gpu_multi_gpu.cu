@@ -27,8 +27,9 @@
 //     Planted: that bucket's hook called before its late write: it differs, and nothing else does.
 //   - owner order (--deterministic): ZeRO 0 reduces to the owners and broadcasts, from gradients whose
 //     sums round (so the order of the ranks shows from 3 ranks on): every gradient bit for bit what
-//     ZeRO-1's reduce followed by the owners' broadcast gives, the same on every rank (the plain
-//     all-reduce's count of differing elements is printed beside it, to show the order matters).
+//     ZeRO-1's reduce followed by the owners' broadcast gives, the same on every rank (a failure also
+//     gives the plain all-reduce's count of differing elements, which is not checked: with 2 ranks it
+//     adds in the same order).
 // Every case is skipped without a GPU, and in a build without NCCL; the W-rank cases with fewer than
 // 2 GPUs. NCCL_NVLS_ENABLE=0 unless set otherwise.
 #include <cuda_bf16.h>

@@ -331,8 +331,9 @@ static void multi_gpu_range(MultiGpu* mg, MgBucketOp op, int sharded, __nv_bfloa
 
 // One NCCL group on the communication stream over one bucket of buf (the model's grads or params
 // layout): layer l's slices of the per-layer tensors (gpt_config.h's table; not contiguous), or for
-// l = -1 the other tensors: wte, wpe, lnfw, lnfb.
-static void multi_gpu_bucket_group(MultiGpu* mg, MgBucketOp op, int sharded, __nv_bfloat16* buf, int layer) {
+// l = -1 the other tensors: wte, wpe, lnfw, lnfb. `what` names it in an error.
+static void multi_gpu_bucket_group(MultiGpu* mg, MgBucketOp op, int sharded, __nv_bfloat16* buf, int layer,
+                                   const char* what) {
     const GPTModel* m = mg->model;
     NCCL_IN_GROUP(mg, ncclGroupStart());
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
@@ -341,9 +342,6 @@ static void multi_gpu_bucket_group(MultiGpu* mg, MgBucketOp op, int sharded, __n
         const size_t n = per_layer ? m->param_sizes[i] / (size_t)m->L : m->param_sizes[i];
         multi_gpu_range(mg, op, sharded, buf, m->param_offsets[i] + (per_layer ? (size_t)layer * n : 0), n);
     }
-    const char* what = op == MG_REDUCE          ? "enqueueing the gradient reduction (ncclGroupEnd)"
-                       : buf == mg->model->grads ? "enqueueing the owners' broadcast of the gradients (ncclGroupEnd)"
-                                                 : "enqueueing the ZeRO-1 all-gather of the weights (ncclGroupEnd)";
     NCCL_ENQUEUE(mg, ncclGroupEnd(), what);
 }
 
@@ -351,8 +349,12 @@ static void multi_gpu_bucket_group(MultiGpu* mg, MgBucketOp op, int sharded, __n
 // a second group (inside one group the broadcast could read a part before its reduce wrote it).
 static void multi_gpu_bucket(MultiGpu* mg, MgBucketOp op, __nv_bfloat16* buf, int layer) {
     const int owner_order = !mg->zero && mg->owner_order;
-    multi_gpu_bucket_group(mg, op, mg->zero || owner_order, buf, layer);
-    if (op == MG_REDUCE && owner_order) multi_gpu_bucket_group(mg, MG_GATHER, 1, buf, layer);
+    multi_gpu_bucket_group(mg, op, mg->zero || owner_order, buf, layer,
+                           op == MG_REDUCE ? "enqueueing the gradient reduction (ncclGroupEnd)"
+                                           : "enqueueing the ZeRO-1 all-gather of the weights (ncclGroupEnd)");
+    if (op == MG_REDUCE && owner_order)
+        multi_gpu_bucket_group(mg, MG_GATHER, 1, buf, layer,
+                               "enqueueing the owners' broadcast of the gradients (ncclGroupEnd)");
 }
 
 // The backward hook: layer l's gradient slices (l = -1: wte, wpe, lnfw, lnfb) are final on the
