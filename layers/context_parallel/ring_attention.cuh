@@ -16,11 +16,10 @@
 // skipped. No offset between query and key positions is needed: a full block has every key before
 // every query, a diagonal block's keys and queries are the same chunk, so its local causal mask (key
 // index <= query index inside the chunk) is the global one; chunks never overlap partly. Each call
-// gives a partial output O_s normalized over its keys and their LSE L_s; they merge in fp32 into a
-// running output and LSE per query row (ring_merge_kernel), rounded to bf16 once at the end.
-// Limitation: attention.h writes O_s in bf16, so each partial output is rounded once before the fp32
-// merge (a relative error of up to 2^-9 per partial, about one more bf16 rounding of the result);
-// an interface with an fp32 output (or an accumulate-into-fp32 mode) would remove it (README.md).
+// gives a partial output O_s normalized over its keys and their LSE L_s; O_s comes in fp32
+// (AttentionArgs.out_f32) and they merge in fp32 into a running output and LSE per query row
+// (ring_merge_kernel), rounded to bf16 once at the end, as one flash2 call over the whole sequence
+// rounds its output once.
 //
 // Backward. With the global out and lse (from the forward) D = rowsum(dO ∘ O) and P = exp(S − lse)
 // are the whole sequence's, so every block's flash2 backward on its (query chunk, key chunk) gives
@@ -31,8 +30,8 @@
 // of every rank's dK/dV for every owner after the loop): the same bytes move, but travelling needs 2
 // fp32 buffers instead of N, and its transfers overlap the next step's compute (the step's own
 // terms are summed in a separate buffer first, so compute never waits for the incoming dK/dV). Only
-// the last pass, home, is exposed. The partial dq, dk, dv of each block are bf16 (attention.h), as
-// the forward's partial outputs.
+// the last pass, home, is exposed. The partial dq, dk, dv of each block are bf16 (attention.h: the
+// backward has no fp32 outputs), so each block's terms are rounded once before their fp32 sum.
 //
 // Streams: everything is enqueued on the caller's stream and the module's communication stream,
 // ordered by events; the host never waits for data. On a non-blocking communicator (what
@@ -71,6 +70,7 @@ typedef struct {
     __nv_bfloat16 *q, *o, *dout;
     __nv_bfloat16* kv[2];       // the ring's K/V: (2, B, C, 2, NKV, HD), K then V of each token
     __nv_bfloat16 *part_o;      // one call's out or dq (B, C, NH, HD)
+    float* part_o_f32;          // one call's out in fp32 (B, C, NH, HD), what the merge reads
     __nv_bfloat16 *part_kv;     // one call's dk, dv (B, C, 2, NKV, HD)
     float* part_lse;            // one call's LSE (B, NH, C)
     float* acc_o;               // (2, B, C, NH, HD): forward the running output, backward dQ
@@ -111,6 +111,7 @@ static size_t ring_layout(RingAttention* ra, char* base) {
     struct { void** at; size_t bytes; } parts[] = {
         {(void**)&ra->q, qn * 2}, {(void**)&ra->o, qn * 2}, {(void**)&ra->dout, qn * 2},
         {(void**)&ra->kv[0], kvn * 2}, {(void**)&ra->kv[1], kvn * 2}, {(void**)&ra->part_o, qn},
+        {(void**)&ra->part_o_f32, qn * 2},
         {(void**)&ra->part_kv, kvn}, {(void**)&ra->part_lse, ln * 2}, {(void**)&ra->acc_o, qn * 4},
         {(void**)&ra->acc_lse, ln * 4}, {(void**)&ra->dkv[0], kvn * 4}, {(void**)&ra->dkv[1], kvn * 4},
         {(void**)&ra->dkv_step, kvn * 4}, {&ra->attn_workspace, ws}};
@@ -257,9 +258,10 @@ static void ring_forward_step(RingAttention* ra, int step, const __nv_bfloat16* 
         for (int kc = 0; kc < 2; kc++) {
             AttentionArgs a;
             if (!ring_block(ra, step, qc, kv, kc, &a)) continue;
-            a.out = ra->part_o, a.out_stride = (long)s->NH * s->HD, a.lse = ra->part_lse;
+            a.out = ra->part_o, a.out_f32 = ra->part_o_f32, a.out_stride = (long)s->NH * s->HD;
+            a.lse = ra->part_lse;
             attention_forward(ATTN_FLASH2, &ctx, &a, stream);
-            ring_merge(ra->acc_o + qc * ring_q_elems(ra), ra->acc_lse + qc * ring_lse_elems(ra), ra->part_o,
+            ring_merge(ra->acc_o + qc * ring_q_elems(ra), ra->acc_lse + qc * ring_lse_elems(ra), ra->part_o_f32,
                        ra->part_lse, s->B, s->T, s->NH, s->HD, stream);
         }
 }

@@ -95,7 +95,7 @@ static void ring_store(__nv_bfloat16* local, long local_stride, const float* chu
 // hold. Computed around the larger of L and L_s (no overflow); L = −inf (nothing yet) gives weight 0.
 // Every block merged has at least one visible key per row (full, or diagonal: the row's own key), so
 // L_s is finite. acc_o, part_o (B, C, NH, HD); acc_lse, part_lse (B, NH, C).
-static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const __nv_bfloat16* part_o,
+static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const float* part_o,
                                          const float* part_lse, int B, int C, int NH, int HD) {
     const size_t rows = (size_t)B * C * NH;
     const int lane = threadIdx.x % 32;
@@ -109,14 +109,14 @@ static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const __n
         const float wa = expf(la - lnew), ws = expf(ls - lnew);
         for (int d = lane; d < HD; d += 32) {
             float* o = acc_o + r * HD + d;
-            *o = wa * *o + ws * __bfloat162float(part_o[r * HD + d]);
+            *o = wa * *o + ws * part_o[r * HD + d];
         }
         __syncwarp();  // every lane has read acc_lse[l] before lane 0 replaces it
         if (lane == 0) acc_lse[l] = lnew;
     }
 }
 
-static void ring_merge(float* acc_o, float* acc_lse, const __nv_bfloat16* part_o, const float* part_lse, int B, int C,
+static void ring_merge(float* acc_o, float* acc_lse, const float* part_o, const float* part_lse, int B, int C,
                        int NH, int HD, cudaStream_t stream) {
     ring_merge_kernel<<<ring_grid((size_t)B * C * NH * 32), RING_THREADS, 0, stream>>>(acc_o, acc_lse, part_o,
                                                                                       part_lse, B, C, NH, HD);
