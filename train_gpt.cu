@@ -1234,6 +1234,7 @@ typedef struct {
     long long steps_done;
     double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
     double comm_exposed_ms;    // several GPUs: the steps' time waiting on communication, summed
+    double ring_exposed_ms;    // --context-parallel: the steps' time waiting on the ring's transfers, summed
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
@@ -1433,15 +1434,19 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
                     sizeof(eta));
     const double saturated = fp8_saturated_fraction(p, t);
     const double comm = t->mg ? multi_gpu_exposed_ms(t->mg) : 0.0;
-    t->comm_exposed_ms += comm;
-    char extra[96] = "";
+    const double ring = t->cp.size > 1 ? context_parallel_exposed_ms(&t->cp) : 0.0;
+    t->comm_exposed_ms += comm, t->ring_exposed_ms += ring;
+    char extra[128] = "";
     if (t->mg) snprintf(extra, sizeof(extra), " | comm %.2f ms", comm);
+    if (t->cp.size > 1) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | ring %.2f ms", ring);
     if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | fp8 saturated %.2e", saturated);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
            "hw %.1f TFLOP/s%s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu,
            hw_tflops, extra, eta);
     extra[0] = '\0';
     if (t->mg) snprintf(extra, sizeof(extra), ", \"comm_exposed_ms\": %.3f", comm);
+    if (t->cp.size > 1)
+        snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), ", \"ring_exposed_ms\": %.3f", ring);
     if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), ", \"fp8_saturated\": %.3e", saturated);
     if (t->log)
         fprintf(t->log,
@@ -1596,6 +1601,10 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
                "waits: last gradient buckets, the norm all-reduce%s)\n", t->comm_exposed_ms / (double)t->steps_done,
                100.0 * t->comm_exposed_ms / 1e3 / t->step_seconds,
                p->opt->zero ? ", the forward's waits for ZeRO-1's weights" : "");
+    if (t->steps_done && t->cp.size > 1)
+        printf("             ring attention exposed %.2f ms per step, %.2f%% of the steps' time (the compute stream's "
+               "waits for K/V and dK/dV from the group)\n", t->ring_exposed_ms / (double)t->steps_done,
+               100.0 * t->ring_exposed_ms / 1e3 / t->step_seconds);
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->eval_step >= 0)

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# check_context_parallel_on_gpu.sh: --context-parallel 2 against one GPU on the same batch, on a machine
-# with 2 or more GPUs (never in CI), from the repository root with ./train_gpt built (`make train_gpt`)
+# check_context_parallel_on_gpu.sh: --context-parallel N against one GPU on the same batch, on a machine
+# with N or more GPUs (never in CI), from the repository root with ./train_gpt built (`make train_gpt`)
 # and the Tiny Shakespeare shards in data/tinyshakespeare/ (`make train` makes them).
 #
-#   bash scripts/check_context_parallel_on_gpu.sh [OUTDIR]      (default build/context_parallel_run)
+#   [CP=N] bash scripts/check_context_parallel_on_gpu.sh [OUTDIR]   (N: 2 (default) or 4; default OUTDIR
+#                                                                     build/context_parallel_run)
 #
 # Runs (gpt2-124m, -b 4 -t 1024, 4096 tokens per step, --deterministic, 20 steps, the same GPT-2
 # initialization from --seed on every run, so the same weights and the same 4 sequences at every step):
 #   one    1 GPU, flash2                                  the reference
 #   naive  1 GPU, --attn naive                            another attention on the same math
-#   dp     2 GPUs data parallel, -b 2 each                the same 4 sequences (rank r reads rows 2r, 2r+1)
-#   cp     2 GPUs, --context-parallel 2, -b 4             each GPU 512 tokens of every sequence
+#   dp     N GPUs data parallel, -b 4/N each              the same 4 sequences (rank r reads rows of 4r/N..)
+#   cp     N GPUs, --context-parallel N, -b 4             each GPU 1024/N tokens of every sequence
 #   resume 1 GPU, no --context-parallel, from cp's checkpoint of step 10, steps 11-20
 # Checks (a line each, PASS/FAIL name: measured vs bound; exit 1 when one fails):
 #   (1) step 1's gradients (--dump-grads: rank 0's, after the all-reduce), tensor by tensor, and loss:
 #       |cp - one| <= 3 |naive - one| + 2 |dp - one| + floor (L2 norms per tensor; |.| for the loss).
 #       Why: cp differs from one by (a) the ring attention, within 3x flash2's own error of one call
 #       (test_gpu_context_parallel's bound, layers/context_parallel/README.md), of which |naive - one|
-#       is this run's measure, and (b) the gradient summed over 2 ranks in bf16, as dp's is (factor 2:
+#       is this run's measure, and (b) the gradient summed over N ranks in bf16, as dp's is (factor 2:
 #       room for the partial sums differing by rank). Floor: 2e-6 for the loss (the log's 6 decimals),
 #       1e-3 x |one| per tensor (about one bf16 rounding of a sum of two halves, 2^-9, with room).
 #       Planted faults each must be rejected: the wpe gradient with its 2nd and 3rd chunks of rows
@@ -33,9 +34,14 @@ OUT=$(cd "$OUT" && pwd)
 export NCCL_NVLS_ENABLE=0
 PYTHON=${PYTHON:-python3}
 status=0
+CP=${CP:-2}
+if [ "$CP" != 2 ] && [ "$CP" != 4 ]; then
+    echo "error: CP=$CP: this check runs --context-parallel 2 or 4 (4 sequences split over the data-parallel ranks)" >&2
+    exit 2
+fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "${NGPU:-0}" -lt 2 ]; then
-    echo "error: this check needs 2 GPUs; nvidia-smi -L lists ${NGPU:-none}" >&2
+if [ "${NGPU:-0}" -lt "$CP" ]; then
+    echo "error: CP=$CP needs $CP GPUs; nvidia-smi -L lists ${NGPU:-none}" >&2
     exit 1
 fi
 if [ ! -f data/tinyshakespeare/tinyshakespeare_train_000000.bin ]; then
@@ -55,13 +61,13 @@ run1() {  # run1 TAG ARGS...: one GPU, no launcher; output in OUT/TAG.out
     echo "\$ ./train_gpt $*" >"$OUT/$tag.out"
     CUDA_VISIBLE_DEVICES=0 timeout 600 ./train_gpt "$@" >>"$OUT/$tag.out" 2>&1
 }
-run2() {  # run2 TAG ARGS...: two processes with torchrun-style variables, one per GPU
+runn() {  # runn TAG ARGS...: CP processes with torchrun-style variables, one per GPU
     local tag=$1 rc=0 pids=() r p
     shift
     PORT=$((PORT + 1))
-    echo "\$ RANK=0,1 WORLD_SIZE=2 LOCAL_RANK=0,1 MASTER_PORT=$PORT ./train_gpt $*" >"$OUT/$tag.out"
-    for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 600 ./train_gpt "$@" \
+    echo "\$ RANK=0..$((CP - 1)) WORLD_SIZE=$CP LOCAL_RANK=0..$((CP - 1)) MASTER_PORT=$PORT ./train_gpt $*" >"$OUT/$tag.out"
+    for ((r = 0; r < CP; r++)); do
+        RANK=$r WORLD_SIZE=$CP LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 600 ./train_gpt "$@" \
             >"$OUT/$tag.rank$r.out" 2>&1 &
         pids+=($!)
     done
@@ -83,10 +89,10 @@ ran one $?
 run1 naive "${COMMON[@]}" -b 4 --attn naive --checkpoint-dir none --dump-grads "$OUT/naive.grads" \
     --log-file "$OUT/naive.jsonl"
 ran naive $?
-run2 dp "${COMMON[@]}" -b 2 --checkpoint-dir none --dump-grads "$OUT/dp.grads" --log-file "$OUT/dp.jsonl"
+runn dp "${COMMON[@]}" -b $((4 / CP)) --checkpoint-dir none --dump-grads "$OUT/dp.grads" --log-file "$OUT/dp.jsonl"
 ran dp $?
 rm -rf "$OUT/cp_ckpt"
-run2 cp "${COMMON[@]}" -b 4 --context-parallel 2 --checkpoint-dir "$OUT/cp_ckpt" --checkpoint-every 10 \
+runn cp "${COMMON[@]}" -b 4 --context-parallel "$CP" --checkpoint-dir "$OUT/cp_ckpt" --checkpoint-every 10 \
     --keep-checkpoints 0 --dump-grads "$OUT/cp.grads" --log-file "$OUT/cp.jsonl"
 ran cp $?
 run1 resume "${COMMON[@]}" -b 4 --resume "$OUT/cp_ckpt/step_00000010.ckpt" --checkpoint-dir none \

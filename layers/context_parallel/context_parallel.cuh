@@ -45,6 +45,7 @@ typedef struct {
 static void context_parallel_create(ContextParallel*, MultiGpu*, int, GPTModel*, int) { multi_gpu_unavailable(); }
 static void context_parallel_share(ContextParallel*, const int*, const int*) { multi_gpu_unavailable(); }
 static void context_parallel_destroy(ContextParallel*) {}
+static double context_parallel_exposed_ms(ContextParallel*) { return 0.0; }
 
 #else  // NCCL
 
@@ -104,6 +105,12 @@ static void context_parallel_create(ContextParallel* cp, MultiGpu* mg, int size,
 static void context_parallel_share(ContextParallel* cp, const int* inputs, const int* targets) {
     zigzag_scatter(cp->inputs, inputs, cp->B, cp->T, sizeof(int), cp->rank, cp->size);
     zigzag_scatter(cp->targets, targets, cp->B, cp->T, sizeof(int), cp->rank, cp->size);
+}
+
+// Milliseconds the model's stream stood waiting for the ring's transfers since the last call (read
+// after the step's host wait).
+static double context_parallel_exposed_ms(ContextParallel* cp) {
+    return cp->size > 1 ? ring_attention_exposed_ms(&cp->ring) : 0.0;
 }
 
 // Frees the ring and leaves the group (before multi_gpu_destroy; the same on every rank).

@@ -64,6 +64,11 @@ typedef struct {
     cudaEvent_t go;             // compute -> comm: buffers ready to send / free to receive into
     cudaEvent_t kv_arrived, dkv_arrived;  // comm -> compute: the next K/V, the incoming dK/dV
     int deterministic;          // passed to flash2's backward (AttentionArgs.deterministic)
+    // the compute stream's waits for the ring, each between a pair of timed events (ring_wait), summed
+    // by ring_attention_exposed_ms: the communication the overlap did not hide
+    cudaEvent_t *reached, *passed;  // (RING_TIMED_WAITS) each
+    int waits;                  // pairs recorded since the last sum
+    double waited_ms;           // summed early when the pairs ran out
     int test_drop_block;        // tests only: block step·4 + q chunk·2 + k chunk is left out; -1 in use
     void* memory;               // everything below, one allocation
     // chunk-major (2, B, C, ...) copies (ring_attention_kernels.cuh): q, and in the backward out, dout
@@ -79,6 +84,10 @@ typedef struct {
     float* dkv_step;            // this step's dK/dV terms, same shape
     void* attn_workspace;       // flash2's workspace for one call
 } RingAttention;
+
+// Timed waits held before they are summed: several micro steps of a large model (a layer's forward
+// waits N−1 times, its backward 2N−1 times); more are summed on the way (a host wait on old events).
+#define RING_TIMED_WAITS 8192
 
 static inline void ring_nccl_check(ncclResult_t r, const char* file, int line) {
     if (r != ncclInProgress) nccl_check(r, file, line);  // in progress: settled by ring_group_end
@@ -159,12 +168,27 @@ static void ring_attention_create(RingAttention* ra, const AttentionShape* globa
     cudaEvent_t* events[] = {&ra->go, &ra->kv_arrived, &ra->dkv_arrived};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
         CUDA_CHECK(cudaEventCreateWithFlags(events[i], cudaEventDisableTiming));
+    ra->reached = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * RING_TIMED_WAITS);
+    ra->passed = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * RING_TIMED_WAITS);
+    if (!ra->reached || !ra->passed) {
+        fprintf(stderr, "error: out of host memory for ring attention's events\n");
+        exit(EXIT_FAILURE);
+    }
+    for (int i = 0; i < RING_TIMED_WAITS; i++) {
+        CUDA_CHECK(cudaEventCreate(&ra->reached[i]));
+        CUDA_CHECK(cudaEventCreate(&ra->passed[i]));
+    }
 }
 
 static void ring_attention_destroy(RingAttention* ra) {
     CUDA_CHECK(cudaStreamSynchronize(ra->comm_stream));
     cudaEvent_t events[] = {ra->go, ra->kv_arrived, ra->dkv_arrived};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++) CUDA_CHECK(cudaEventDestroy(events[i]));
+    for (int i = 0; i < RING_TIMED_WAITS; i++) {
+        CUDA_CHECK(cudaEventDestroy(ra->reached[i]));
+        CUDA_CHECK(cudaEventDestroy(ra->passed[i]));
+    }
+    free(ra->reached), free(ra->passed);
     CUDA_CHECK(cudaStreamDestroy(ra->comm_stream));
     CUDA_CHECK(cudaFree(ra->memory));
     memset(ra, 0, sizeof(*ra));
@@ -191,6 +215,37 @@ static void ring_pass(RingAttention* ra, const void* send, void* recv, size_t by
     RING_NCCL_CHECK(ncclRecv(recv, bytes, ncclChar, zigzag_ring_prev(ra->rank, ra->world), ra->comm, ra->comm_stream));
     ring_group_end(ra);
     CUDA_CHECK(cudaEventRecord(done, ra->comm_stream));
+}
+
+// Sums the recorded waits into waited_ms (a host wait for the last of them) and starts over.
+static void ring_sum_waits(RingAttention* ra) {
+    if (ra->waits == 0) return;
+    CUDA_CHECK(cudaEventSynchronize(ra->passed[ra->waits - 1]));
+    for (int i = 0; i < ra->waits; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ra->reached[i], ra->passed[i]));
+        ra->waited_ms += ms;
+    }
+    ra->waits = 0;
+}
+
+// `stream` waits for `arrived` (a transfer of the communication stream), between a pair of timed
+// events: how long it stood is the ring's exposed time.
+static void ring_wait(RingAttention* ra, cudaEvent_t arrived, cudaStream_t stream) {
+    if (ra->waits == RING_TIMED_WAITS) ring_sum_waits(ra);
+    CUDA_CHECK(cudaEventRecord(ra->reached[ra->waits], stream));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, arrived, 0));
+    CUDA_CHECK(cudaEventRecord(ra->passed[ra->waits], stream));
+    ra->waits++;
+}
+
+// Milliseconds the compute stream stood waiting for the ring since the last call (after the stream
+// has passed those waits: waits for them on the host otherwise).
+static double ring_attention_exposed_ms(RingAttention* ra) {
+    ring_sum_waits(ra);
+    const double ms = ra->waited_ms;
+    ra->waited_ms = 0.0;
+    return ms;
 }
 
 static size_t ring_q_elems(const RingAttention* ra) {  // one chunk of q, out or dout: (B, C, NH, HD)
@@ -279,7 +334,7 @@ static void ring_attention_forward(RingAttention* ra, const AttentionArgs* a, cu
             ring_pass(ra, ra->kv[cur], ra->kv[1 - cur], ring_kv_elems(ra) * 2 * sizeof(__nv_bfloat16),
                       ra->kv_arrived, stream);
         ring_forward_step(ra, step, ra->kv[cur], stream);
-        if (step + 1 < ra->world) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->kv_arrived, 0));
+        if (step + 1 < ra->world) ring_wait(ra, ra->kv_arrived, stream);
     }
     ring_store(a->out, a->out_stride, ra->acc_o, (long)s->NH * s->HD, s->NH * s->HD, s->B, s->T, stream);
     ring_lse_rows(ra->acc_lse, a->lse, s->B, s->NH, s->T, 0, stream);
@@ -310,7 +365,7 @@ static void ring_backward_step(RingAttention* ra, int step, const __nv_bfloat16*
 static void ring_pass_dkv(RingAttention* ra, int step, cudaStream_t stream) {
     const int cur = step % 2;
     const size_t n = 2 * ring_kv_elems(ra);
-    if (step > 0) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->dkv_arrived, 0));
+    if (step > 0) ring_wait(ra, ra->dkv_arrived, stream);
     ring_sum_f32(ra->dkv[cur], ra->dkv_step, n, step > 0, stream);
     ring_pass(ra, ra->dkv[cur], ra->dkv[1 - cur], n * sizeof(float), ra->dkv_arrived, stream);
 }
@@ -338,11 +393,11 @@ static void ring_attention_backward(RingAttention* ra, const AttentionArgs* a, c
                       ra->kv_arrived, stream);
         ring_backward_step(ra, step, ra->kv[cur], stream);
         if (ra->world > 1) ring_pass_dkv(ra, step, stream);
-        if (step + 1 < ra->world) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->kv_arrived, 0));
+        if (step + 1 < ra->world) ring_wait(ra, ra->kv_arrived, stream);
     }
     // After N passes the buffer in dkv[N % 2] is this rank's (world 1: the step's terms are all).
     const float* dkv = ra->world > 1 ? ra->dkv[ra->world % 2] : ra->dkv_step;
-    if (ra->world > 1) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->dkv_arrived, 0));
+    if (ra->world > 1) ring_wait(ra, ra->dkv_arrived, stream);
     const int qw = s->NH * s->HD, kw = s->NKV * s->HD;
     const long dkvs = attention_dkv_stride(a);
     ring_store(a->dq, a->dqkv_stride, ra->acc_o, qw, qw, s->B, s->T, stream);
