@@ -341,11 +341,12 @@ static void ring_attention_forward(RingAttention* ra, const AttentionArgs* a, cu
 }
 
 // One step's blocks: each flash2 backward's dq added to its query chunk's dQ, its dk and dv to this
-// step's dK/dV terms (dkv_step, zeroed first).
+// step's dK/dV terms (dkv_step: the first block of a key chunk writes them, a chunk no block met is
+// zeroed).
 static void ring_backward_step(RingAttention* ra, int step, const __nv_bfloat16* kv, cudaStream_t stream) {
     const AttentionShape* s = &ra->block;
     const AttentionContext ctx = {NULL};
-    CUDA_CHECK(cudaMemsetAsync(ra->dkv_step, 0, 2 * ring_kv_elems(ra) * sizeof(float), stream));
+    int written[2] = {0, 0};
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
             AttentionArgs a;
@@ -356,9 +357,14 @@ static void ring_backward_step(RingAttention* ra, int step, const __nv_bfloat16*
             a.dq = ra->part_o, a.dqkv_stride = (long)s->NH * s->HD;
             a.dk = ra->part_kv, a.dv = ra->part_kv + (size_t)s->NKV * s->HD, a.dkv_stride = 2L * s->NKV * s->HD;
             attention_backward(ATTN_FLASH2, &ctx, &a, stream);
-            ring_add_bf16(ra->acc_o + qc * ring_q_elems(ra), ra->part_o, ring_q_elems(ra), stream);
-            ring_add_bf16(ra->dkv_step + kc * ring_kv_elems(ra), ra->part_kv, ring_kv_elems(ra), stream);
+            ring_add_bf16(ra->acc_o + qc * ring_q_elems(ra), ra->part_o, ring_q_elems(ra), 1, stream);
+            ring_add_bf16(ra->dkv_step + kc * ring_kv_elems(ra), ra->part_kv, ring_kv_elems(ra), written[kc], stream);
+            written[kc] = 1;
         }
+    for (int kc = 0; kc < 2; kc++)
+        if (!written[kc])
+            CUDA_CHECK(cudaMemsetAsync(ra->dkv_step + kc * ring_kv_elems(ra), 0, ring_kv_elems(ra) * sizeof(float),
+                                       stream));
 }
 
 // The step's terms into the dK/dV buffer that came with this step's K/V (none at step 0), passed on.
