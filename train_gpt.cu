@@ -232,7 +232,8 @@ static const OptionSpec OPTIONS[] = {
      "N GPUs share every sequence, each holding T/N of its tokens (the zigzag split: chunks c and 2N-1-c of 2N); "
      "attention runs around a ring of the N GPUs, everything else on the local tokens. The GPUs must be a "
      "multiple of N (data parallel over GPUs / N groups) and --seq-len a multiple of 2N; flash2 only, not yet "
-     "with --zero 1, --precision fp8 or --eval-data. Checkpoints do not depend on N"},
+     "with --precision fp8 or --eval-data. Composes with --zero 1 (the optimizer state sharded over all the "
+     "GPUs) and --recompute. A checkpoint without --zero 1 resumes with any N of the same GPUs / N"},
     {"rendezvous-timeout", 0, OPT_DOUBLE, FIELD(rendezvous_timeout), "120", "S", 1, 0,
      "seconds the ranks wait for each other at the start"},
     {"rendezvous", 0, OPT_STRING, FIELD(rendezvous), "tcp", "HOW", 0, 0,
@@ -602,9 +603,6 @@ static void plan_context_parallel(Plan* p, const Options* opt) {
     }
     if (opt->attn != ATTN_FLASH2)
         instead = "--context-parallel runs flash2 on every block of its ring: use --attn flash2 (the default)";
-    else if (opt->zero)
-        instead = "--context-parallel with --zero 1 is not supported yet: use --zero 0 (every GPU keeps the whole "
-                  "optimizer state), or no --context-parallel";
     else if (opt->precision == PRECISION_FP8)
         instead = "--context-parallel with --precision fp8 is not supported yet: use --precision bf16";
     else if (opt->eval_data)
@@ -871,9 +869,10 @@ static void plan_state(Plan* p) {
     h->num_layers = c->num_layers, h->channels = c->channels, h->num_heads = c->num_heads;
     h->num_kv_heads = c->num_kv_heads;
     h->vocab_size = c->vocab_size, h->padded_vocab_size = c->padded_vocab_size, h->max_seq_len = c->max_seq_len;
-    // world_size: the data-parallel ranks, what the data position and the state depend on (a checkpoint of
-    // N context-parallel GPUs resumes with N = 1 on world / N GPUs)
-    h->batch_size = opt->batch_size, h->seq_len = opt->seq_len, h->world_size = p->dp_world, h->shuffle = opt->shuffle;
+    // the data position depends on the data-parallel ranks, world / N: an unsharded checkpoint of N
+    // context-parallel GPUs resumes with N = 1 on world / N GPUs (ZeRO-1's shards need the same world)
+    h->batch_size = opt->batch_size, h->seq_len = opt->seq_len, h->world_size = p->world, h->shuffle = opt->shuffle;
+    h->context_parallel = p->cp;
     h->total_batch_tokens = p->total_batch_tokens;
     h->seed = opt->seed;
     h->train_tokens = p->train.total_tokens, h->train_shards = p->train.num_shards;
@@ -926,7 +925,7 @@ static void plan_resume(Plan* p) {
     train_state_find(resume_auto(opt) ? newest : opt->resume, found, p->resume_dir);
     checkpoint_rank_file(p->resume_path, sizeof(p->resume_path), found, p->rank);
     CheckpointHeader saved = train_state_read_header(p->resume_path);
-    train_state_check_sharding(&saved, p->resume_path, p->dp_world, opt->zero, p->rank, p->state_elems);
+    train_state_check_sharding(&saved, p->resume_path, p->world, opt->zero, p->rank, p->state_elems);
     train_state_check_compatible(&saved, &p->header, p->resume_path);
     if (saved.step >= p->steps && resume_auto(opt)) {  // a relaunch of a finished run: nothing left to do
         printf("resume       auto: %s is at step %lld, the last step of this run: nothing to do\n", p->resume_path,
@@ -1137,11 +1136,13 @@ static void print_plan_run(const Plan* p) {
 // token arrays, optimizer scratch, the CUDA libraries' own allocations).
 #define MEMORY_MARGIN_BYTES (512.0 * 1024 * 1024)
 
-// Exits (1) before any allocation when the model state and this mode's activations cannot fit the free
-// memory, naming the --recompute mode that would (exact sizes: the GPU is set).
+// Exits (1) before any allocation when the model state, this mode's activations and the ring attention's
+// buffers (--context-parallel) cannot fit the free memory, naming the --recompute mode that would (exact
+// sizes: the GPU is set).
 static void check_activations_fit(const Plan* p) {
     const Options* opt = p->opt;
-    const double free_bytes = (double)p->gpu.free_bytes;
+    const double ring = (double)context_parallel_memory_bytes(&p->config, opt->batch_size, opt->seq_len, p->cp);
+    const double free_bytes = (double)p->gpu.free_bytes - ring;
     double need[NUM_RECOMPUTE_MODES];
     for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
         const GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
@@ -1149,8 +1150,9 @@ static void check_activations_fit(const Plan* p) {
     }
     if (p->state_bytes + need[opt->recompute] + MEMORY_MARGIN_BYTES <= free_bytes) return;
     fprintf(stderr, "error: out of GPU memory: the activations of a %d x %d micro batch need %.2f GiB with --recompute "
-                    "%s, and the model state %.2f GiB; %.2f GiB are free\n", opt->batch_size, opt->seq_len,
-            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes));
+                    "%s, and the model state %.2f GiB; %.2f GiB are free%s\n", opt->batch_size, opt->seq_len / p->cp,
+            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes),
+            ring > 0 ? " besides the ring attention's buffers" : "");
     int fits = -1;
     for (int r = opt->recompute + 1; r < NUM_RECOMPUTE_MODES && fits < 0; r++)
         if (p->state_bytes + need[r] + MEMORY_MARGIN_BYTES <= free_bytes) fits = r;

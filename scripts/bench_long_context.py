@@ -61,8 +61,8 @@ MODES = ("none", "selective", "full")
 TORCH_RECOMPUTE = "blocks"  # the torch record's "recompute": checkpointing per block
 GRID = [("gpt3-1.3b", 16384), ("gpt3-1.3b", 32768), ("gpt3-1.3b", 65536), ("gpt3-1.3b", 131072),
         ("gpt3-2.7b", 32768), ("gpt3-2.7b", 65536)]
-RECORD_KEY = ("impl", "model", "seqlen", "recompute", "context_parallel")
-KEY_DEFAULTS = {"context_parallel": 1}  # records of files from before --context-parallel
+RECORD_KEY = ("impl", "model", "seqlen", "recompute", "context_parallel", "zero")
+KEY_DEFAULTS = {"context_parallel": 1, "zero": 0}  # records of files from before --context-parallel
 
 
 def default_runs():
@@ -98,6 +98,9 @@ def parse_args(argv=None):
     p.add_argument("--runs", default="", help="IMPL:MODEL:SEQ[:MODE],... (default: the whole grid)")
     bench_train.add_run_options(p, "bench_long_context", warmup=1, timed=3, timeout=300, results="long_context")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both (default 3e-4)")
+    p.add_argument("--zero", type=int, choices=(0, 1), default=0,
+                   help="train_gpt's --zero for the cpN runs (1: the optimizer state sharded over the N GPUs, what "
+                        "a large model needs to fit; default 0)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="linear warmup steps of both (default 0; e.g. 10 for a falling loss over the first steps)")
     args = p.parse_args(argv)
@@ -135,7 +138,7 @@ def train_gpt_command(args, model, seqlen, mode, cp, data):
            "--lr", repr(args.lr), "--warmup-steps", str(args.warmup_steps), "--checkpoint-dir", "none",
            "--sample-tokens", "0"]
     if cp > 1:
-        cmd += ["--context-parallel", str(cp)]
+        cmd += ["--context-parallel", str(cp), "--zero", str(args.zero)]
     if args.peak_tflops:
         cmd += ["--peak-tflops", repr(args.peak_tflops)]
     return cmd
@@ -202,6 +205,7 @@ def run_one(args, impl, model, seqlen, mode, cp, data, peak):
         torch_version = result.get("torch")
         failed = rc != 0 or result.get("status") != "ok"
     record = {"impl": impl, "model": model, "seqlen": seqlen, "recompute": mode, "context_parallel": cp,
+              "zero": args.zero if cp > 1 else 0,
               "status": "ok", "note": "", "step_ms": None, "tflops_per_gpu": None, "hw_tflops_per_gpu": None,
               "mfu": None, "peak_gib": None, "mem_source": None, "losses": losses,
               "step_ms_all": [round(ms, 3) for ms in step_ms], "wall_s": round(wall, 1),
@@ -251,7 +255,7 @@ def table_rows(records):
         seq = f"{r['seqlen'] // 1024}k" if r["seqlen"] % 1024 == 0 else str(r["seqlen"])
         mode = "checkpoint per block" if r["impl"] == "torch" else r["recompute"]
         cp = r.get("context_parallel", 1)
-        gpus = f"{cp} (cp)" if cp > 1 else "1"
+        gpus = (f"{cp} (cp" + (", zero 1)" if r.get("zero") else ")")) if cp > 1 else "1"
         if r["status"] != "ok":
             mem = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "-"
             rows.append([r["model"], seq, r["impl"], mode, gpus, r["status"].upper()] + ["-"] * 3 + [mem] +
@@ -302,7 +306,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     device = results_common.gpu_name()
     peak = bench_train.peak_for(args.peak_tflops, device)
-    data = bench_train.training_data(args.train_data, args.out, 2 * max(run[2] for run in args.runs) + 1)
+    longest = max(run[2] for run in args.runs)  # batch 1: a step reads T + 1 tokens of one shard
+    data = bench_train.training_data(args.train_data, args.out, 2 * longest + 1, need=longest + 1)
     json_path, md_path = bench_train.results_paths(args.results_dir, "long_context", device)
     meta = bench_train.run_meta(device, peak, argv)
     now, commit, command = meta["date"], meta["commit"], meta["command"]

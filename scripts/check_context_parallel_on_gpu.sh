@@ -15,6 +15,8 @@
 #   dp     N GPUs data parallel, -b 4/N each              the same 4 sequences (rank r reads rows of 4r/N..)
 #   cp     N GPUs, --context-parallel N, -b 4             each GPU 1024/N tokens of every sequence
 #   resume 1 GPU, no --context-parallel, from cp's checkpoint of step 10, steps 11-20
+#   z1     as cp, with --zero 1 (the optimizer state sharded over the N GPUs)
+#   z1res  as z1, resumed from z1's per-rank checkpoint of step 10, steps 11-20
 # Checks (a line each, PASS/FAIL name: measured vs bound; exit 1 when one fails):
 #   (1) step 1's gradients (--dump-grads: rank 0's, after the all-reduce), tensor by tensor, and loss:
 #       |cp - one| <= 3 att + 2 |dp - one| + floor (L2 norms per tensor; |.| for the loss), where
@@ -23,7 +25,8 @@
 #       (test_gpu_context_parallel's bound, layers/context_parallel/README.md), of which att is this
 #       run's measure: the largest of three draws, since one draw of a scalar like the loss can be near
 #       zero by chance (with one draw, a second as large as the first over 3 happens ~20% of the time;
-#       at step 1 the naive run's loss was 3.3e-5 off and the ring's 1.2e-4), and (b) the gradient summed over N ranks in bf16, as dp's is (factor 2:
+##       at step 1 the naive run's loss was 3.3e-5 off and the ring's 1.2e-4), and (b) the gradient
+#       summed over N ranks in bf16, as dp's is (factor 2:
 #       room for the partial sums differing by rank). Floor: 2e-6 for the loss (the log's 6 decimals),
 #       1e-3 x |one| per tensor (about one bf16 rounding of a sum of two halves, 2^-9, with room).
 #       Planted faults each must be rejected: the wpe gradient with its 2nd and 3rd chunks of rows
@@ -32,6 +35,9 @@
 #   (2) the 20 steps' losses: |cp - one|(s) <= 3 max_{s'<=s} att + 2 max_{s'<=s} |dp - one| + 2e-6.
 #   (3) a checkpoint of cp resumes on one GPU without --context-parallel (exit 0) and its steps 11-20
 #       are within the bound of (2) of cp's own steps 11-20.
+#   (4) z1's 20 losses equal cp's bit for bit (as printed, 6 decimals): --deterministic ZeRO 0 sums the
+#       gradients in ZeRO-1's order (layers/multi_gpu/multi_gpu.cuh), so sharding changes nothing.
+#   (5) z1res's steps 11-20 equal z1's bit for bit (a sharded checkpoint resumes exactly).
 set -uo pipefail
 OUT=${1:-build/context_parallel_run}
 mkdir -p "$OUT"
@@ -109,6 +115,13 @@ ran cp $?
 run1 resume "${COMMON[@]}" -b 4 --resume "$OUT/cp_ckpt/step_00000010.ckpt" --checkpoint-dir none \
     --log-file "$OUT/resume.jsonl"
 ran resume $?
+rm -rf "$OUT/z1_ckpt"
+runn z1 "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir "$OUT/z1_ckpt" --checkpoint-every 10 \
+    --keep-checkpoints 0 --log-file "$OUT/z1.jsonl"
+ran z1 $?
+runn z1res "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir none \
+    --resume "$OUT/z1_ckpt/$(printf 'step_00000010.rank00of%02d.ckpt' "$CP")" --log-file "$OUT/z1res.jsonl"
+ran z1res $?
 
 $PYTHON - "$OUT" <<'PY' || status=1
 import json, os, sys
@@ -222,6 +235,12 @@ try:
     bad, (s, d, bound) = drift(res_l, cp_l, refs_l, dp_l, 11, 20)
     result("cp_checkpoint_resumes_on_one_gpu", not bad,
            f"steps 11-20 of the 1-GPU resume vs cp's: {len(bad)} over; tightest step {s}: |d| {d:.2e} vs {bound:.2e}")
+    # (4), (5)
+    z1_l, z1res_l = losses("z1"), losses("z1res")
+    diff = [s for s in range(1, 21) if z1_l[s] != cp_l[s]]
+    result("cp_zero1_equals_zero0_bit_for_bit", not diff, f"20 steps, {len(diff)} differ {diff[:5]}")
+    diff = [s for s in range(11, 21) if z1res_l[s] != z1_l[s]]
+    result("cp_zero1_resume_bit_identical", not diff, f"steps 11-20, {len(diff)} differ {diff[:5]}")
 except (OSError, KeyError, ValueError) as e:
     result("cp_losses", False, f"a log is missing or short: {e!r}")
 sys.exit(1 if failed else 0)

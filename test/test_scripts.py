@@ -426,6 +426,14 @@ def test_bench_long_context_runs_and_records():
     assert "--context-parallel 2" in cp["command"] and cp["command"].startswith("RANK=0..1 "), cp["command"]
     row = [r for r in blc.table_rows([one, cp]) if r[4] == "2 (cp)"][0]
     assert row[11] == f"{cp['tflops_per_gpu'] / one['tflops_per_gpu']:.2f}x" and row[12] == "1.5 / 0.25", row
+    # the data: a shard that holds what a step needs is used; a shorter one gives way to random tokens
+    import bench_train
+    import shard_format
+    small = os.path.join(WORK, "small_000000.bin")
+    shard_format.write_shard(small, list(range(100)))
+    assert bench_train.training_data(small, WORK, 300, need=100) == small
+    other = bench_train.training_data(small, WORK, 300, need=101)
+    assert other != small and int(shard_format.read_header(other)[2]) == 300, other
     # a train_gpt that stops before allocating: its stderr lines come before its buffered plan in the log
     log = os.path.join(WORK, "oom.log")
     with open(log, "w") as f:

@@ -285,7 +285,8 @@ def test_context_parallel_flags_and_plan():
     expect_error(plan_as_rank0(2, "--context-parallel", "2", "--seq-len", "66"), 2,
                  "--seq-len 66 with --context-parallel 2", "multiple of 4", "use 64 or 68")
     expect_error(plan_as_rank0(2, "--context-parallel", "2", "--attn", "naive"), 2, "use --attn flash2")
-    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--zero", "1"), 2, "not supported yet", "--zero 0")
+    z1 = plan_as_rank0(2, "--context-parallel", "2", "--zero", "1", "--plan-only")  # the state sharded over both
+    assert z1.returncode == 0 and "zero 1, context parallel 2" in z1.stdout, (z1.stdout, z1.stderr)
     expect_error(plan_as_rank0(2, "--context-parallel", "2", "--precision", "fp8"), 2, "--precision bf16")
     expect_error(plan_as_rank0(2, "--context-parallel", "2", "--eval-data", "x.bin"), 2, "--eval-only")
     expect_error(run("--generate", "4", "--init-from", "x.bin", "--context-parallel", "2"), 2,
@@ -313,6 +314,9 @@ def test_context_parallel_flags_and_plan():
     write_checkpoint(path)
     r = plan_as_rank0(2, *TINY, "--context-parallel", "2", "--resume", path, "--max-steps", "6", "--plan-only")
     assert r.returncode == 0 and "continues at step 4" in r.stdout, (r.stdout, r.stderr)
+    # ... but not on 2 GPUs without it: they would read the data as 2 data-parallel ranks
+    r = plan_as_rank0(2, *TINY, "--resume", path, "--max-steps", "6", "--plan-only")
+    expect_error(r, 2, "cannot resume", "data-parallel ranks (GPUs / --context-parallel): 1 in the checkpoint, 2")
 
 
 def test_no_gpu_prints_the_plan_and_fails():

@@ -23,7 +23,8 @@
 // batch. The logged loss: every rank's local mean, averaged over W (equal token counts: the mean
 // over all tokens).
 //
-// Not here yet: --zero 1, --precision fp8 and --eval-data with N > 1 (the trainer refuses them).
+// ZeRO-1 shards the optimizer state over all W ranks, as without context parallelism (the world's
+// communicator). Not here yet: --precision fp8 and --eval-data with N > 1 (the trainer refuses them).
 #ifndef CONTEXT_PARALLEL_CUH
 #define CONTEXT_PARALLEL_CUH
 
@@ -46,6 +47,7 @@ static void context_parallel_create(ContextParallel*, MultiGpu*, int, GPTModel*,
 static void context_parallel_share(ContextParallel*, const int*, const int*) { multi_gpu_unavailable(); }
 static void context_parallel_destroy(ContextParallel*) {}
 static double context_parallel_exposed_ms(ContextParallel*) { return 0.0; }
+static size_t context_parallel_memory_bytes(const GPTConfig*, int, int, int) { return 0; }
 
 #else  // NCCL
 
@@ -59,6 +61,13 @@ typedef struct {
     int* positions;         // device (T/N): the global position of each local row
     int *inputs, *targets;  // host (B, T/N): this rank's share of the current micro batch
 } ContextParallel;
+
+// GPU memory the ring attention takes for a micro batch of B sequences of T tokens over N ranks (0: N = 1).
+static size_t context_parallel_memory_bytes(const GPTConfig* config, int B, int T, int N) {
+    if (N <= 1) return 0;
+    const AttentionShape whole = gpt_attention_shape(config, B, T);
+    return ring_attention_memory_bytes(&whole, N);
+}
 
 // The model's attention hook (GPTModel.attention): the layer's local q, k, v around the group's ring.
 static void context_parallel_attention(void* user, const AttentionArgs* a, int backward, cudaStream_t stream) {
