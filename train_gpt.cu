@@ -39,6 +39,8 @@
 #include "data/dataloader.h"
 #include "layers/training/eval_multiple_choice.cuh"
 #include "layers/training/train_state.cuh"
+#include "layers/context_parallel/context_parallel.cuh"
+#include "layers/context_parallel/zigzag.h"
 #include "layers/cuda_common.h"
 #include "data/gpt_config.h"
 #include "data/model_file.h"
@@ -88,6 +90,7 @@ typedef struct {
     const char* init_from;        // llm.c model file with the initial weights; NULL = GPT-2 init
     const char* dump_grads;       // write the first step's gradients here (llm.c format, bf16)
     int zero;                     // 1: ZeRO-1, optimizer state and master weights sharded over the GPUs
+    int context_parallel;         // N: GPUs sharing every sequence (layers/context_parallel/context_parallel.cuh)
     double rendezvous_timeout;    // seconds a rank waits for the others at the start (multi-GPU)
     const char* rendezvous;       // "tcp" (MASTER_ADDR:MASTER_PORT) or "file:PATH"
     double nccl_timeout;          // seconds the watchdog waits for a collective before aborting
@@ -225,6 +228,12 @@ static const OptionSpec OPTIONS[] = {
     {"zero", 0, OPT_ZERO, FIELD(zero), "0", "N", 0, 0,
      "0: every GPU keeps the whole optimizer state; 1: ZeRO-1, fp32 master weights and AdamW moments sharded "
      "over the GPUs"},
+    {"context-parallel", 0, OPT_INT, FIELD(context_parallel), "1", "N", 1, 1024,
+     "N GPUs share every sequence, each holding T/N of its tokens (the zigzag split: chunks c and 2N-1-c of 2N); "
+     "attention runs around a ring of the N GPUs, everything else on the local tokens. The GPUs must be a "
+     "multiple of N (data parallel over GPUs / N groups) and --seq-len a multiple of 2N; flash2 only, not yet "
+     "with --precision fp8 or --eval-data. Composes with --zero 1 (the optimizer state sharded over all the "
+     "GPUs) and --recompute. A checkpoint without --zero 1 resumes with any N of the same GPUs / N"},
     {"rendezvous-timeout", 0, OPT_DOUBLE, FIELD(rendezvous_timeout), "120", "S", 1, 0,
      "seconds the ranks wait for each other at the start"},
     {"rendezvous", 0, OPT_STRING, FIELD(rendezvous), "tcp", "HOW", 0, 0,
@@ -472,6 +481,11 @@ static void check_option_combinations(const Options* opt) {
     }
     check_eval_options(opt);
     if (!opt->eval_only) check_generation_options(opt);
+    if (opt->context_parallel > 1 && (opt->generate || opt->eval_only)) {
+        fprintf(stderr, "error: --context-parallel is for training; --%s runs on one GPU: leave it out\n",
+                opt->generate ? "generate" : "eval-only");
+        exit(2);
+    }
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -533,6 +547,8 @@ typedef struct {
     const Options* opt;
     LaunchInfo launch;               // which process of how many (layers/multi_gpu/launcher.h)
     int rank, world;
+    int cp;                          // --context-parallel N: ranks sharing every sequence (1: none)
+    int dp_rank, dp_world;           // this rank's data-parallel group d and their number D = world / N
     GPTConfig config;
     char model_name[64];               // the named shape the config is, else "layersL-hiddenC-headsH"
     DataSummary train, val;            // what the plan found in the data (the trainer opens its own loaders)
@@ -565,6 +581,39 @@ typedef struct {
 
 static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+// --context-parallel N: the world as D = world / N data-parallel groups of N ranks, rank r = d·N + c
+// (layers/context_parallel/context_parallel.cuh); N = 1: D = world. Exits (2) on what cannot work, or
+// does not work with it yet, saying what to do instead.
+static void plan_context_parallel(Plan* p, const Options* opt) {
+    const int N = opt->context_parallel;
+    p->cp = N, p->dp_world = p->world / N, p->dp_rank = p->rank / N;
+    if (N == 1) return;
+    const char* instead = NULL;
+    char why[512];
+    if (p->world % N != 0) {
+        fprintf(stderr, "error: --context-parallel %d splits every sequence over %d GPUs, so the number of GPUs must be "
+                        "a multiple of %d; the launcher (%s) started %d process(es): launch %d (or another multiple "
+                        "of %d), or give --context-parallel a divisor of %d\n", N, N, N, p->launch.source, p->world,
+                N * (p->world / N + 1), N, p->world);
+        exit(2);
+    }
+    if (zigzag_check(opt->seq_len, N, why, sizeof(why)) != 0) {
+        fprintf(stderr, "error: --seq-len %d with --context-parallel %d: %s\n", opt->seq_len, N, why);
+        exit(2);
+    }
+    if (opt->attn != ATTN_FLASH2)
+        instead = "--context-parallel runs flash2 on every block of its ring: use --attn flash2 (the default)";
+    else if (opt->precision == PRECISION_FP8)
+        instead = "--context-parallel with --precision fp8 is not supported yet: use --precision bf16";
+    else if (opt->eval_data)
+        instead = "--eval-data with --context-parallel is not supported yet: train without it, then score the "
+                  "checkpoint on one GPU with --eval-only --resume DIR --eval-data FILE";
+    if (instead) {
+        fprintf(stderr, "error: %s\n", instead);
+        exit(2);
+    }
+}
+
 // Which process of how many (mpirun, srun, torchrun-style variables; none: the only one). Ranks
 // other than 0 print only errors.
 static void plan_launch(Plan* p, Options* opt) {
@@ -590,6 +639,7 @@ static void plan_launch(Plan* p, Options* opt) {
         fprintf(stderr, "error: --dump-grads needs the whole gradient on one GPU; run it without --zero 1\n");
         exit(2);
     }
+    plan_context_parallel(p, opt);
     if (p->world > 1 && !MULTI_GPU_AVAILABLE) {
         fprintf(stderr, "error: the launcher (%s) started %d processes, but this train_gpt was built without NCCL "
                         "and trains on one GPU only; install NCCL and rebuild (make train_gpt says whether it "
@@ -650,11 +700,15 @@ static void plan_model_name(Plan* p) {
 static void plan_batch(Plan* p) {
     const Options* opt = p->opt;
     const int B = opt->batch_size, T = opt->seq_len;
-    p->tokens_per_micro_step = (long long)B * T;
-    const long long global_micro = p->tokens_per_micro_step * p->world;
+    p->tokens_per_micro_step = (long long)B * T / p->cp;  // per GPU: its share of B sequences
+    const long long global_micro = p->tokens_per_micro_step * p->world;  // B·T·D: N GPUs share each B·T
     p->total_batch_tokens = opt->total_batch_tokens ? opt->total_batch_tokens : global_micro;
     if (p->total_batch_tokens % global_micro != 0) {
-        if (p->world == 1)
+        if (p->cp > 1)
+            fprintf(stderr, "error: --total-batch-tokens %lld is not a multiple of batch-size * seq-len * context "
+                            "groups (GPUs / --context-parallel) = %d * %d * %d = %lld\n", p->total_batch_tokens, B,
+                    T, p->dp_world, global_micro);
+        else if (p->world == 1)
             fprintf(stderr, "error: --total-batch-tokens %lld is not a multiple of batch-size * seq-len = %lld\n",
                     p->total_batch_tokens, p->tokens_per_micro_step);
         else
@@ -684,10 +738,11 @@ static int looks_like_text(const char* path) {
 }
 
 // Opens a loader over `pattern` or exits with the loader's message (which names the file) and a hint.
-// Each of `world` ranks reads its own B·T slice of every chunk of B·T·world tokens.
+// Each of the D data-parallel groups (D = world without --context-parallel) reads its own B·T slice of
+// every chunk of B·T·D tokens; the N ranks of a group read the same one and keep their share of it.
 static void open_data_or_exit(DataLoader* loader, const char* what, const char* pattern, const Plan* p) {
     const Options* opt = p->opt;
-    if (dataloader_open(loader, pattern, opt->batch_size, opt->seq_len, p->rank, p->world, GPT2_VOCAB_SIZE,
+    if (dataloader_open(loader, pattern, opt->batch_size, opt->seq_len, p->dp_rank, p->dp_world, GPT2_VOCAB_SIZE,
                         opt->shuffle, opt->seed) == 0)
         return;
     fprintf(stderr, "error: %s data: %s\n", what, loader->error);
@@ -757,7 +812,8 @@ static void plan_data(Plan* p) {
 // bits (--deterministic, and the backends whose own kernels are deterministic).
 static GPTModelOptions model_options(const Plan* p, RecomputeMode recompute, cudaStream_t stream) {
     const Options* opt = p->opt;
-    GPTModelOptions o = gpt_model_options(opt->batch_size, opt->seq_len, opt->attn, stream);
+    // --context-parallel N: the model runs each GPU's T/N rows of every sequence
+    GPTModelOptions o = gpt_model_options(opt->batch_size, opt->seq_len / p->cp, opt->attn, stream);
     o.recompute = recompute;
     o.deterministic_attention = opt->deterministic;
     o.tune_gemms = !opt->deterministic && opt->attn == ATTN_FLASH2;
@@ -788,11 +844,15 @@ static void plan_activations(Plan* p) {
         o.precision = opt->precision == PRECISION_FP8 ? PRECISION_BF16 : PRECISION_FP8;
         p->act_bytes_other[r] = (double)gpt_activation_bytes(&p->config, &o, 0);
     }
+    // The work of whole sequences, shared by the N GPUs of a context group (N = 1: this GPU's model):
+    // its GEMMs run T/N rows each, and its ring 1/N of each sequence's attention (the zigzag balances it)
     static GPTMemoryPlan memory;
-    const GPTModelOptions o = model_options(p, opt->recompute, 0);
+    GPTModelOptions o = model_options(p, opt->recompute, 0);
+    o.T = opt->seq_len;
     gpt_memory_plan(&memory, &p->config, &o, 0);
-    p->recompute_flops_per_step = gpt_recompute_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
-    p->executed_flops_per_step = gpt_executed_flops(&p->config, &o, &memory) * (double)p->accumulation_steps;
+    const double share = (double)p->accumulation_steps / p->cp;
+    p->recompute_flops_per_step = gpt_recompute_flops(&p->config, &o, &memory) * share;
+    p->executed_flops_per_step = gpt_executed_flops(&p->config, &o, &memory) * share;
     p->fp8_values_per_step = opt->precision == PRECISION_FP8 ? fp8_values_per_step(p) : 0.0;
     p->recompute_what = opt->recompute == RECOMPUTE_FULL ? "each block's forward again in its backward, "
                         : opt->recompute == RECOMPUTE_SELECTIVE && memory.att_saved_bytes > 0
@@ -809,7 +869,10 @@ static void plan_state(Plan* p) {
     h->num_layers = c->num_layers, h->channels = c->channels, h->num_heads = c->num_heads;
     h->num_kv_heads = c->num_kv_heads;
     h->vocab_size = c->vocab_size, h->padded_vocab_size = c->padded_vocab_size, h->max_seq_len = c->max_seq_len;
+    // the data position depends on the data-parallel ranks, world / N: an unsharded checkpoint of N
+    // context-parallel GPUs resumes with N = 1 on world / N GPUs (ZeRO-1's shards need the same world)
     h->batch_size = opt->batch_size, h->seq_len = opt->seq_len, h->world_size = p->world, h->shuffle = opt->shuffle;
+    h->context_parallel = p->cp;
     h->total_batch_tokens = p->total_batch_tokens;
     h->seed = opt->seed;
     h->train_tokens = p->train.total_tokens, h->train_shards = p->train.num_shards;
@@ -975,7 +1038,11 @@ static void print_plan_model(const Plan* p) {
            c->padded_vocab_size, T);
     printf("parameters   %zu (%.3f B)\n", p->num_params, p->num_params / 1e9);
     printf("attention    %s%s\n", attention_backend_name(opt->attn), opt->deterministic ? ", deterministic" : "");
-    if (p->world == 1)
+    if (p->cp > 1)
+        printf("batch        %d x %d = %lld tokens per micro step per context group of %d GPUs (%d tokens of each "
+               "sequence per GPU) x %d group(s), %lld micro steps per optimizer step = %lld tokens\n", B, T,
+               (long long)B * T, p->cp, T / p->cp, p->dp_world, p->accumulation_steps, p->total_batch_tokens);
+    else if (p->world == 1)
         printf("batch        %d x %d = %lld tokens per micro step, %lld micro steps per optimizer step = %lld tokens\n",
                B, T, p->tokens_per_micro_step, p->accumulation_steps, p->total_batch_tokens);
     else
@@ -984,7 +1051,15 @@ static void print_plan_model(const Plan* p) {
                p->total_batch_tokens);
     printf("train data   %s: %d shard(s), %lld tokens, %lld micro batches per epoch%s%s\n", opt->train_data,
            p->train.num_shards, p->train.total_tokens, p->micro_batches_per_epoch,
-           p->world > 1 ? " (of B*T*GPUs tokens, each GPU reads its part)" : "", opt->shuffle ? ", shuffled" : "");
+           p->cp > 1      ? " (of B*T*groups tokens, each context group reads its part)"
+           : p->world > 1 ? " (of B*T*GPUs tokens, each GPU reads its part)"
+                          : "",
+           opt->shuffle ? ", shuffled" : "");
+    if (p->cp > 1)
+        printf("context      --context-parallel %d: every sequence over %d GPUs, %d chunks of %d tokens (GPU c of a "
+               "group holds chunks c and %d-c); attention around their ring (flash2 per block), the rest on local "
+               "tokens; gradients averaged over all %d GPUs\n", p->cp, p->cp, 2 * p->cp, T / (2 * p->cp),
+               2 * p->cp - 1, p->world);
     if (p->have_val)
         printf("val data     %s: %d shard(s), %lld tokens\n", opt->val_data, p->val.num_shards, p->val.total_tokens);
     else
@@ -1045,7 +1120,7 @@ static void print_plan_run(const Plan* p) {
                "gradients), %s scaling; TFLOP/s and MFU keep the bf16 peak\n", FP8_RECIPE_NAMES[opt->fp8_recipe]);
     printf("activations  none %.2f GiB, selective %.2f GiB, full %.2f GiB (--recompute; a %d x %d micro batch%s); "
            "this run: %s\n", gib(p->act_bytes[RECOMPUTE_NONE]), gib(p->act_bytes[RECOMPUTE_SELECTIVE]),
-           gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len, p->world > 1 ? ", per GPU" : "",
+           gib(p->act_bytes[RECOMPUTE_FULL]), opt->batch_size, opt->seq_len / p->cp, p->world > 1 ? ", per GPU" : "",
            RECOMPUTE_NAMES[opt->recompute]);
     if (opt->precision == PRECISION_FP8)  // what fp8's FP8 copies of the blocks' inputs save, or cost
         printf("             with --precision bf16: none %.2f GiB, selective %.2f GiB, full %.2f GiB\n",
@@ -1061,11 +1136,13 @@ static void print_plan_run(const Plan* p) {
 // token arrays, optimizer scratch, the CUDA libraries' own allocations).
 #define MEMORY_MARGIN_BYTES (512.0 * 1024 * 1024)
 
-// Exits (1) before any allocation when the model state and this mode's activations cannot fit the free
-// memory, naming the --recompute mode that would (exact sizes: the GPU is set).
+// Exits (1) before any allocation when the model state, this mode's activations and the ring attention's
+// buffers (--context-parallel) cannot fit the free memory, naming the --recompute mode that would (exact
+// sizes: the GPU is set).
 static void check_activations_fit(const Plan* p) {
     const Options* opt = p->opt;
-    const double free_bytes = (double)p->gpu.free_bytes;
+    const double ring = (double)context_parallel_memory_bytes(&p->config, opt->batch_size, opt->seq_len, p->cp);
+    const double free_bytes = (double)p->gpu.free_bytes - ring;
     double need[NUM_RECOMPUTE_MODES];
     for (int r = 0; r < NUM_RECOMPUTE_MODES; r++) {
         const GPTModelOptions o = model_options(p, (RecomputeMode)r, 0);
@@ -1073,8 +1150,9 @@ static void check_activations_fit(const Plan* p) {
     }
     if (p->state_bytes + need[opt->recompute] + MEMORY_MARGIN_BYTES <= free_bytes) return;
     fprintf(stderr, "error: out of GPU memory: the activations of a %d x %d micro batch need %.2f GiB with --recompute "
-                    "%s, and the model state %.2f GiB; %.2f GiB are free\n", opt->batch_size, opt->seq_len,
-            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes));
+                    "%s, and the model state %.2f GiB; %.2f GiB are free%s\n", opt->batch_size, opt->seq_len / p->cp,
+            gib(need[opt->recompute]), RECOMPUTE_NAMES[opt->recompute], gib(p->state_bytes), gib(free_bytes),
+            ring > 0 ? " besides the ring attention's buffers" : "");
     int fits = -1;
     for (int r = opt->recompute + 1; r < NUM_RECOMPUTE_MODES && fits < 0; r++)
         if (p->state_bytes + need[r] + MEMORY_MARGIN_BYTES <= free_bytes) fits = r;
@@ -1101,6 +1179,7 @@ static void plan_gpu(Plan* p) {
     if (device_count > 0) p->device = (p->launch.local_rank >= 0 ? p->launch.local_rank : p->rank) % device_count;
     p->gpu = gpu_info(p->device);
     printf("gpus         %d (launcher: %s), zero %d", p->world, p->launch.source, opt->zero);
+    if (p->cp > 1) printf(", context parallel %d (%d data-parallel group(s))", p->cp, p->dp_world);
     if (p->world > 1)
         if (p->rendezvous_file)
             printf(", rank 0 on GPU %d; rendezvous file %s, timeout %g s; NCCL watchdog %g s; TFLOP/s and MFU are per "
@@ -1141,6 +1220,7 @@ typedef struct {
     Optimizer optimizer;
     DataLoader train, val;   // val: when the plan has validation data
     MultiGpu* mg;            // NULL on one GPU
+    ContextParallel cp;      // --context-parallel N > 1: the group, its ring, this GPU's share (cp.size 0: none)
     cudaStream_t stream;     // the model's; everything runs on it
     cudaEvent_t start, stop; // around each step
     int *inputs, *targets;   // device (B, T) int32: the current micro batch
@@ -1156,6 +1236,7 @@ typedef struct {
     long long steps_done;
     double step_seconds;       // the steps' own time (their events), for the mean TFLOP/s
     double comm_exposed_ms;    // several GPUs: the steps' time waiting on communication, summed
+    double ring_exposed_ms;    // --context-parallel: the steps' time waiting on the ring's transfers, summed
     double best_val;           // the lowest validation loss, at best_val_step (0: none yet)
     long long best_val_step;
     long long profile_step;    // TRAIN_GPT_PROFILE_STEP: cudaProfilerStart/Stop around this step (0: none)
@@ -1190,9 +1271,15 @@ static double learning_rate(const Options* opt, long long step, long long steps)
     return min_lr + 0.5 * (opt->lr - min_lr) * (1.0 + cos(3.141592653589793 * progress));
 }
 
-// Sends the loader's current batch (inputs, targets (B, T) int32) to the GPU in the model stream's
-// order (after the previous micro step's backward, which reads the tokens again); no host wait.
+// Sends the loader's current batch (inputs, targets (B, T) int32; --context-parallel: this GPU's share,
+// (B, T/N)) to the GPU in the model stream's order (after the previous micro step's backward, which
+// reads the tokens again); no host wait.
 static void upload_batch(Trainer* t, const DataLoader* loader) {
+    if (t->cp.size > 1) {
+        context_parallel_share(&t->cp, loader->inputs, loader->targets);
+        batch_upload_send(&t->upload, t->cp.inputs, t->cp.targets, t->inputs, t->targets, t->stream);
+        return;
+    }
     batch_upload_send(&t->upload, loader->inputs, loader->targets, t->inputs, t->targets, t->stream);
 }
 
@@ -1231,6 +1318,7 @@ static void trainer_create(Trainer* t, Plan* p, MultiGpu* mg) {
     gpt_model_print_memory(&t->model, stdout);
     t->mg = mg;
     if (mg) multi_gpu_attach(mg, &t->model);
+    if (p->cp > 1) context_parallel_create(&t->cp, mg, p->cp, &t->model, opt->seq_len);
     optimizer_create(&t->optimizer, p->state_offset, p->state_elems, (float)opt->weight_decay, (float)opt->grad_clip);
     CUDA_CHECK(cudaMalloc(&t->inputs, p->tokens_per_micro_step * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&t->targets, p->tokens_per_micro_step * sizeof(int)));
@@ -1271,6 +1359,7 @@ static void trainer_destroy(Trainer* t, const Plan* p) {
     CUDA_CHECK(cudaFree(t->step_loss));
     batch_upload_destroy(&t->upload);
     if (t->staging) CUDA_CHECK(cudaFreeHost(t->staging));
+    context_parallel_destroy(&t->cp);
     gpt_model_destroy(&t->model);
     CUDA_CHECK(cudaStreamDestroy(t->stream));
 }
@@ -1292,9 +1381,11 @@ static double forward_backward(Plan* p, Trainer* t) {
         gpt_model_backward(&t->model, grad_scale);
     }
     // ZeRO-1: the forward waited for the last step's all-gather; should a rank have died in it, the
-    // watchdog, not a plain read, must be the one to wait
+    // watchdog, not a plain read, must be the one to wait. The same for context parallelism's ring.
     if (t->mg && t->mg->zero)
         multi_gpu_watch_stream(t->mg, t->stream, "ZeRO-1 all-gather of the weights (the forward waits for it)");
+    if (t->cp.size > 1)
+        multi_gpu_watch_stream(t->mg, t->stream, "the context-parallel ring attention (K/V and dK/dV send/recv)");
     return cuda_read_float(t->step_loss, t->stream);
 }
 
@@ -1345,15 +1436,19 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
                     sizeof(eta));
     const double saturated = fp8_saturated_fraction(p, t);
     const double comm = t->mg ? multi_gpu_exposed_ms(t->mg) : 0.0;
-    t->comm_exposed_ms += comm;
-    char extra[96] = "";
+    const double ring = t->cp.size > 1 ? context_parallel_exposed_ms(&t->cp) : 0.0;
+    t->comm_exposed_ms += comm, t->ring_exposed_ms += ring;
+    char extra[128] = "";
     if (t->mg) snprintf(extra, sizeof(extra), " | comm %.2f ms", comm);
+    if (t->cp.size > 1) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | ring %.2f ms", ring);
     if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), " | fp8 saturated %.2e", saturated);
     printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %.1f TFLOP/s | MFU %.1f%% | "
            "hw %.1f TFLOP/s%s | ETA %s\n", step, p->steps, loss, lr, grad_norm, ms, tokens_per_s, tflops, mfu,
            hw_tflops, extra, eta);
     extra[0] = '\0';
     if (t->mg) snprintf(extra, sizeof(extra), ", \"comm_exposed_ms\": %.3f", comm);
+    if (t->cp.size > 1)
+        snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), ", \"ring_exposed_ms\": %.3f", ring);
     if (saturated > 0.0) snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), ", \"fp8_saturated\": %.3e", saturated);
     if (t->log)
         fprintf(t->log,
@@ -1363,12 +1458,13 @@ static void log_step(const Plan* p, Trainer* t, long long step, double loss, dou
 }
 
 // Mean loss over --val-batches validation micro batches (0 or more than there are: all of them).
-// With several GPUs the batches are split over the ranks (each reads its part of every chunk) and
-// the mean is over all of them. Printed and logged.
+// With several GPUs the batches are split over the data-parallel groups (each reads its part of every
+// chunk; --context-parallel: each GPU of a group its share of the same sequences) and the mean is over
+// all of them (every rank's mean over as many tokens). Printed and logged.
 static void validate(Plan* p, Trainer* t, long long step) {
     DataLoader* val = &t->val;
     const long long available = dataloader_batches_per_epoch(val);  // chunks: one micro batch per rank each
-    const long long batches = p->opt->val_batches, per_rank = (batches + p->world - 1) / p->world;
+    const long long batches = p->opt->val_batches, per_rank = (batches + p->dp_world - 1) / p->dp_world;
     const long long n = (batches == 0 || per_rank > available) ? available : per_rank;
     dataloader_reset(val);
     double sum = 0.0;
@@ -1507,6 +1603,10 @@ static void print_summary(const Plan* p, const Trainer* t, long long last_step) 
                "waits: last gradient buckets, the norm all-reduce%s)\n", t->comm_exposed_ms / (double)t->steps_done,
                100.0 * t->comm_exposed_ms / 1e3 / t->step_seconds,
                p->opt->zero ? ", the forward's waits for ZeRO-1's weights" : "");
+    if (t->steps_done && t->cp.size > 1)
+        printf("             ring attention exposed %.2f ms per step, %.2f%% of the steps' time (the compute stream's "
+               "waits for K/V and dK/dV from the group)\n", t->ring_exposed_ms / (double)t->steps_done,
+               100.0 * t->ring_exposed_ms / 1e3 / t->step_seconds);
     if (t->best_val_step > 0) printf("             best val loss %.4f at step %lld\n", t->best_val, t->best_val_step);
     else printf("             no validation loss measured\n");
     if (t->eval_step >= 0)
@@ -1533,6 +1633,7 @@ static void stop_on_signal(const Plan* p, Trainer* t, long long step) {
     if (!saved && p->checkpoint_dir) saved = save_checkpoint(p, t, step, dataloader_get_state(&t->train)) == 0;
     print_summary(p, t, step);
     fflush(stdout);
+    context_parallel_destroy(&t->cp);     // the group's communicator, before the world's
     if (t->mg) multi_gpu_destroy(t->mg);  // every rank stops after this step: a clean end
     if (saved) {
         printf("stopped      by %s after step %lld of %lld, saved in %s; to continue, run the same command with "
@@ -1582,6 +1683,7 @@ static void join_gpus(const Plan* p, MultiGpu* mg) {
     same.rank = 0, same.shard_offset = 0;
     uint64_t tag = launcher_hash(0, &same, sizeof(same));
     tag = launcher_hash(tag, &p->steps, sizeof(p->steps));
+    tag = launcher_hash(tag, &p->cp, sizeof(p->cp));  // every rank must split the sequences the same way
     multi_gpu_init(mg, &p->launch, p->device, p->opt->zero, tag, p->opt->rendezvous_timeout, p->rendezvous_file,
                    p->opt->nccl_timeout);
     mg->owner_order = p->opt->deterministic;  // --zero 0 and 1 then sum the gradients alike, bit for bit

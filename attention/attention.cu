@@ -143,8 +143,16 @@ static void unsupported(AttentionBackend backend, const AttentionShape* shape) {
     exit(EXIT_FAILURE);
 }
 
+int attention_writes_fp32_out(AttentionBackend backend) { return backend == ATTN_FLASH2; }
+
 void attention_forward(AttentionBackend backend, const AttentionContext* ctx, const AttentionArgs* args,
                        cudaStream_t stream) {
+    if (args->out_f32 && !attention_writes_fp32_out(backend)) {
+        fprintf(stderr, "error: attention backend %s cannot write O in fp32 (AttentionArgs.out_f32); use flash2, or "
+                        "leave out_f32 NULL and read the bf16 out\n",
+                attention_backend_name(backend) ? attention_backend_name(backend) : "(unknown)");
+        exit(EXIT_FAILURE);
+    }
     switch (backend) {
         case ATTN_NAIVE: naive_attention_forward(ctx, args, stream); return;
         case ATTN_NAIVE_RECOMPUTE: naive_recompute_attention_forward(ctx, args, stream); return;

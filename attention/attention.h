@@ -47,6 +47,12 @@ typedef struct {
     __nv_bfloat16* out;  // (B, T, NH, HD) rows at stride out_stride
     long out_stride;
     float* lse;  // (B, NH, T)
+    // forward, optional (NULL: not written): O in fp32 as well, (B, T, NH, HD) rows at stride out_stride,
+    // the values `out` holds before their rounding to bf16 (bf16(out_f32) == out, bit for bit). For a
+    // caller that merges partial outputs by their LSE (context parallelism), where rounding each
+    // partial to bf16 first would cost one more rounding of the result. flash2 only: attention_forward
+    // refuses it for the other backends (attention_writes_fp32_out).
+    float* out_f32;
     // backward inputs (q, k, v, out and lse as the forward left them) and outputs
     const __nv_bfloat16* dout;  // (B, T, NH, HD) rows at stride out_stride
     __nv_bfloat16 *dq, *dk, *dv;  // dq as q at dqkv_stride; dk, dv as k, v at dkv_stride
@@ -101,6 +107,8 @@ const char* attention_backend_name(AttentionBackend backend);
 int attention_backend_from_name(const char* name, AttentionBackend* backend);
 // 0 when `backend` can run `shape`; otherwise -1 and a message in `why` that says what to change.
 int attention_check(AttentionBackend backend, const AttentionShape* shape, char* why, size_t why_size);
+// 1 when `backend`'s forward can also write O in fp32 (AttentionArgs.out_f32): flash2.
+int attention_writes_fp32_out(AttentionBackend backend);
 // Bytes of `saved` and `workspace` a backend needs for `shape` (0 when none).
 size_t attention_saved_bytes(AttentionBackend backend, const AttentionShape* shape);
 // FLOPs of the matrix products one forward (backward = 0) or one backward (backward = 1) call of

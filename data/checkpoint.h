@@ -81,12 +81,28 @@ typedef struct {
     int32_t num_kv_heads;
     // bytes of the FP8-scales section after the four payload arrays (0: none; was `reserved`, always 0)
     int32_t fp8_state_bytes;
+    // --context-parallel N of the run: its world_size GPUs read the data as world_size / N data-parallel
+    // ranks, what the data position depends on (0 in files of older builds: N = 1). Then 4 zero bytes, so
+    // that the size stays a multiple of 8 (inside the zero-padded header, so older files stay valid).
+    int32_t context_parallel;
+    int32_t unused;
 } CheckpointHeader;
 
 // The layout has no padding (every int64 sits at a multiple of 8), so the bytes are the same on
 // every LP64 compiler; scripts read it with struct format CHECKPOINT_STRUCT_FORMAT (data/README.md).
-typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 216 ? 1 : -1];
-#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"  // the last two: num_kv_heads, fp8_state_bytes
+typedef char checkpoint_header_fits[sizeof(CheckpointHeader) == 224 ? 1 : -1];
+// the last four: num_kv_heads, fp8_state_bytes, context_parallel, unused
+#define CHECKPOINT_STRUCT_FORMAT "<8sii6i4iqQqiiqqqqqqddddqQiiqqiiii"
+
+// The run's --context-parallel N (1 in a file from before context parallelism).
+static inline int32_t checkpoint_context_parallel(const CheckpointHeader* h) {
+    return h->context_parallel > 0 ? h->context_parallel : 1;
+}
+
+// The data-parallel ranks that read the data: world_size / N.
+static inline int32_t checkpoint_data_ranks(const CheckpointHeader* h) {
+    return h->world_size / checkpoint_context_parallel(h);
+}
 
 // The model's key/value heads: num_kv_heads, or num_heads in a file from before grouped-query attention.
 static inline int32_t checkpoint_kv_heads(const CheckpointHeader* h) {
@@ -466,6 +482,8 @@ static inline int checkpoint_reader_open(CheckpointReader* r, const char* path, 
                                        h->shard_offset != (int64_t)h->rank * h->shard_size ||
                                        h->shard_size * h->world_size < h->num_params))) {
         why = "corrupt header (zero_stage, rank or shard out of range)";
+    } else if (h->context_parallel < 0 || h->world_size < 1 || h->world_size % checkpoint_context_parallel(h) != 0) {
+        why = "corrupt header (context_parallel does not divide world_size)";
     } else if (h->num_kv_heads < 0 || h->num_heads < 1 || h->num_heads % checkpoint_kv_heads(h) != 0) {
         why = "corrupt header (num_kv_heads does not divide num_heads)";
     } else if (h->fp8_state_bytes < 0 || h->fp8_state_bytes > CHECKPOINT_MAX_FP8_STATE_BYTES) {

@@ -80,6 +80,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_common  # noqa: E402  (device, commit, peak, results files)
+import shard_format  # noqa: E402
 import torch_gpt as tg  # noqa: E402  (configs, FLOPs, the random shard; PyTorch itself runs in the child)
 import train_runs  # noqa: E402  (running a child, its memory, its log)
 from power_poller import PowerPoller  # noqa: E402  (power, clock and energy of the timed steps)
@@ -516,17 +517,21 @@ def peak_for(peak_tflops, device):
     return peak_tflops or results_common.peak_tflops(device) or 989.4
 
 
-def training_data(pattern, out_dir, tokens):
-    """pattern when it names token shards; else a shard of `tokens` random tokens written in out_dir (the
-    speed does not depend on the tokens)."""
+def training_data(pattern, out_dir, tokens, need=1):
+    """pattern when it names token shards, one of which holds `need` tokens (what train_gpt needs in one
+    shard for a step: B*T*GPUs + 1); else a shard of `tokens` random tokens written in out_dir (the speed
+    does not depend on the tokens)."""
     try:
-        tg.shard_paths(pattern)
-        return pattern
-    except FileNotFoundError:
-        data = os.path.join(out_dir, "random_tokens.bin")
-        tg.write_random_shard(data, tokens, seed=0)
-        print(f"no file matches {pattern}: timing on {tokens} random tokens ({data})", flush=True)
-        return data
+        largest = max(int(shard_format.read_header(p)[2]) for p in tg.shard_paths(pattern))
+        if largest >= need:
+            return pattern
+        why = f"the largest shard of {pattern} holds {largest} tokens, a step needs {need}"
+    except (FileNotFoundError, OSError, shard_format.ShardError) as err:
+        why = f"{pattern}: {err}"
+    data = os.path.join(out_dir, f"random_tokens_{tokens}.bin")
+    tg.write_random_shard(data, tokens, seed=0)
+    print(f"{why}: timing on {tokens} random tokens ({data})", flush=True)
+    return data
 
 
 def results_paths(results_dir, prefix, device):

@@ -113,14 +113,15 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # transformers' nam
 CHECKPOINT_MAGIC = b"GPTCKPT\0"
 CHECKPOINT_VERSION = 1
 CHECKPOINT_HEADER_BYTES = 1024
-CHECKPOINT_STRUCT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQiiqqii"  # data/checkpoint.h's CheckpointHeader
+CHECKPOINT_STRUCT_FORMAT = "<8sii6i4iqQqiiqqqqqqddddqQiiqqiiii"  # data/checkpoint.h's CheckpointHeader
 CHECKPOINT_FIELDS = ("magic", "version", "header_bytes", "num_layers", "channels", "num_heads", "vocab_size",
                      "padded_vocab_size", "max_seq_len", "batch_size", "seq_len", "world_size", "shuffle",
                      "total_batch_tokens", "seed", "train_tokens", "train_shards", "attention_backend", "step",
                      "data_epoch", "data_shard_index", "data_chunk_index", "max_steps", "warmup_steps", "lr",
                      "min_lr_fraction", "weight_decay", "grad_clip", "num_params", "payload_checksum",
-                     "zero_stage", "rank", "shard_offset", "shard_size", "num_kv_heads", "fp8_state_bytes")
-CHECKPOINT_KNOWN_BYTES = struct.calcsize(CHECKPOINT_STRUCT_FORMAT)  # 216; the rest of the header is zero
+                     "zero_stage", "rank", "shard_offset", "shard_size", "num_kv_heads", "fp8_state_bytes",
+                     "context_parallel", "unused")
+CHECKPOINT_KNOWN_BYTES = struct.calcsize(CHECKPOINT_STRUCT_FORMAT)  # 224; the rest of the header is zero
 CHECKPOINT_KV_HEADS_BYTE = 208  # num_kv_heads: 0 (older files) or num_heads for a multi-head model
 CHECKPOINT_MAX_FP8_STATE_BYTES = 64 << 20  # data/checkpoint.h: the largest FP8-scales section a header may claim
 

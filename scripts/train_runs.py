@@ -149,15 +149,17 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
                     seconds=time.time() - start)
 
 
-def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True, env=None):
+def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True, env=None, binary=None):
     """Runs `world` ./train_gpt processes, one per GPU, with torchrun-style variables (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR/PORT) and NCCL_NVLS_ENABLE=0; rank 0 writes --log-file log_path. Each
     rank's output goes to <out_prefix>.rank<r>.out (default: beside the log). Returns a TrainRun:
     the first non-zero exit status, rank 0's output, every rank's last lines as stderr, records of
     rank 0's log, and the largest peak memory of any rank (peak_mem_mib_per_rank lists them all).
     world 1 runs one process on GPU 0 (or CUDA_VISIBLE_DEVICES of `env`) without the variables. `env`:
-    variables added to every process's environment. quiet_flags are added to args."""
+    variables added to every process's environment. quiet_flags are added to args. `binary`: the program
+    (default ./train_gpt)."""
     args = [*args, *quiet_flags(args)]
+    binary = binary or TRAIN_GPT
     out_prefix = out_prefix or (log_path[:-6] if log_path.endswith(".jsonl") else log_path)
     port = 29500 + random.randrange(2000)
     if os.path.exists(log_path):
@@ -172,7 +174,7 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
                        MASTER_PORT=str(port))
         else:
             env.update(CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"))
-        command = [TRAIN_GPT, *[str(a) for a in args]] + (["--log-file", log_path] if rank == 0 else [])
+        command = [binary, *[str(a) for a in args]] + (["--log-file", log_path] if rank == 0 else [])
         if rank == 0 and echo:
             print("$ " + (f"RANK=0..{world - 1} WORLD_SIZE={world} " if world > 1 else "") +
                   " ".join(shlex.quote(c) for c in command), flush=True)
@@ -199,7 +201,7 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
     stderr = "\n".join(f"[rank {r}] " + "\n".join(o.strip().splitlines()[-3:]) for r, o in enumerate(outputs))
     if killed:
         stderr += f"\n(killed after {timeout_s} s)"
-    run = TrainRun(command=[TRAIN_GPT, *[str(a) for a in args]], returncode=next((c for c in codes if c), 0),
+    run = TrainRun(command=[binary, *[str(a) for a in args]], returncode=next((c for c in codes if c), 0),
                    stdout=outputs[0], stderr=stderr, records=read_step_records(log_path),
                    peak_mem_mib=max(pl.process_mib or 0.0 for pl in pollers),
                    out_of_memory=any("out of gpu memory" in o.lower() or "out of memory" in o.lower() for o in outputs),

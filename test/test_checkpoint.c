@@ -275,6 +275,14 @@ static void negative_fp8_state_bytes(const char* path) { set_fp8_state_bytes(pat
 static void huge_fp8_state_bytes(const char* path) {
     set_fp8_state_bytes(path, (int32_t)CHECKPOINT_MAX_FP8_STATE_BYTES + 8);
 }
+// --context-parallel 2 in the header of a file of one GPU (world_size 1): N must divide the GPUs.
+static void context_parallel_not_dividing_world(const char* path) {
+    FILE* f = fopen(path, "r+b");
+    const int32_t n = 2;
+    fseek(f, (long)offsetof(CheckpointHeader, context_parallel), SEEK_SET);
+    fwrite(&n, 4, 1, f);
+    fclose(f);
+}
 static void append_byte(const char* path) {
     FILE* f = fopen(path, "ab");
     fputc(0, f);
@@ -315,6 +323,8 @@ static const struct {
      "corrupt header (fp8_state_bytes -56", 0},
     {"checkpoint_huge_fp8_state_bytes_is_refused_at_open", huge_fp8_state_bytes, "open",
      "corrupt header (fp8_state_bytes 67108872", 0},
+    {"checkpoint_context_parallel_not_dividing_the_gpus_is_refused_at_open", context_parallel_not_dividing_world,
+     "open", "context_parallel does not divide world_size", 0},
 };
 
 static void test_refusals(void) {

@@ -44,6 +44,9 @@
 // - where the backend sums dq's columns (AttentionArgs.dq_colsum: flash2 on Hopper), those sums
 //   against the fp64 column sums of the dq the call wrote ("dQsum"), written over poison at even T
 //   and added to nonzero starting values at odd T, guards untouched;
+// - flash2's fp32 copy of O (AttentionArgs.out_f32), from a second forward into a poisoned buffer:
+//   every value rounds to the bf16 out of the first forward bit for bit, out and lse are unchanged,
+//   the guards stay poison (so its error against fp64 is out's, within half a bf16 ulp);
 // - outputs are poisoned with NaN (0xFF bytes) before every run, as are saved and workspace, and
 //   every output element must be written: in the packed layout the q, k and v slots of dqkv tile
 //   the buffer, so every element of it must be written; around every output region a guard of
@@ -735,6 +738,41 @@ static void report_case(const char* name, const InputSet* in, const CaseBuffers*
     test_report(name, problems[0] == 0, "%s", problems);
 }
 
+// Where the backend writes O in fp32 too (AttentionArgs.out_f32): the forward again with out_f32 into a
+// poisoned buffer. Every fp32 value must round (to nearest even) to the bf16 out of the first forward,
+// bit for bit; out and lse must come out as that forward's (the fp32 copy changes nothing else); the
+// guards around out_f32 stay poison. f: the first forward's result.
+static void check_fp32_out(CaseBuffers* c, const InputSet* in, AttentionBackend backend, const AttentionContext* ctx,
+                           cudaStream_t stream, const char* name, const ForwardResult* f, char* problems,
+                           size_t size) {
+    const size_t n = in->n, buf_elems = n + 2 * GUARD;
+    float* buf = (float*)device_alloc(buf_elems * sizeof(float));
+    CUDA_CHECK(cudaMemset(buf, 0xFF, buf_elems * sizeof(float)));
+    c->args.out_f32 = buf + GUARD;
+    char ignored[256] = "";  // the second forward's own checks repeat the first's
+    ForwardResult again = run_forward(c, in, backend, ctx, stream, name, ignored, sizeof(ignored));
+    c->args.out_f32 = NULL;
+    uint32_t* host = (uint32_t*)malloc(buf_elems * sizeof(uint32_t));
+    CUDA_CHECK(cudaMemcpy(host, buf, buf_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, &host[GUARD + i], sizeof(x));
+        if ((!f32_bits_is_finite(host[GUARD + i]) || test_float_to_bf16(x) != f->out_host[GUARD + i]) && bad++ == 0)
+            first = i;
+    }
+    if (bad) add_problem(problems, size, "out_f32: %zu of %zu values unwritten or not rounding to out (first at %zu)",
+                         bad, n, first);
+    if (memcmp(again.out_host, f->out_host, c->out_buf_elems * sizeof(uint16_t)) != 0 ||
+        memcmp(again.lse_host, f->lse_host, c->lse_buf_elems * sizeof(float)) != 0)
+        add_problem(problems, size, "out_f32: out or lse differ from the forward without it");
+    if (changed_poison_bytes(host, GUARD * 4) || changed_poison_bytes(host + GUARD + n, GUARD * 4))
+        add_problem(problems, size, "forward wrote outside out_f32");
+    free(host);
+    forward_result_free(&again);
+    CUDA_CHECK(cudaFree(buf));
+}
+
 // One case: the forward, then the backward (the top comment lists the checks). keep: where not NULL,
 // receives the case's values (for the planted errors), which the caller frees.
 static void run_case(const InputSet* in, AttentionBackend backend, Layout layout, int deterministic,
@@ -756,6 +794,8 @@ static void run_case(const InputSet* in, AttentionBackend backend, Layout layout
     if (deterministic)
         check_rerun_identical(&c, backend, ctx, stream, name, dqkv_host, colsum_host, problems, sizeof(problems));
     check_inputs_unchanged(&c, in, qkv_upload, &f, problems, sizeof(problems));
+    if (attention_writes_fp32_out(backend))
+        check_fp32_out(&c, in, backend, ctx, stream, name, &f, problems, sizeof(problems));
     CaseValues v = case_values(&c, in, &f, dqkv_host);
     report_case(name, in, &c, &v, &f, dqkv_host, colsum_host, problems, sizeof(problems));
     if (keep) *keep = v;

@@ -376,10 +376,12 @@ def test_bench_long_context_runs_and_records():
     record arithmetic (median step time -> model and hardware TFLOP/s) and the results files."""
     import bench_long_context as blc
     import torch_gpt as tg
-    runs = blc.parse_runs("train_gpt:gpt3-1.3b:65536:full,torch:gpt3-1.3b:65536")
-    assert runs == [("train_gpt", "gpt3-1.3b", 65536, "full"), ("torch", "gpt3-1.3b", 65536, "blocks")], runs
+    runs = blc.parse_runs("train_gpt:gpt3-1.3b:65536:full,torch:gpt3-1.3b:65536,train_gpt:gpt3-1.3b:65536:full:cp4")
+    assert runs == [("train_gpt", "gpt3-1.3b", 65536, "full", 1), ("torch", "gpt3-1.3b", 65536, "blocks", 1),
+                    ("train_gpt", "gpt3-1.3b", 65536, "full", 4)], runs
     for bad in ("train_gpt:gpt3-1.3b:65536", "torch:gpt3-1.3b:65536:full", "train_gpt:gpt9:1024:none",
-                "train_gpt:gpt3-1.3b:64k:none", "train_gpt:gpt3-1.3b:1024:some"):
+                "train_gpt:gpt3-1.3b:64k:none", "train_gpt:gpt3-1.3b:1024:some", "train_gpt:gpt3-1.3b:1024:full:cp",
+                "train_gpt:gpt3-1.3b:1024:full:4", "torch:gpt3-1.3b:1024:cp2", "train_gpt:gpt3-1.3b:1024:full:cp0"):
         try:
             blc.parse_runs(bad)
         except ValueError:
@@ -388,7 +390,8 @@ def test_bench_long_context_runs_and_records():
     assert len(blc.default_runs()) == 6 * 4
     fake = os.path.join(WORK, "fake_train_gpt")
     with open(fake, "w") as f:  # 3 steps of 100, 50 and 70 ms; hardware FLOPs 1.25x the model's
-        f.write(f"#!{sys.executable}\nimport sys\nlog = sys.argv[sys.argv.index('--log-file') + 1]\n"
+        f.write(f"#!{sys.executable}\nimport sys\nif '--log-file' not in sys.argv:\n    sys.exit(0)  # ranks > 0\n"
+                "log = sys.argv[sys.argv.index('--log-file') + 1]\n"
                 "with open(log, 'w') as f:\n"
                 "    for step, (ms, loss) in enumerate([(100.0, 11.0), (50.0, 10.0), (70.0, 9.0)], 1):\n"
                 "        f.write('{\"step\": %d, \"loss\": %f, \"ms\": %f, \"tflops_per_gpu\": 4.0, '\n"
@@ -407,6 +410,30 @@ def test_bench_long_context_runs_and_records():
     assert abs(rec["tflops_per_gpu"] - flops / 0.06 / 1e12) < 1e-9 * rec["tflops_per_gpu"], rec
     assert abs(rec["hw_tflops_per_gpu"] / rec["tflops_per_gpu"] - 1.25) < 1e-12, rec
     assert os.path.exists(path[:-5] + ".md")
+    # --context-parallel 2: two ranks of the stand-in (rank 0 logs); per-GPU TFLOP/s are half the sequence's,
+    # "vs 1 GPU" is that over the one-GPU record above (same commit), the exposed times are the timed medians
+    with open(fake, "a") as f:
+        f.write("with open(log, 'a') as f:\n"
+                "    f.write('{\"step\": 4, \"loss\": 8.0, \"ms\": 40.0, \"tflops_per_gpu\": 4.0, '\n"
+                "            '\"ring_exposed_ms\": 1.5, \"comm_exposed_ms\": 0.25}\\n')\n")
+    rc = blc.main(["--runs", "train_gpt:gpt3-1.3b:4096:full:cp2", "--train-gpt", fake, "--train-data", shard,
+                   "--results-dir", out, "--out", out, "--peak-tflops", "1000", "--timed", "2", "--warmup", "2"])
+    assert rc == 0
+    one, cp = json.load(open(path))["records"]
+    assert cp["context_parallel"] == 2 and cp["step_ms"] == 55.0, cp  # median of 70 and 40
+    assert abs(cp["tflops_per_gpu"] - flops / 2 / 0.055 / 1e12) < 1e-9 * cp["tflops_per_gpu"], cp
+    assert cp["ring_exposed_ms"] == 1.5 and cp["comm_exposed_ms"] == 0.25, cp
+    assert "--context-parallel 2" in cp["command"] and cp["command"].startswith("RANK=0..1 "), cp["command"]
+    row = [r for r in blc.table_rows([one, cp]) if r[4] == "2 (cp)"][0]
+    assert row[11] == f"{cp['tflops_per_gpu'] / one['tflops_per_gpu']:.2f}x" and row[12] == "1.5 / 0.25", row
+    # the data: a shard that holds what a step needs is used; a shorter one gives way to random tokens
+    import bench_train
+    import shard_format
+    small = os.path.join(WORK, "small_000000.bin")
+    shard_format.write_shard(small, list(range(100)))
+    assert bench_train.training_data(small, WORK, 300, need=100) == small
+    other = bench_train.training_data(small, WORK, 300, need=101)
+    assert other != small and int(shard_format.read_header(other)[2]) == 300, other
     # a train_gpt that stops before allocating: its stderr lines come before its buffered plan in the log
     log = os.path.join(WORK, "oom.log")
     with open(log, "w") as f:

@@ -265,6 +265,60 @@ def test_multi_gpu_flags_and_launch_environment():
     assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
 
 
+def plan_as_rank0(world, *args):
+    """./train_gpt's plan (or refusal) as rank 0 of `world` torchrun-style processes; no GPU work."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE=str(world))
+    return subprocess.run([TRAIN_GPT, *GOOD, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def plan_number(stdout, prefix):
+    """The first number after `prefix` at the start of a plan line."""
+    line = next(l for l in stdout.splitlines() if l.startswith(prefix))
+    return float(line[len(prefix):].split()[0])
+
+
+def test_context_parallel_flags_and_plan():
+    """--context-parallel N: its refusals say what to do; the plan splits the world and the FLOPs right."""
+    expect_error(run(*GOOD, "--context-parallel", "0"), 2, "--context-parallel expects a whole number in [1, 1024]")
+    expect_error(run(*GOOD, "--context-parallel", "2"), 2, "--context-parallel 2", "multiple of 2", "1 process")
+    expect_error(plan_as_rank0(3, "--context-parallel", "2"), 2, "multiple of 2", "started 3 process")
+    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--seq-len", "66"), 2,
+                 "--seq-len 66 with --context-parallel 2", "multiple of 4", "use 64 or 68")
+    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--attn", "naive"), 2, "use --attn flash2")
+    z1 = plan_as_rank0(2, "--context-parallel", "2", "--zero", "1", "--plan-only")  # the state sharded over both
+    assert z1.returncode == 0 and "zero 1, context parallel 2" in z1.stdout, (z1.stdout, z1.stderr)
+    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--precision", "fp8"), 2, "--precision bf16")
+    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--eval-data", "x.bin"), 2, "--eval-only")
+    expect_error(run("--generate", "4", "--init-from", "x.bin", "--context-parallel", "2"), 2,
+                 "--context-parallel is for training")
+    expect_error(plan_as_rank0(2, "--context-parallel", "2", "--total-batch-tokens", "100"), 2,
+                 "not a multiple of batch-size * seq-len * context groups")
+    # 4 GPUs as 2 groups of 2 against 2 GPUs without it, on the same global batch (1536 tokens): the same
+    # model FLOPs per step, half the hardware FLOPs per GPU, each GPU's activations for 32 of 64 tokens
+    total = ["--total-batch-tokens", str(4 * 64 * 2 * 3), "--plan-only"]
+    cp = plan_as_rank0(4, "--context-parallel", "2", *total)
+    dp = plan_as_rank0(2, *total)
+    assert cp.returncode == 0 and dp.returncode == 0, (cp.stderr, dp.stderr)
+    assert "context parallel 2 (2 data-parallel group(s))" in cp.stdout, cp.stdout
+    assert ("batch        4 x 64 = 256 tokens per micro step per context group of 2 GPUs (32 tokens of each sequence "
+            "per GPU) x 2 group(s), 3 micro steps per optimizer step = 1536 tokens") in cp.stdout, cp.stdout
+    assert "chunks of 16 tokens (GPU c of a group holds chunks c and 3-c)" in cp.stdout, cp.stdout
+    assert "a 4 x 32 micro batch, per GPU)" in cp.stdout, cp.stdout
+    assert plan_number(cp.stdout, "model FLOPs  ") == plan_number(dp.stdout, "model FLOPs  "), (cp.stdout, dp.stdout)
+    hw_cp, hw_dp = plan_number(cp.stdout, "hw FLOPs     "), plan_number(dp.stdout, "hw FLOPs     ")
+    assert abs(hw_cp - hw_dp / 2) <= 0.0015, (hw_cp, hw_dp)  # the plan prints 3 decimals
+    one = run(*GOOD, "--context-parallel", "1", "--plan-only")  # N = 1 is the run without the flag
+    assert one.returncode == 0 and one.stdout == run(*GOOD, "--plan-only").stdout, one.stderr
+    # A checkpoint of one GPU (or of one context group) resumes with N = 2 on 2 GPUs: it does not depend on N
+    path = os.path.join(WORK, "cp_one_gpu.ckpt")
+    write_checkpoint(path)
+    r = plan_as_rank0(2, *TINY, "--context-parallel", "2", "--resume", path, "--max-steps", "6", "--plan-only")
+    assert r.returncode == 0 and "continues at step 4" in r.stdout, (r.stdout, r.stderr)
+    # ... but not on 2 GPUs without it: they would read the data as 2 data-parallel ranks
+    r = plan_as_rank0(2, *TINY, "--resume", path, "--max-steps", "6", "--plan-only")
+    expect_error(r, 2, "cannot resume", "data-parallel ranks (GPUs / --context-parallel): 1 in the checkpoint, 2")
+
+
 def test_no_gpu_prints_the_plan_and_fails():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # what a machine without a GPU sees
     r = subprocess.run([TRAIN_GPT, *GOOD, *TINY], capture_output=True, text=True, timeout=120, env=env)

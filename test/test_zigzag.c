@@ -2,7 +2,8 @@
 // the length check and its message, who holds which chunk, the position maps both ways, the block
 // kinds against the causal mask position by position (and that no offset between query and key
 // positions is needed), the balance of causal work over the ranks, the ring's order, and the
-// scatter/gather helpers. The checks that could pass vacuously are shown to reject a planted fault: a
+// scatter/gather helpers, and the trainer's share of a batch (--context-parallel: inputs, targets and the
+// position embedding's positions scattered separately must stay aligned). The checks that could pass vacuously are shown to reject a planted fault: a
 // classifier that calls a diagonal block full, one that ignores the mask, a contiguous split's
 // unbalanced work, a chunk order swapped in the scatter.
 #include <stdint.h>
@@ -22,7 +23,8 @@ static const char* CASES[] = {"zigzag_check_accepts_multiples_of_2n",
                               "zigzag_planted_wrong_block_kinds_are_rejected",
                               "zigzag_causal_work_is_the_same_on_every_rank",
                               "zigzag_ring_brings_every_rank_its_kv_once_and_dkv_home",
-                              "zigzag_scatter_gather_round_trip_and_planted_swap"};
+                              "zigzag_scatter_gather_round_trip_and_planted_swap",
+                              "zigzag_trainer_share_keeps_inputs_targets_and_positions_aligned"};
 #define NUM_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
 static void test_check_accepts(void) {
@@ -278,6 +280,47 @@ static void test_scatter_gather(void) {
                 memcmp(back, full, sizeof(full)) ? "differs" : "equal", caught);
 }
 
+// The trainer's share of a batch (train_gpt.cu, layers/context_parallel/context_parallel.cuh): inputs
+// (B, T) and targets (B, T) (the next token of each) are scattered each on its own and the model reads
+// wpe[positions[p]] for local row p. Every rank's rows must pair input g with target g + 1 and with
+// position g, for every global position g exactly once over the group. The planted fault: positions
+// left as the local index p (the encoder's default), which only rank 0's first chunk survives.
+static int share_bad_rows(const int* in, const int* tg, const int* pos, long B, long T, int N, int* seen) {
+    int bad = 0;
+    for (long b = 0; b < B; b++)
+        for (long p = 0; p < T / N; p++) {
+            const long g = pos[p], i = b * (T / N) + p;
+            bad += g < 0 || g >= T || in[i] != b * 1000 + g || tg[i] != b * 1000 + g + 1;
+            if (g >= 0 && g < T && b == 0) seen[g]++;
+        }
+    return bad;
+}
+
+static void test_trainer_share(void) {
+    enum { B = 2, T = 48 };
+    int inputs[B * T], targets[B * T], in[B * T], tg[B * T], pos[T], local_p[T], seen[T], seen_planted[T];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) inputs[b * T + t] = b * 1000 + t, targets[b * T + t] = b * 1000 + t + 1;
+    int bad = 0, once = 1, caught = 1;
+    for (int N = 1; N <= 4; N++) {
+        memset(seen, 0, sizeof(seen));
+        memset(seen_planted, 0, sizeof(seen_planted));
+        int planted_bad = 0;
+        for (int r = 0; r < N; r++) {
+            zigzag_scatter(in, inputs, B, T, sizeof(int), r, N);
+            zigzag_scatter(tg, targets, B, T, sizeof(int), r, N);
+            zigzag_positions(pos, T, r, N);
+            for (int p = 0; p < T / N; p++) local_p[p] = p;
+            bad += share_bad_rows(in, tg, pos, B, T, N, seen);
+            planted_bad += share_bad_rows(in, tg, local_p, B, T, N, seen_planted);
+        }
+        for (int g = 0; g < T; g++) once = once && seen[g] == 1;
+        if (N > 1) caught = caught && planted_bad > 0;
+    }
+    test_report(CASES[10], bad == 0 && once && caught,
+                "%d rows misaligned, every position once %d, planted local positions caught %d", bad, once, caught);
+}
+
 int main(void) {
     test_begin();
     test_plan(NUM_CASES);
@@ -291,5 +334,6 @@ int main(void) {
     test_balance();
     test_ring();
     test_scatter_gather();
+    test_trainer_share();
     return test_end();
 }

@@ -96,6 +96,7 @@ void flash2_attention_forward(const AttentionArgs* args, const AttentionFlash2Se
     p.k = args->k;
     p.v = args->v;
     p.out = args->out;
+    p.out_f32 = args->out_f32;
     p.lse = args->lse;
     p.qkv_stride = args->qkv_stride;
     p.kv_stride = attention_kv_stride(args);

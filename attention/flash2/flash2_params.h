@@ -8,6 +8,7 @@
 typedef struct {
     const __nv_bfloat16 *q, *k, *v;
     __nv_bfloat16* out;
+    float* out_f32;  // NULL, or O in fp32 too (AttentionArgs.out_f32), at out_stride
     float* lse;
     long qkv_stride, kv_stride, out_stride;
     int T, NH, NKV;

@@ -16,11 +16,10 @@
 // skipped. No offset between query and key positions is needed: a full block has every key before
 // every query, a diagonal block's keys and queries are the same chunk, so its local causal mask (key
 // index <= query index inside the chunk) is the global one; chunks never overlap partly. Each call
-// gives a partial output O_s normalized over its keys and their LSE L_s; they merge in fp32 into a
-// running output and LSE per query row (ring_merge_kernel), rounded to bf16 once at the end.
-// Limitation: attention.h writes O_s in bf16, so each partial output is rounded once before the fp32
-// merge (a relative error of up to 2^-9 per partial, about one more bf16 rounding of the result);
-// an interface with an fp32 output (or an accumulate-into-fp32 mode) would remove it (README.md).
+// gives a partial output O_s normalized over its keys and their LSE L_s; O_s comes in fp32
+// (AttentionArgs.out_f32) and they merge in fp32 into a running output and LSE per query row
+// (ring_merge_kernel), rounded to bf16 once at the end, as one flash2 call over the whole sequence
+// rounds its output once.
 //
 // Backward. With the global out and lse (from the forward) D = rowsum(dO ∘ O) and P = exp(S − lse)
 // are the whole sequence's, so every block's flash2 backward on its (query chunk, key chunk) gives
@@ -31,8 +30,8 @@
 // of every rank's dK/dV for every owner after the loop): the same bytes move, but travelling needs 2
 // fp32 buffers instead of N, and its transfers overlap the next step's compute (the step's own
 // terms are summed in a separate buffer first, so compute never waits for the incoming dK/dV). Only
-// the last pass, home, is exposed. The partial dq, dk, dv of each block are bf16 (attention.h), as
-// the forward's partial outputs.
+// the last pass, home, is exposed. The partial dq, dk, dv of each block are bf16 (attention.h: the
+// backward has no fp32 outputs), so each block's terms are rounded once before their fp32 sum.
 //
 // Streams: everything is enqueued on the caller's stream and the module's communication stream,
 // ordered by events; the host never waits for data. On a non-blocking communicator (what
@@ -65,12 +64,18 @@ typedef struct {
     cudaEvent_t go;             // compute -> comm: buffers ready to send / free to receive into
     cudaEvent_t kv_arrived, dkv_arrived;  // comm -> compute: the next K/V, the incoming dK/dV
     int deterministic;          // passed to flash2's backward (AttentionArgs.deterministic)
+    // the compute stream's waits for the ring, each between a pair of timed events (ring_wait), summed
+    // by ring_attention_exposed_ms: the communication the overlap did not hide
+    cudaEvent_t *reached, *passed;  // (RING_TIMED_WAITS) each
+    int waits;                  // pairs recorded since the last sum
+    double waited_ms;           // summed early when the pairs ran out
     int test_drop_block;        // tests only: block step·4 + q chunk·2 + k chunk is left out; -1 in use
     void* memory;               // everything below, one allocation
     // chunk-major (2, B, C, ...) copies (ring_attention_kernels.cuh): q, and in the backward out, dout
     __nv_bfloat16 *q, *o, *dout;
     __nv_bfloat16* kv[2];       // the ring's K/V: (2, B, C, 2, NKV, HD), K then V of each token
     __nv_bfloat16 *part_o;      // one call's out or dq (B, C, NH, HD)
+    float* part_o_f32;          // one call's out in fp32 (B, C, NH, HD), what the merge reads
     __nv_bfloat16 *part_kv;     // one call's dk, dv (B, C, 2, NKV, HD)
     float* part_lse;            // one call's LSE (B, NH, C)
     float* acc_o;               // (2, B, C, NH, HD): forward the running output, backward dQ
@@ -79,6 +84,10 @@ typedef struct {
     float* dkv_step;            // this step's dK/dV terms, same shape
     void* attn_workspace;       // flash2's workspace for one call
 } RingAttention;
+
+// Timed waits held before they are summed: several micro steps of a large model (a layer's forward
+// waits N−1 times, its backward 2N−1 times); more are summed on the way (a host wait on old events).
+#define RING_TIMED_WAITS 8192
 
 static inline void ring_nccl_check(ncclResult_t r, const char* file, int line) {
     if (r != ncclInProgress) nccl_check(r, file, line);  // in progress: settled by ring_group_end
@@ -111,6 +120,7 @@ static size_t ring_layout(RingAttention* ra, char* base) {
     struct { void** at; size_t bytes; } parts[] = {
         {(void**)&ra->q, qn * 2}, {(void**)&ra->o, qn * 2}, {(void**)&ra->dout, qn * 2},
         {(void**)&ra->kv[0], kvn * 2}, {(void**)&ra->kv[1], kvn * 2}, {(void**)&ra->part_o, qn},
+        {(void**)&ra->part_o_f32, qn * 2},
         {(void**)&ra->part_kv, kvn}, {(void**)&ra->part_lse, ln * 2}, {(void**)&ra->acc_o, qn * 4},
         {(void**)&ra->acc_lse, ln * 4}, {(void**)&ra->dkv[0], kvn * 4}, {(void**)&ra->dkv[1], kvn * 4},
         {(void**)&ra->dkv_step, kvn * 4}, {&ra->attn_workspace, ws}};
@@ -158,12 +168,27 @@ static void ring_attention_create(RingAttention* ra, const AttentionShape* globa
     cudaEvent_t* events[] = {&ra->go, &ra->kv_arrived, &ra->dkv_arrived};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
         CUDA_CHECK(cudaEventCreateWithFlags(events[i], cudaEventDisableTiming));
+    ra->reached = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * RING_TIMED_WAITS);
+    ra->passed = (cudaEvent_t*)malloc(sizeof(cudaEvent_t) * RING_TIMED_WAITS);
+    if (!ra->reached || !ra->passed) {
+        fprintf(stderr, "error: out of host memory for ring attention's events\n");
+        exit(EXIT_FAILURE);
+    }
+    for (int i = 0; i < RING_TIMED_WAITS; i++) {
+        CUDA_CHECK(cudaEventCreate(&ra->reached[i]));
+        CUDA_CHECK(cudaEventCreate(&ra->passed[i]));
+    }
 }
 
 static void ring_attention_destroy(RingAttention* ra) {
     CUDA_CHECK(cudaStreamSynchronize(ra->comm_stream));
     cudaEvent_t events[] = {ra->go, ra->kv_arrived, ra->dkv_arrived};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++) CUDA_CHECK(cudaEventDestroy(events[i]));
+    for (int i = 0; i < RING_TIMED_WAITS; i++) {
+        CUDA_CHECK(cudaEventDestroy(ra->reached[i]));
+        CUDA_CHECK(cudaEventDestroy(ra->passed[i]));
+    }
+    free(ra->reached), free(ra->passed);
     CUDA_CHECK(cudaStreamDestroy(ra->comm_stream));
     CUDA_CHECK(cudaFree(ra->memory));
     memset(ra, 0, sizeof(*ra));
@@ -190,6 +215,37 @@ static void ring_pass(RingAttention* ra, const void* send, void* recv, size_t by
     RING_NCCL_CHECK(ncclRecv(recv, bytes, ncclChar, zigzag_ring_prev(ra->rank, ra->world), ra->comm, ra->comm_stream));
     ring_group_end(ra);
     CUDA_CHECK(cudaEventRecord(done, ra->comm_stream));
+}
+
+// Sums the recorded waits into waited_ms (a host wait for the last of them) and starts over.
+static void ring_sum_waits(RingAttention* ra) {
+    if (ra->waits == 0) return;
+    CUDA_CHECK(cudaEventSynchronize(ra->passed[ra->waits - 1]));
+    for (int i = 0; i < ra->waits; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ra->reached[i], ra->passed[i]));
+        ra->waited_ms += ms;
+    }
+    ra->waits = 0;
+}
+
+// `stream` waits for `arrived` (a transfer of the communication stream), between a pair of timed
+// events: how long it stood is the ring's exposed time.
+static void ring_wait(RingAttention* ra, cudaEvent_t arrived, cudaStream_t stream) {
+    if (ra->waits == RING_TIMED_WAITS) ring_sum_waits(ra);
+    CUDA_CHECK(cudaEventRecord(ra->reached[ra->waits], stream));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, arrived, 0));
+    CUDA_CHECK(cudaEventRecord(ra->passed[ra->waits], stream));
+    ra->waits++;
+}
+
+// Milliseconds the compute stream stood waiting for the ring since the last call (after the stream
+// has passed those waits: waits for them on the host otherwise).
+static double ring_attention_exposed_ms(RingAttention* ra) {
+    ring_sum_waits(ra);
+    const double ms = ra->waited_ms;
+    ra->waited_ms = 0.0;
+    return ms;
 }
 
 static size_t ring_q_elems(const RingAttention* ra) {  // one chunk of q, out or dout: (B, C, NH, HD)
@@ -257,9 +313,10 @@ static void ring_forward_step(RingAttention* ra, int step, const __nv_bfloat16* 
         for (int kc = 0; kc < 2; kc++) {
             AttentionArgs a;
             if (!ring_block(ra, step, qc, kv, kc, &a)) continue;
-            a.out = ra->part_o, a.out_stride = (long)s->NH * s->HD, a.lse = ra->part_lse;
+            a.out = ra->part_o, a.out_f32 = ra->part_o_f32, a.out_stride = (long)s->NH * s->HD;
+            a.lse = ra->part_lse;
             attention_forward(ATTN_FLASH2, &ctx, &a, stream);
-            ring_merge(ra->acc_o + qc * ring_q_elems(ra), ra->acc_lse + qc * ring_lse_elems(ra), ra->part_o,
+            ring_merge(ra->acc_o + qc * ring_q_elems(ra), ra->acc_lse + qc * ring_lse_elems(ra), ra->part_o_f32,
                        ra->part_lse, s->B, s->T, s->NH, s->HD, stream);
         }
 }
@@ -277,18 +334,19 @@ static void ring_attention_forward(RingAttention* ra, const AttentionArgs* a, cu
             ring_pass(ra, ra->kv[cur], ra->kv[1 - cur], ring_kv_elems(ra) * 2 * sizeof(__nv_bfloat16),
                       ra->kv_arrived, stream);
         ring_forward_step(ra, step, ra->kv[cur], stream);
-        if (step + 1 < ra->world) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->kv_arrived, 0));
+        if (step + 1 < ra->world) ring_wait(ra, ra->kv_arrived, stream);
     }
     ring_store(a->out, a->out_stride, ra->acc_o, (long)s->NH * s->HD, s->NH * s->HD, s->B, s->T, stream);
     ring_lse_rows(ra->acc_lse, a->lse, s->B, s->NH, s->T, 0, stream);
 }
 
 // One step's blocks: each flash2 backward's dq added to its query chunk's dQ, its dk and dv to this
-// step's dK/dV terms (dkv_step, zeroed first).
+// step's dK/dV terms (dkv_step: the first block of a key chunk writes them, a chunk no block met is
+// zeroed).
 static void ring_backward_step(RingAttention* ra, int step, const __nv_bfloat16* kv, cudaStream_t stream) {
     const AttentionShape* s = &ra->block;
     const AttentionContext ctx = {NULL};
-    CUDA_CHECK(cudaMemsetAsync(ra->dkv_step, 0, 2 * ring_kv_elems(ra) * sizeof(float), stream));
+    int written[2] = {0, 0};
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
             AttentionArgs a;
@@ -299,16 +357,21 @@ static void ring_backward_step(RingAttention* ra, int step, const __nv_bfloat16*
             a.dq = ra->part_o, a.dqkv_stride = (long)s->NH * s->HD;
             a.dk = ra->part_kv, a.dv = ra->part_kv + (size_t)s->NKV * s->HD, a.dkv_stride = 2L * s->NKV * s->HD;
             attention_backward(ATTN_FLASH2, &ctx, &a, stream);
-            ring_add_bf16(ra->acc_o + qc * ring_q_elems(ra), ra->part_o, ring_q_elems(ra), stream);
-            ring_add_bf16(ra->dkv_step + kc * ring_kv_elems(ra), ra->part_kv, ring_kv_elems(ra), stream);
+            ring_add_bf16(ra->acc_o + qc * ring_q_elems(ra), ra->part_o, ring_q_elems(ra), 1, stream);
+            ring_add_bf16(ra->dkv_step + kc * ring_kv_elems(ra), ra->part_kv, ring_kv_elems(ra), written[kc], stream);
+            written[kc] = 1;
         }
+    for (int kc = 0; kc < 2; kc++)
+        if (!written[kc])
+            CUDA_CHECK(cudaMemsetAsync(ra->dkv_step + kc * ring_kv_elems(ra), 0, ring_kv_elems(ra) * sizeof(float),
+                                       stream));
 }
 
 // The step's terms into the dK/dV buffer that came with this step's K/V (none at step 0), passed on.
 static void ring_pass_dkv(RingAttention* ra, int step, cudaStream_t stream) {
     const int cur = step % 2;
     const size_t n = 2 * ring_kv_elems(ra);
-    if (step > 0) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->dkv_arrived, 0));
+    if (step > 0) ring_wait(ra, ra->dkv_arrived, stream);
     ring_sum_f32(ra->dkv[cur], ra->dkv_step, n, step > 0, stream);
     ring_pass(ra, ra->dkv[cur], ra->dkv[1 - cur], n * sizeof(float), ra->dkv_arrived, stream);
 }
@@ -336,11 +399,11 @@ static void ring_attention_backward(RingAttention* ra, const AttentionArgs* a, c
                       ra->kv_arrived, stream);
         ring_backward_step(ra, step, ra->kv[cur], stream);
         if (ra->world > 1) ring_pass_dkv(ra, step, stream);
-        if (step + 1 < ra->world) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->kv_arrived, 0));
+        if (step + 1 < ra->world) ring_wait(ra, ra->kv_arrived, stream);
     }
     // After N passes the buffer in dkv[N % 2] is this rank's (world 1: the step's terms are all).
     const float* dkv = ra->world > 1 ? ra->dkv[ra->world % 2] : ra->dkv_step;
-    if (ra->world > 1) CUDA_CHECK(cudaStreamWaitEvent(stream, ra->dkv_arrived, 0));
+    if (ra->world > 1) ring_wait(ra, ra->dkv_arrived, stream);
     const int qw = s->NH * s->HD, kw = s->NKV * s->HD;
     const long dkvs = attention_dkv_stride(a);
     ring_store(a->dq, a->dqkv_stride, ra->acc_o, qw, qw, s->B, s->T, stream);

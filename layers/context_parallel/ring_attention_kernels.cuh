@@ -95,7 +95,7 @@ static void ring_store(__nv_bfloat16* local, long local_stride, const float* chu
 // hold. Computed around the larger of L and L_s (no overflow); L = −inf (nothing yet) gives weight 0.
 // Every block merged has at least one visible key per row (full, or diagonal: the row's own key), so
 // L_s is finite. acc_o, part_o (B, C, NH, HD); acc_lse, part_lse (B, NH, C).
-static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const __nv_bfloat16* part_o,
+static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const float* part_o,
                                          const float* part_lse, int B, int C, int NH, int HD) {
     const size_t rows = (size_t)B * C * NH;
     const int lane = threadIdx.x % 32;
@@ -109,39 +109,74 @@ static __global__ void ring_merge_kernel(float* acc_o, float* acc_lse, const __n
         const float wa = expf(la - lnew), ws = expf(ls - lnew);
         for (int d = lane; d < HD; d += 32) {
             float* o = acc_o + r * HD + d;
-            *o = wa * *o + ws * __bfloat162float(part_o[r * HD + d]);
+            *o = wa * *o + ws * part_o[r * HD + d];
         }
         __syncwarp();  // every lane has read acc_lse[l] before lane 0 replaces it
         if (lane == 0) acc_lse[l] = lnew;
     }
 }
 
-static void ring_merge(float* acc_o, float* acc_lse, const __nv_bfloat16* part_o, const float* part_lse, int B, int C,
+static void ring_merge(float* acc_o, float* acc_lse, const float* part_o, const float* part_lse, int B, int C,
                        int NH, int HD, cudaStream_t stream) {
     ring_merge_kernel<<<ring_grid((size_t)B * C * NH * 32), RING_THREADS, 0, stream>>>(acc_o, acc_lse, part_o,
                                                                                       part_lse, B, C, NH, HD);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// acc[i] += part[i] (fp32 += bf16), n elements.
-static __global__ void ring_add_bf16_kernel(float* acc, const __nv_bfloat16* part, size_t n) {
+// acc[i] = part[i] + (add ? acc[i] : 0) (fp32 from bf16), n elements; 8 a thread per iteration where
+// n and the pointers allow (16-byte loads: these passes are pure memory traffic).
+static __global__ void ring_add_bf16_kernel(float* acc, const __nv_bfloat16* part, size_t n, int add) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        acc[i] += __bfloat162float(part[i]);
+        acc[i] = __bfloat162float(part[i]) + (add ? acc[i] : 0.0f);
 }
 
-static void ring_add_bf16(float* acc, const __nv_bfloat16* part, size_t n, cudaStream_t stream) {
-    ring_add_bf16_kernel<<<ring_grid(n), RING_THREADS, 0, stream>>>(acc, part, n);
+static __global__ void ring_add_bf16x8_kernel(float4* acc, const uint4* part, size_t n8, int add) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 raw = part[i];
+        const __nv_bfloat162* h = (const __nv_bfloat162*)&raw;
+        const float2 p0 = __bfloat1622float2(h[0]), p1 = __bfloat1622float2(h[1]);
+        const float2 p2 = __bfloat1622float2(h[2]), p3 = __bfloat1622float2(h[3]);
+        float4 lo = make_float4(p0.x, p0.y, p1.x, p1.y), hi = make_float4(p2.x, p2.y, p3.x, p3.y);
+        if (add) {
+            const float4 a = acc[2 * i], b = acc[2 * i + 1];
+            lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+            hi.x += b.x, hi.y += b.y, hi.z += b.z, hi.w += b.w;
+        }
+        acc[2 * i] = lo, acc[2 * i + 1] = hi;
+    }
+}
+
+static void ring_add_bf16(float* acc, const __nv_bfloat16* part, size_t n, int add, cudaStream_t stream) {
+    if (n % 8 == 0 && (uintptr_t)acc % 16 == 0 && (uintptr_t)part % 16 == 0)
+        ring_add_bf16x8_kernel<<<ring_grid(n / 8), RING_THREADS, 0, stream>>>((float4*)acc, (const uint4*)part, n / 8,
+                                                                             add);
+    else
+        ring_add_bf16_kernel<<<ring_grid(n), RING_THREADS, 0, stream>>>(acc, part, n, add);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// dst[i] = a[i] + (add ? dst[i] : 0), n fp32 elements.
+// dst[i] = a[i] + (add ? dst[i] : 0), n fp32 elements (4 a thread per iteration where n allows).
 static __global__ void ring_sum_f32_kernel(float* dst, const float* a, size_t n, int add) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = add ? dst[i] + a[i] : a[i];
 }
 
+static __global__ void ring_sum_f32x4_kernel(float4* dst, const float4* a, size_t n4, int add) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = a[i];
+        if (add) {
+            const float4 d = dst[i];
+            v.x += d.x, v.y += d.y, v.z += d.z, v.w += d.w;
+        }
+        dst[i] = v;
+    }
+}
+
 static void ring_sum_f32(float* dst, const float* a, size_t n, int add, cudaStream_t stream) {
-    ring_sum_f32_kernel<<<ring_grid(n), RING_THREADS, 0, stream>>>(dst, a, n, add);
+    if (n % 4 == 0 && (uintptr_t)dst % 16 == 0 && (uintptr_t)a % 16 == 0)
+        ring_sum_f32x4_kernel<<<ring_grid(n / 4), RING_THREADS, 0, stream>>>((float4*)dst, (const float4*)a, n / 4, add);
+    else
+        ring_sum_f32_kernel<<<ring_grid(n), RING_THREADS, 0, stream>>>(dst, a, n, add);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -79,6 +79,12 @@ static inline long zigzag_local_position(long g, long T, int world, int* rank) {
     return local_chunk * C + g % C;
 }
 
+// positions (T/N) = the global position of each of rank `rank`'s local positions: what the model's
+// position embedding reads for its local rows (GPTModel.positions). T must pass zigzag_check.
+static inline void zigzag_positions(int* positions, long T, int rank, int world) {
+    for (long p = 0; p < T / world; p++) positions[p] = (int)zigzag_global_position(p, rank, T, world);
+}
+
 // The block of query chunk q_chunk against key chunk k_chunk (global chunk indices); see the top.
 static inline ZigzagBlock zigzag_block(int q_chunk, int k_chunk, int causal) {
     if (!causal || k_chunk < q_chunk) return ZIGZAG_FULL;

@@ -1,8 +1,11 @@
 // encoder.cuh: token + position embedding, forward and backward.
 //
-//   forward   out (B, T, C) = wte[tokens[b, t]] + wpe[t]            bf16, summed in fp32, one rounding
+//   forward   out (B, T, C) = wte[tokens[b, t]] + wpe[pos(t)]       bf16, summed in fp32, one rounding
 //   backward  dwte (Vp, C) += Σ over (b, t) with tokens[b, t] = v of dout[b, t]   (row v of dwte)
-//             dwpe (maxT, C) += Σ_b dout[b, t]                       (rows t < T of dwpe)
+//             dwpe (maxT, C) += Σ_b dout[b, t]                       (row pos(t) of dwpe)
+// pos(t) = t, or positions[t] with the _at variants: positions (T) int32 on the GPU, the same for every
+// sequence, distinct and < maxT (context parallelism: a rank's T rows are the zigzag share of a longer
+// sequence, layers/context_parallel/zigzag.h). Distinct positions keep dwpe's rows one thread's each.
 // tokens (B, T) int32 in [0, Vp) (not checked on the GPU: the data loader checks token ids);
 // wte (Vp, C), wpe (maxT >= T, C), dout (B, T, C), all bf16. N = B·T rows.
 // C must be a multiple of 8 (every hidden size is a multiple of 64) and every pointer 16-byte
@@ -38,14 +41,15 @@
 // One thread per 8 channels of one row: out[row, c..c+7] = wte[tok, c..] + wpe[t, c..].
 static __global__ void __launch_bounds__(ENCODER_THREADS)
     encoder_forward_kernel(__nv_bfloat16* __restrict__ out, const int* __restrict__ tokens,
-                           const __nv_bfloat16* __restrict__ wte, const __nv_bfloat16* __restrict__ wpe, int T, int C,
-                           size_t total_vecs) {
+                           const __nv_bfloat16* __restrict__ wte, const __nv_bfloat16* __restrict__ wpe,
+                           const int* __restrict__ positions, int T, int C, size_t total_vecs) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total_vecs) return;
     const int vecs = C / 8;
     size_t row = i / vecs;
     int c = (int)(i % vecs) * 8;
     int t = (int)(row % T);
+    if (positions) t = positions[t];
     int tok = tokens[row];
     float a[8], b[8];
     bf16x8_unpack(a, load16(wte + (size_t)tok * C + c));
@@ -55,25 +59,31 @@ static __global__ void __launch_bounds__(ENCODER_THREADS)
     store16(out + row * C + c, bf16x8_pack(a));
 }
 
-// out (B, T, C) = wte[tokens] + wpe[t]; see the top of the file.
-static void encoder_forward(__nv_bfloat16* out, const int* tokens, const __nv_bfloat16* wte, const __nv_bfloat16* wpe,
-                            int B, int T, int C, cudaStream_t stream) {
+// out (B, T, C) = wte[tokens] + wpe[positions[t]] (positions NULL: wpe[t]); see the top of the file.
+static void encoder_forward_at(__nv_bfloat16* out, const int* tokens, const int* positions, const __nv_bfloat16* wte,
+                               const __nv_bfloat16* wpe, int B, int T, int C, cudaStream_t stream) {
     LAYER_REQUIRE(B >= 1 && T >= 1 && C >= 8 && C % 8 == 0,
                   "encoder_forward: B = %d, T = %d, C = %d: need B, T >= 1 and C a multiple of 8", B, T, C);
     LAYER_REQUIRE(layer_is_aligned16(out) && layer_is_aligned16(wte) && layer_is_aligned16(wpe),
                   "encoder_forward: out, wte and wpe must be 16-byte aligned");
     size_t total_vecs = (size_t)B * T * (C / 8);
     unsigned grid = (unsigned)layer_ceil_div(total_vecs, ENCODER_THREADS);
-    encoder_forward_kernel<<<grid, ENCODER_THREADS, 0, stream>>>(out, tokens, wte, wpe, T, C, total_vecs);
+    encoder_forward_kernel<<<grid, ENCODER_THREADS, 0, stream>>>(out, tokens, wte, wpe, positions, T, C, total_vecs);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// out (B, T, C) = wte[tokens] + wpe[t]; see the top of the file.
+static void encoder_forward(__nv_bfloat16* out, const int* tokens, const __nv_bfloat16* wte, const __nv_bfloat16* wpe,
+                            int B, int T, int C, cudaStream_t stream) {
+    encoder_forward_at(out, tokens, NULL, wte, wpe, B, T, C, stream);
 }
 
 // ---- backward: dwpe ----------------------------------------------------------------------------------
 
-// One thread per (t, 8 channels): dwpe[t] += Σ_b dout[b, t], b in increasing order.
+// One thread per (t, 8 channels): dwpe[pos(t)] += Σ_b dout[b, t], b in increasing order.
 static __global__ void __launch_bounds__(ENCODER_THREADS)
-    encoder_backward_wpe_kernel(__nv_bfloat16* __restrict__ dwpe, const __nv_bfloat16* __restrict__ dout, int B, int T,
-                                int C) {
+    encoder_backward_wpe_kernel(__nv_bfloat16* __restrict__ dwpe, const __nv_bfloat16* __restrict__ dout,
+                                const int* __restrict__ positions, int B, int T, int C) {
     const int vecs = C / 8;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * vecs) return;
@@ -86,7 +96,7 @@ static __global__ void __launch_bounds__(ENCODER_THREADS)
         for (int k = 0; k < 8; k++) acc[k] += d[k];
     }
     float g[8];
-    __nv_bfloat16* p = dwpe + (size_t)t * C + c;
+    __nv_bfloat16* p = dwpe + (size_t)(positions ? positions[t] : t) * C + c;
     bf16x8_unpack(g, load16(p));
 #pragma unroll
     for (int k = 0; k < 8; k++) g[k] += acc[k];
@@ -209,10 +219,11 @@ static size_t encoder_backward_scratch_bytes(int N, int C, int Vp) {
 }
 
 // dwte (Vp, C) += and dwpe (maxT, C) += the gradients from dout (B, T, C); see the top of the file.
-// tokens (B, T) on the GPU, in [0, Vp). scratch: scratch_bytes >= encoder_backward_scratch_bytes.
-static void encoder_backward(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scratch, size_t scratch_bytes,
-                             const __nv_bfloat16* dout, const int* tokens, int B, int T, int C, int Vp,
-                             cudaStream_t stream) {
+// tokens (B, T) on the GPU, in [0, Vp); positions (T) as in encoder_forward_at, or NULL.
+// scratch: scratch_bytes >= encoder_backward_scratch_bytes.
+static void encoder_backward_at(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scratch, size_t scratch_bytes,
+                                const __nv_bfloat16* dout, const int* tokens, const int* positions, int B, int T,
+                                int C, int Vp, cudaStream_t stream) {
     LAYER_REQUIRE(B >= 1 && T >= 1 && C >= 8 && C % 8 == 0 && Vp >= 1,
                   "encoder_backward: B = %d, T = %d, C = %d, Vp = %d: need B, T, Vp >= 1 and C a multiple of 8", B, T,
                   C, Vp);
@@ -228,7 +239,7 @@ static void encoder_backward(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scr
                   scratch_bytes, need, N, C, Vp);
     const int num_chunks = (int)layer_ceil_div((size_t)N, ENCODER_BWD_CHUNK);
     char* s = (char*)scratch;
-    int* positions = (int*)s;
+    int* rows = (int*)s;  // 0 .. N-1, the sort's values
     s += layer_align256((size_t)N * sizeof(int));
     unsigned* tok_sorted = (unsigned*)s;
     s += layer_align256((size_t)N * sizeof(int));
@@ -240,14 +251,14 @@ static void encoder_backward(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scr
 
     const int vecs = C / 8;
     encoder_backward_wpe_kernel<<<(unsigned)layer_ceil_div((size_t)T * vecs, ENCODER_THREADS), ENCODER_THREADS, 0,
-                                  stream>>>(dwpe, dout, B, T, C);
+                                  stream>>>(dwpe, dout, positions, B, T, C);
     CUDA_CHECK(cudaGetLastError());
 
     encoder_iota_kernel<<<(unsigned)layer_ceil_div((size_t)N, ENCODER_THREADS), ENCODER_THREADS, 0, stream>>>(
-        positions, N);
+        rows, N);
     CUDA_CHECK(cudaGetLastError());
     // Stable: equal tokens keep increasing positions, so the sorted order is a function of tokens alone.
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s, sort_bytes, (const unsigned*)tokens, tok_sorted, positions,
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s, sort_bytes, (const unsigned*)tokens, tok_sorted, rows,
                                                pos_sorted, N, 0, encoder_sort_bits(Vp), stream));
 
     const unsigned grid = (unsigned)layer_ceil_div((size_t)num_chunks * vecs, ENCODER_THREADS);
@@ -257,6 +268,13 @@ static void encoder_backward(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scr
     encoder_backward_wte_spans_kernel<<<grid, ENCODER_THREADS, 0, stream>>>(dwte, partials, tok_sorted, N, C,
                                                                             num_chunks);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// encoder_backward_at with row t at position t.
+static void encoder_backward(__nv_bfloat16* dwte, __nv_bfloat16* dwpe, void* scratch, size_t scratch_bytes,
+                             const __nv_bfloat16* dout, const int* tokens, int B, int T, int C, int Vp,
+                             cudaStream_t stream) {
+    encoder_backward_at(dwte, dwpe, scratch, scratch_bytes, dout, tokens, NULL, B, T, C, Vp, stream);
 }
 
 #endif  // ENCODER_CUH

@@ -10,7 +10,7 @@
 // sequences of T tokens, N = B·T rows.
 //
 // Forward (pre-LayerNorm; residual_l = encoded for l = 0, else residual3[l−1]):
-//   encoded (N, C)          = wte[inputs] + wpe[t]
+//   encoded (N, C)          = wte[inputs] + wpe[t]                  (wpe[positions[t]] when set)
 //   per block l:
 //     ln1 (N, C)            = LN1(residual_l)
 //     qkv (N, QKV)          = ln1 · qkvwᵀ + qkvb                    viewed as (B, T, NH + 2·NKV, HD)
@@ -144,6 +144,15 @@ typedef struct {
     // embeddings and lnf, l = L: all of them); it may make model->stream wait for them
     void (*params_needed)(void* user, int layer);
     void* params_needed_user;
+    // optional attention in place of the backend (NULL: attention_forward/backward of `backend`), with the
+    // same arguments (the layer's local q, k, v in qkv, out, lse; dout, dq, dk, dv): context
+    // parallelism's ring attention over the sequence's group (layers/context_parallel/context_parallel.cuh).
+    // It does not add dq's column sums (att_sums_dq is 0 with it).
+    void (*attention)(void* user, const AttentionArgs* a, int backward, cudaStream_t stream);
+    void* attention_user;
+    // optional (T) int32 device: the global position of each of a sequence's T local rows, the same for
+    // every sequence (NULL: row t is position t). Context parallelism's zigzag share of a longer sequence.
+    const int* positions;
 } GPTModel;
 
 // ---- memory ----------------------------------------------------------------------------------------
@@ -376,6 +385,14 @@ static AttentionArgs gpt_attention_args(GPTModel* m, int l) {
     return a;
 }
 
+// The attention of a layer, forward or backward: the model's hook when set (context parallelism), else
+// the backend's.
+static void gpt_attention_run(GPTModel* m, const AttentionArgs* a, int backward) {
+    if (m->attention) m->attention(m->attention_user, a, backward, m->stream);
+    else if (backward) attention_backward(m->backend, &m->att_ctx, a, m->stream);
+    else attention_forward(m->backend, &m->att_ctx, a, m->stream);
+}
+
 // fch (N, 4C) = ln2 · fcwᵀ + fcb, fch_gelu = GELU(fch). Selective recomputation redoes the GELU from
 // the bf16 fch with gelu_forward, so then the forward runs that kernel too (the fused epilogue starts
 // from the fp32 pre-activation and would give other bits).
@@ -407,7 +424,7 @@ static void gpt_block_forward_bf16(GPTModel* m, int l, int recomputing) {
     const size_t lQKV = (size_t)l * m->QKV;
     matmul_forward(mm, a.qkv, a.ln1, p[GPT_QKVW] + lQKV * C, p[GPT_QKVB] + lQKV, N, C, m->QKV, NULL);
     AttentionArgs att = gpt_attention_args(m, l);
-    attention_forward(m->backend, &m->att_ctx, &att, s);  // atty (B, T, NH, HD), lse (B, NH, T)
+    gpt_attention_run(m, &att, 0);  // atty (B, T, NH, HD), lse (B, NH, T)
     // residual2 (N, C) = residual + atty · attprojwᵀ + attprojb; ln2 = LN2(residual2)
     matmul_forward_residual(mm, a.residual2, a.residual, a.atty, p[GPT_ATTPROJW] + lC * C, p[GPT_ATTPROJB] + lC, N,
                             C, C);
@@ -436,7 +453,7 @@ static void gpt_block_forward_fp8(GPTModel* m, int l, int recomputing) {
     const Fp8CastArgs ln1 = gpt_fp8_ln_input(a.residual, a.ln1_mean, a.ln1_rstd, p[GPT_LN1W] + lC, p[GPT_LN1B] + lC);
     gpt_fp8_linear_forward(f, mm, l, GPT_LIN_QKV, a.qkv, NULL, p[GPT_QKVB] + lQKV, ln1, a.ln1_t, N);
     AttentionArgs att = gpt_attention_args(m, l);
-    attention_forward(m->backend, &m->att_ctx, &att, s);
+    gpt_attention_run(m, &att, 0);
     gpt_fp8_linear_forward(f, mm, l, GPT_LIN_ATTPROJ, a.residual2, a.residual, p[GPT_ATTPROJB] + lC,
                            gpt_fp8_input(a.atty, FP8_OP_COPY), a.atty_t, N);
     layernorm_forward(NULL, a.ln2_mean, a.ln2_rstd, a.residual2, p[GPT_LN2W] + lC, p[GPT_LN2B] + lC, N, C, s);
@@ -474,7 +491,7 @@ static void gpt_block_recompute_selective(GPTModel* m, int l) {
     }
     if (m->memory.att_saved_bytes > 0) {
         AttentionArgs att = gpt_attention_args(m, l);
-        attention_forward(m->backend, &m->att_ctx, &att, m->stream);
+        gpt_attention_run(m, &att, 0);
     }
 }
 
@@ -506,7 +523,7 @@ static void gpt_model_forward_impl(GPTModel* m, const int* inputs, const int* ta
     }
 
     gpt_params_needed(m, -1);
-    encoder_forward(m->encoded, inputs, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
+    encoder_forward_at(m->encoded, inputs, m->positions, p[GPT_WTE], p[GPT_WPE], B, T, C, s);  // (B, T, C)
     for (int l = 0; l < L; l++) {
         gpt_params_needed(m, l);
         gpt_block_forward(m, l, 0);
@@ -671,7 +688,7 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
         AttentionArgs att = gpt_attention_args(m, l);
         att.dq_colsum = m->att_sums_dq ? g[GPT_QKVB] + lQKV : NULL;
         att.dq_colsum_accumulate = 1;
-        attention_backward(m->backend, &m->att_ctx, &att, s);
+        gpt_attention_run(m, &att, 1);
         // qkv: the rest of dqkvb from the q columns of dqkv (unless done above) and the attention
         // projection's bias gradient (qkv_bias.cuh; dln, free until the next call writes it, holds
         // its (C) temporary); then dln (N, C) = d(ln1), dqkvw += (dqkv is (N, QKV) contiguous in dwide)
@@ -685,8 +702,9 @@ static void gpt_model_backward(GPTModel* m, float grad_scale) {
                            p[GPT_LN1W] + lC, a.ln1_mean, a.ln1_rstd, N, C, s);
         if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);  // layer l's gradients are final
     }
-    // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T)
-    encoder_backward(g[GPT_WTE], g[GPT_WPE], m->scratch, scratch_bytes, m->dresidual, m->inputs, B, T, C, Vp, s);
+    // embedding: dwte += (rows of the input tokens), dwpe += (rows t < T, or the rows of m->positions)
+    encoder_backward_at(g[GPT_WTE], g[GPT_WPE], m->scratch, scratch_bytes, m->dresidual, m->inputs, m->positions, B, T,
+                        C, Vp, s);
     if (m->grads_ready) m->grads_ready(m->grads_ready_user, -1);  // wte, wpe, lnfw, lnfb are final
 }
 

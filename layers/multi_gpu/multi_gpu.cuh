@@ -137,6 +137,7 @@ typedef struct {
     Heartbeat hb;
     int have_heartbeat;         // TCP rendezvous: yes; file rendezvous: no channel
     int wait_kind;              // MG_WAIT_*
+    ncclComm_t wait_comm;       // MG_WAIT_COMM polls this communicator when set (a split's child), else comm
     cudaEvent_t wait_events[2];
     int num_wait_events;
 } MultiGpu;
@@ -153,7 +154,8 @@ static int mg_done(void* user) {
     MultiGpu* mg = (MultiGpu*)user;
     if (mg->wait_kind == MG_WAIT_COMM) {
         ncclResult_t state = ncclSuccess;
-        return ncclCommGetAsyncError(mg->comm, &state) != ncclSuccess || state != ncclInProgress;
+        return ncclCommGetAsyncError(mg->wait_comm ? mg->wait_comm : mg->comm, &state) != ncclSuccess ||
+               state != ncclInProgress;
     }
     for (int i = 0; i < mg->num_wait_events; i++) {
         const cudaError_t e = cudaEventQuery(mg->wait_events[i]);
@@ -475,6 +477,27 @@ static double multi_gpu_exposed_ms(MultiGpu* mg) {
         mg->waited[k] = 0;
     }
     return (wait > 0.0f ? wait : 0.0f) + scalars + stalls;
+}
+
+// A sub-communicator of the ranks that pass the same `color`, ordered by `key` (ncclCommSplit, a
+// collective of every rank), non-blocking as the world's; its set-up is waited for by the watchdog.
+// `what` names it in the messages. The caller finalizes and destroys it before multi_gpu_destroy.
+static void multi_gpu_split(MultiGpu* mg, int color, int key, ncclComm_t* out, const char* what) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // as the world's: the watchdog waits, never an NCCL call
+    *out = NULL;
+    const ncclResult_t r = ncclCommSplit(mg->comm, color, key, out, &config);
+    if (r != ncclSuccess && r != ncclInProgress) nccl_check(r, __FILE__, __LINE__);
+    mg->wait_kind = MG_WAIT_COMM, mg->wait_comm = *out;
+    multi_gpu_watch(mg, what, 1);  // every rank splits: numbered
+    mg->wait_comm = NULL;
+    ncclResult_t state = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(*out, &state));
+    if (state != ncclSuccess) {
+        fprintf(stderr, "error: rank %d of %d: NCCL could not set up %s: %s\nhint: rerun with NCCL_DEBUG=INFO to see "
+                        "which rank and transport failed\n", mg->rank, mg->world, what, ncclGetErrorString(state));
+        exit(1);
+    }
 }
 
 // The sum over ranks of `x` (blocking, watched; also a barrier). `what` names it for the watchdog.

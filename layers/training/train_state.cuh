@@ -55,7 +55,8 @@ static void train_state_check_compatible(const CheckpointHeader* saved, const Ch
         {"positions", saved->max_seq_len, now->max_seq_len, "--seq-len"},
         {"batch size", saved->batch_size, now->batch_size, "--batch-size"},
         {"tokens per step", saved->total_batch_tokens, now->total_batch_tokens, "--total-batch-tokens"},
-        {"GPUs", saved->world_size, now->world_size, "the launcher"},
+        {"data-parallel ranks (GPUs / --context-parallel)", checkpoint_data_ranks(saved), checkpoint_data_ranks(now),
+         "the launcher, --context-parallel"},
         {"shuffle", saved->shuffle, now->shuffle, "--shuffle"},
         {"seed", (long long)saved->seed, (long long)now->seed, "--seed"},
         {"training tokens", saved->train_tokens, now->train_tokens, "--train-data"},
@@ -90,10 +91,12 @@ static void train_state_check_compatible(const CheckpointHeader* saved, const Ch
 
 // Exits (status 2) when a checkpoint saved on saved->world_size GPUs with --zero saved->zero_stage
 // cannot be resumed by this rank of `world` GPUs with --zero `zero` (shard of `shard` elements).
+// Unsharded state resumes on any number of GPUs that reads the data the same way (the data-parallel
+// ranks, train_state_check_compatible: --context-parallel may differ); sharded state on as many GPUs.
 static void train_state_check_sharding(const CheckpointHeader* saved, const char* path, int world, int zero,
                                        int rank, size_t shard) {
-    if (saved->world_size == world && saved->zero_stage == zero &&
-        (!zero || (saved->rank == rank && saved->shard_size == (int64_t)shard)))
+    if (saved->zero_stage == zero && (!zero ? 1 : saved->world_size == world && saved->rank == rank &&
+                                                      saved->shard_size == (int64_t)shard))
         return;
     fprintf(stderr, "error: cannot resume from %s: it was saved by %d GPU(s) with --zero %d (rank %d), this run "
                     "has %d GPU(s) with --zero %d (rank %d); a checkpoint resumes on the same number of GPUs "

@@ -202,10 +202,14 @@ __global__ void __launch_bounds__(NWARPS * 32, MIN_BLOCKS) flash2_forward_kernel
         for (int half = 0; half < 2; half++) {
             const int row = warp_row0 + mt * 16 + g + 8 * half;
             if (t4 == 0 && m0 + row < T) lse_row[m0 + row] = lse[half];
+            float* row_f32 = p.out_f32 && m0 + row < T
+                                 ? p.out_f32 + ((long)b * T + m0 + row) * p.out_stride + (long)h * HD
+                                 : NULL;
 #pragma unroll
             for (int dt = 0; dt < C::D_TILES; dt++) {
-                *(uint32_t*)(q_tile + Tile::index(row, dt) + 2 * t4) =
-                    pack_bf16(acc_o[mt][dt][2 * half] * inv[half], acc_o[mt][dt][2 * half + 1] * inv[half]);
+                const float o0 = acc_o[mt][dt][2 * half] * inv[half], o1 = acc_o[mt][dt][2 * half + 1] * inv[half];
+                *(uint32_t*)(q_tile + Tile::index(row, dt) + 2 * t4) = pack_bf16(o0, o1);
+                if (row_f32) *(float2*)(row_f32 + dt * 8 + 2 * t4) = make_float2(o0, o1);
             }
         }
     }

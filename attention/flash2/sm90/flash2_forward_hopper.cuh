@@ -257,10 +257,14 @@ __device__ __forceinline__ void forward_epilogue(const Flash2ForwardParams& p, c
     for (int half = 0; half < 2; half++) {
         const int row = m0 + tile_row + 8 * half;
         if (t4 == 0 && row < p.T) p.lse[((long)b * p.NH + h) * p.T + row] = lse[half];
+        float* row_f32 = p.out_f32 && row < p.T ? p.out_f32 + ((long)b * p.T + row) * p.out_stride + (long)h * HD
+                                                 : NULL;
 #pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++)
-            *(uint32_t*)(q_tile + QTile::index(tile_row + 8 * half, nt) + 2 * t4) =
-                pack_bf16(acc_o[4 * nt + 2 * half] * inv[half], acc_o[4 * nt + 2 * half + 1] * inv[half]);
+        for (int nt = 0; nt < HD / 8; nt++) {
+            const float o0 = acc_o[4 * nt + 2 * half] * inv[half], o1 = acc_o[4 * nt + 2 * half + 1] * inv[half];
+            *(uint32_t*)(q_tile + QTile::index(tile_row + 8 * half, nt) + 2 * t4) = pack_bf16(o0, o1);
+            if (row_f32) *(float2*)(row_f32 + nt * 8 + 2 * t4) = make_float2(o0, o1);
+        }
     }
     fence_proxy_async();  // the TMA store reads what these ordinary stores wrote
     if (C::STORER) {
