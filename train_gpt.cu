@@ -591,10 +591,10 @@ static void plan_context_parallel(Plan* p, const Options* opt) {
     const char* instead = NULL;
     char why[512];
     if (p->world % N != 0) {
-        fprintf(stderr, "error: --context-parallel %d splits every sequence over %d GPUs, so the number of GPUs must be "
-                        "a multiple of %d; the launcher (%s) started %d process(es): launch %d (or another multiple "
-                        "of %d), or give --context-parallel a divisor of %d\n", N, N, N, p->launch.source, p->world,
-                N * (p->world / N + 1), N, p->world);
+        fprintf(stderr, "error: --context-parallel %d splits every sequence over %d GPUs, so the number of GPUs "
+                        "must be a multiple of %d; the launcher (%s) started %d process(es): launch %d (or another "
+                        "multiple of %d), or give --context-parallel a divisor of %d\n", N, N, N, p->launch.source,
+                p->world, N * (p->world / N + 1), N, p->world);
         exit(2);
     }
     if (zigzag_check(opt->seq_len, N, why, sizeof(why)) != 0) {

@@ -68,7 +68,8 @@ KEY_DEFAULTS = {"context_parallel": 1, "zero": 0}  # records of files from befor
 def default_runs():
     runs = []
     for model, seqlen in GRID:
-        runs += [("train_gpt", model, seqlen, mode, 1) for mode in MODES] + [("torch", model, seqlen, TORCH_RECOMPUTE, 1)]
+        runs += [("train_gpt", model, seqlen, mode, 1) for mode in MODES]
+        runs += [("torch", model, seqlen, TORCH_RECOMPUTE, 1)]
     return runs
 
 

@@ -76,7 +76,8 @@ runn() {  # runn TAG ARGS...: CP processes with torchrun-style variables, one pe
     local tag=$1 rc=0 pids=() r p
     shift
     PORT=$((PORT + 1))
-    echo "\$ RANK=0..$((CP - 1)) WORLD_SIZE=$CP LOCAL_RANK=0..$((CP - 1)) MASTER_PORT=$PORT ./train_gpt $*" >"$OUT/$tag.out"
+    echo "\$ RANK=0..$((CP - 1)) WORLD_SIZE=$CP LOCAL_RANK=0..$((CP - 1)) MASTER_PORT=$PORT ./train_gpt $*" \
+        >"$OUT/$tag.out"
     for ((r = 0; r < CP; r++)); do
         RANK=$r WORLD_SIZE=$CP LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 600 ./train_gpt "$@" \
             >"$OUT/$tag.rank$r.out" 2>&1 &

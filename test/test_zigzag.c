@@ -3,9 +3,9 @@
 // kinds against the causal mask position by position (and that no offset between query and key
 // positions is needed), the balance of causal work over the ranks, the ring's order, and the
 // scatter/gather helpers, and the trainer's share of a batch (--context-parallel: inputs, targets and the
-// position embedding's positions scattered separately must stay aligned). The checks that could pass vacuously are shown to reject a planted fault: a
-// classifier that calls a diagonal block full, one that ignores the mask, a contiguous split's
-// unbalanced work, a chunk order swapped in the scatter.
+// position embedding's positions scattered separately must stay aligned). The checks that could pass
+// vacuously are shown to reject a planted fault: a classifier that calls a diagonal block full, one
+// that ignores the mask, a contiguous split's unbalanced work, a chunk order swapped in the scatter.
 #include <stdint.h>
 #include <stdlib.h>
 

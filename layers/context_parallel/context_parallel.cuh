@@ -87,7 +87,8 @@ static void context_parallel_create(ContextParallel* cp, MultiGpu* mg, int size,
                         "(a bug)\n", size, m->T, T, size);
         exit(EXIT_FAILURE);
     }
-    multi_gpu_split(mg, mg->rank / size, cp->rank, &cp->comm, "the context-parallel group's communicator (ncclCommSplit)");
+    multi_gpu_split(mg, mg->rank / size, cp->rank, &cp->comm,
+                    "the context-parallel group's communicator (ncclCommSplit)");
     const AttentionShape whole = gpt_attention_shape(&m->config, m->B, T);
     ring_attention_create(&cp->ring, &whole, size, cp->rank, cp->comm);
     cp->ring.deterministic = m->deterministic_attention;

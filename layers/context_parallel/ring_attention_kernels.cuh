@@ -174,7 +174,8 @@ static __global__ void ring_sum_f32x4_kernel(float4* dst, const float4* a, size_
 
 static void ring_sum_f32(float* dst, const float* a, size_t n, int add, cudaStream_t stream) {
     if (n % 4 == 0 && (uintptr_t)dst % 16 == 0 && (uintptr_t)a % 16 == 0)
-        ring_sum_f32x4_kernel<<<ring_grid(n / 4), RING_THREADS, 0, stream>>>((float4*)dst, (const float4*)a, n / 4, add);
+        ring_sum_f32x4_kernel<<<ring_grid(n / 4), RING_THREADS, 0, stream>>>((float4*)dst, (const float4*)a, n / 4,
+                                                                            add);
     else
         ring_sum_f32_kernel<<<ring_grid(n), RING_THREADS, 0, stream>>>(dst, a, n, add);
     CUDA_CHECK(cudaGetLastError());
