@@ -66,27 +66,9 @@ fi
 { date -u; git log -1 --format='commit %H %s'; nvidia-smi; } >"$OUT/environment.txt" 2>&1
 PORT=$((29500 + RANDOM % 2000))
 
-run1() {  # run1 TAG ARGS...: one GPU, no launcher; output in OUT/TAG.out
-    local tag=$1
-    shift
-    echo "\$ ./train_gpt $*" >"$OUT/$tag.out"
-    CUDA_VISIBLE_DEVICES=0 timeout 600 ./train_gpt "$@" >>"$OUT/$tag.out" 2>&1
-}
-runn() {  # runn TAG ARGS...: CP processes with torchrun-style variables, one per GPU
-    local tag=$1 rc=0 pids=() r p
-    shift
-    PORT=$((PORT + 1))
-    echo "\$ RANK=0..$((CP - 1)) WORLD_SIZE=$CP LOCAL_RANK=0..$((CP - 1)) MASTER_PORT=$PORT ./train_gpt $*" \
-        >"$OUT/$tag.out"
-    for ((r = 0; r < CP; r++)); do
-        RANK=$r WORLD_SIZE=$CP LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 600 ./train_gpt "$@" \
-            >"$OUT/$tag.rank$r.out" 2>&1 &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    cat "$OUT/$tag".rank*.out >>"$OUT/$tag.out"
-    return $rc
-}
+# shellcheck source=scripts/train_gpt_launch.sh
+source "$(dirname "${BASH_SOURCE[0]}")/train_gpt_launch.sh"  # launch_one, launch_ranks
+LAUNCH_TIMEOUT=600
 ran() {  # ran TAG RC: a failed run is a failed check
     if [ "$2" -ne 0 ]; then
         echo "FAIL run_$1: exit $2; see $OUT/$1.out: $(tail -n 3 "$OUT/$1.out" | tr '\n' ' ' | cut -c1-300)"
@@ -96,31 +78,32 @@ ran() {  # ran TAG RC: a failed run is a failed check
 
 COMMON=(--model gpt2-124m -t 1024 --total-batch-tokens 4096 --max-steps 20 --lr 6e-4 --warmup-steps 5
         --deterministic --val-data "" --sample-tokens 0)
-run1 one "${COMMON[@]}" -b 4 --checkpoint-dir none --dump-grads "$OUT/one.grads" --log-file "$OUT/one.jsonl"
+launch_one one "${COMMON[@]}" -b 4 --checkpoint-dir none --dump-grads "$OUT/one.grads" --log-file "$OUT/one.jsonl"
 ran one $?
-run1 naive "${COMMON[@]}" -b 4 --attn naive --checkpoint-dir none --dump-grads "$OUT/naive.grads" \
+launch_one naive "${COMMON[@]}" -b 4 --attn naive --checkpoint-dir none --dump-grads "$OUT/naive.grads" \
     --log-file "$OUT/naive.jsonl"
 ran naive $?
-run1 flash1 "${COMMON[@]}" -b 4 --attn flash1 --checkpoint-dir none --dump-grads "$OUT/flash1.grads" \
+launch_one flash1 "${COMMON[@]}" -b 4 --attn flash1 --checkpoint-dir none --dump-grads "$OUT/flash1.grads" \
     --log-file "$OUT/flash1.jsonl"
 ran flash1 $?
-FLASH2_MMA_SYNC=1 run1 mma "${COMMON[@]}" -b 4 --checkpoint-dir none --dump-grads "$OUT/mma.grads" \
+FLASH2_MMA_SYNC=1 launch_one mma "${COMMON[@]}" -b 4 --checkpoint-dir none --dump-grads "$OUT/mma.grads" \
     --log-file "$OUT/mma.jsonl"
 ran mma $?
-runn dp "${COMMON[@]}" -b $((4 / CP)) --checkpoint-dir none --dump-grads "$OUT/dp.grads" --log-file "$OUT/dp.jsonl"
+launch_ranks "$CP" dp "${COMMON[@]}" -b $((4 / CP)) --checkpoint-dir none --dump-grads "$OUT/dp.grads" \
+    --log-file "$OUT/dp.jsonl"
 ran dp $?
 rm -rf "$OUT/cp_ckpt"
-runn cp "${COMMON[@]}" -b 4 --context-parallel "$CP" --checkpoint-dir "$OUT/cp_ckpt" --checkpoint-every 10 \
-    --keep-checkpoints 0 --dump-grads "$OUT/cp.grads" --log-file "$OUT/cp.jsonl"
+launch_ranks "$CP" cp "${COMMON[@]}" -b 4 --context-parallel "$CP" --checkpoint-dir "$OUT/cp_ckpt" \
+    --checkpoint-every 10 --keep-checkpoints 0 --dump-grads "$OUT/cp.grads" --log-file "$OUT/cp.jsonl"
 ran cp $?
-run1 resume "${COMMON[@]}" -b 4 --resume "$OUT/cp_ckpt/step_00000010.ckpt" --checkpoint-dir none \
+launch_one resume "${COMMON[@]}" -b 4 --resume "$OUT/cp_ckpt/step_00000010.ckpt" --checkpoint-dir none \
     --log-file "$OUT/resume.jsonl"
 ran resume $?
 rm -rf "$OUT/z1_ckpt"
-runn z1 "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir "$OUT/z1_ckpt" --checkpoint-every 10 \
-    --keep-checkpoints 0 --log-file "$OUT/z1.jsonl"
+launch_ranks "$CP" z1 "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir "$OUT/z1_ckpt" \
+    --checkpoint-every 10 --keep-checkpoints 0 --log-file "$OUT/z1.jsonl"
 ran z1 $?
-runn z1res "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir none \
+launch_ranks "$CP" z1res "${COMMON[@]}" -b 4 --context-parallel "$CP" --zero 1 --checkpoint-dir none \
     --resume "$OUT/z1_ckpt/$(printf 'step_00000010.rank00of%02d.ckpt' "$CP")" --log-file "$OUT/z1res.jsonl"
 ran z1res $?
 

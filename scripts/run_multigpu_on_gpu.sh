@@ -124,6 +124,8 @@ if [ -n "$MPIRUN" ] && ! "$MPIRUN" --version 2>&1 | grep -q "Open MPI"; then
 fi
 note "$W GPUs (NGPU=$NGPU), launcher: ${MPIRUN:-torchrun-style environment variables (no Open MPI mpirun here)}"
 PORT=$((29500 + RANDOM % 2000))
+# shellcheck source=scripts/train_gpt_launch.sh
+source "$(dirname "${BASH_SOURCE[0]}")/train_gpt_launch.sh"  # launch_one, launch_ranks
 # runw TAG ARGS...: train_gpt on W GPUs (mpirun, else torchrun-style variables); output in OUT/TAG.out
 runw() {
     local tag=$1
@@ -134,30 +136,8 @@ runw() {
         timeout 300 "$MPIRUN" --allow-run-as-root -np "$W" --bind-to none -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
             -x MASTER_PORT=$PORT ./train_gpt "$@" >>"$OUT/$tag.out" 2>&1
     else
-        env_launch "$W" "$tag" "$@"
+        launch_ranks "$W" "$tag" "$@"
     fi
-}
-# env_launch N TAG ARGS...: N background processes with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
-env_launch() {
-    local n=$1 tag=$2 rc=0 pids=() r p
-    shift 2
-    PORT=$((PORT + 1))
-    echo "\$ RANK=0..$((n - 1)) WORLD_SIZE=$n LOCAL_RANK=.. MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT ./train_gpt $*" \
-        >"$OUT/$tag.out"
-    for ((r = 0; r < n; r++)); do
-        RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 ./train_gpt "$@" \
-            >"$OUT/$tag.rank$r.out" 2>&1 &
-        pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    cat "$OUT/$tag".rank*.out >>"$OUT/$tag.out"
-    return $rc
-}
-run1() {  # run1 TAG ARGS...: one GPU, no launcher
-    local tag=$1
-    shift
-    echo "\$ ./train_gpt $*" >"$OUT/$tag.out"
-    CUDA_VISIBLE_DEVICES=0 timeout 300 ./train_gpt "$@" >>"$OUT/$tag.out" 2>&1
 }
 check() {  # check TAG RC: a run's exit status (a row only when it failed)
     if [ "$2" -ne 0 ]; then
@@ -314,9 +294,10 @@ SMALL=(--model gpt2-124m -t 256 --total-batch-tokens "$TOK" --max-steps 20 --lr 
 for kind in det flash2; do
     EXTRA=(--attn flash2)
     [ "$kind" = det ] && EXTRA=(--deterministic --attn naive)
-    run1 "${kind}_1gpu_b4" "${SMALL[@]}" "${EXTRA[@]}" -b 4 --log-file "$OUT/${kind}_1gpu_b4.jsonl"; check "${kind}_1gpu_b4" $?
+    launch_one "${kind}_1gpu_b4" "${SMALL[@]}" "${EXTRA[@]}" -b 4 --log-file "$OUT/${kind}_1gpu_b4.jsonl"
+    check "${kind}_1gpu_b4" $?
     for b in 8 2 1; do
-        run1 "${kind}_1gpu_b$b" "${SMALL[@]}" "${EXTRA[@]}" -b $b --log-file "$OUT/${kind}_1gpu_b$b.jsonl"
+        launch_one "${kind}_1gpu_b$b" "${SMALL[@]}" "${EXTRA[@]}" -b $b --log-file "$OUT/${kind}_1gpu_b$b.jsonl"
         check "${kind}_1gpu_b$b" $?
     done
     runw "${kind}_${W}gpu" "${SMALL[@]}" "${EXTRA[@]}" -b 4 --log-file "$OUT/${kind}_${W}gpu.jsonl"; check "${kind}_${W}gpu" $?
@@ -368,7 +349,7 @@ result resume_on_1_gpu_is_refused "$([ $rc -eq 2 ] && grep -q "saved by $W GPU(s
 # ---- (c) launchers ----------------------------------------------------------------------------------
 note "== (c) torchrun-style launch and wrong launches"
 QUICK=(--model gpt2-124m --layers 2 -b 4 -t 256 --max-steps 5 --val-data "" --checkpoint-dir none --sample-tokens 0)
-env_launch "$W" torchrun_env "${QUICK[@]}" --log-file "$OUT/torchrun_env.jsonl"
+launch_ranks "$W" torchrun_env "${QUICK[@]}" --log-file "$OUT/torchrun_env.jsonl"
 rc=$?
 result torchrun_env_launch "$([ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$OUT/torchrun_env.jsonl" 2>/dev/null)" = 5 ] &&
     grep -q "launcher: torchrun env" "$OUT/torchrun_env.rank0.out" && echo 1 || echo 0)" \
@@ -478,7 +459,8 @@ runw sigterm_resumed "${TERM_RUN[@]}" --checkpoint-dir "$CKT" --resume auto --lo
 check sigterm_resumed $?
 losscheck exact sigterm_resume_matches_uninterrupted_bit_for_bit "$OUT/sigterm_ref.jsonl" "$OUT/sigterm.jsonl"
 rm -f "$OUT/rdzv_file"*
-env_launch "$W" file_rendezvous "${QUICK[@]}" --rendezvous "file:$OUT/rdzv_file" --log-file "$OUT/file_rendezvous.jsonl"
+launch_ranks "$W" file_rendezvous "${QUICK[@]}" --rendezvous "file:$OUT/rdzv_file" \
+    --log-file "$OUT/file_rendezvous.jsonl"
 rc=$?
 result file_rendezvous_trains "$([ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$OUT/file_rendezvous.jsonl" 2>/dev/null)" = 5 ] &&
     grep -q "rendezvous file" "$OUT/file_rendezvous.rank0.out" && echo 1 || echo 0)" "exit $rc, 5 steps wanted"
