@@ -108,7 +108,7 @@ static void context_parallel_create(ContextParallel* cp, MultiGpu* mg, int size,
     m->att_sums_dq = 0;  // the ring does not add dq's column sums: qkv_bias_backward makes the q bias gradient
     printf("context      rank %d of its group of %d: chunks %d and %d of %d (%d tokens each); ring attention buffers "
            "%.1f MiB per GPU\n", cp->rank, size, cp->rank, 2 * size - 1 - cp->rank, 2 * size, T / (2 * size),
-           ring_attention_memory_bytes(&whole, size) / (1024.0 * 1024.0));
+           context_parallel_memory_bytes(&m->config, m->B, T, size) / (1024.0 * 1024.0));
 }
 
 // This rank's share of a micro batch: inputs, targets (B, T) host -> cp->inputs, cp->targets (B, T/N).

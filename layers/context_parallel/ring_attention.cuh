@@ -34,8 +34,9 @@
 // backward has no fp32 outputs), so each block's terms are rounded once before their fp32 sum.
 //
 // Streams: everything is enqueued on the caller's stream and the module's communication stream,
-// ordered by events; the host never waits for data. On a non-blocking communicator (what
-// layers/multi_gpu/multi_gpu.cuh makes), ncclGroupEnd may answer ncclInProgress: NCCL then requires
+// ordered by events; the host never waits for data (except to sum the timed waits, ring_wait: at
+// ring_attention_exposed_ms, and once every RING_TIMED_WAITS waits). On a non-blocking communicator
+// (what layers/multi_gpu/multi_gpu.cuh makes), ncclGroupEnd may answer ncclInProgress: NCCL then requires
 // waiting until the group is enqueued (ncclCommGetAsyncError), which happens here (host side only).
 // The communicator is the context-parallel group's (rank = this rank's index in it), used by nothing
 // else concurrently; N = 1 needs none (NULL).

@@ -95,12 +95,12 @@ static void train_state_check_compatible(const CheckpointHeader* saved, const Ch
 // ranks, train_state_check_compatible: --context-parallel may differ); sharded state on as many GPUs.
 static void train_state_check_sharding(const CheckpointHeader* saved, const char* path, int world, int zero,
                                        int rank, size_t shard) {
-    if (saved->zero_stage == zero && (!zero ? 1 : saved->world_size == world && saved->rank == rank &&
-                                                      saved->shard_size == (int64_t)shard))
+    if (saved->zero_stage == zero &&
+        (!zero || (saved->world_size == world && saved->rank == rank && saved->shard_size == (int64_t)shard)))
         return;
     fprintf(stderr, "error: cannot resume from %s: it was saved by %d GPU(s) with --zero %d (rank %d), this run "
-                    "has %d GPU(s) with --zero %d (rank %d); a checkpoint resumes on the same number of GPUs "
-                    "with the same --zero\n",
+                    "has %d GPU(s) with --zero %d (rank %d); a checkpoint resumes with the same --zero, and one of "
+                    "--zero 1 on the same number of GPUs\n",
             path, (int)saved->world_size, (int)saved->zero_stage, (int)saved->rank, world, zero, rank);
     if (saved->world_size > 1)
         fprintf(stderr, "hint: resume with mpirun -np %d ./train_gpt ... --zero %d (or %d processes of another "
