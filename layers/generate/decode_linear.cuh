@@ -20,11 +20,14 @@
 //    the same 8 k of its rows of a; inside the two mma of those 32 k the k order is permuted the same
 //    way for A and B, so the dot products are unchanged;
 //  - a lane keeps two groups of DL_GROUP steps of w in flight (DL_GROUP_DEEP where the tiles are few),
-//    two register buffers used in turn, so no copy waits for a load, across the ends of tiles: the
+//    two register buffers used in turn, so no copy waits for a load, across the ends of tiles: a
+//    group's buffer is refilled as soon as it has been multiplied, before the tile's barrier, so the
 //    weights stream without a break;
 //  - a sits in shared memory when it is small, and a LayerNorm's a (normalized once per block) when
 //    it fits; else it is read per step (from L1 after a block's first tile);
 //  - the warps' partial sums of a tile meet in shared memory in warp order: bit-identical run to run;
+//    one barrier per tile, the partials of consecutive tiles in two halves (the warps wait on each
+//    other less: ncu put 35% of the QKV product's stalls at these barriers, layers/PERF_NOTES.md 37);
 //  - programmatic dependent launch (sm_90): a block first loads its first two groups of weights, which
 //    no earlier kernel writes, and only then waits for the previous kernel (griddepcontrol.wait)
 //    before it reads x; it lets the next kernel launch as soon as it starts
@@ -200,9 +203,13 @@ static __device__ __forceinline__ void dl_multiply_item(float c[4], const uint4 
 }
 
 // After a tile's last item: the warps' sums meet in `partial` in warp order and the first 8·M
-// threads finish an output each. Every thread of the block calls it (two barriers).
-static __device__ void dl_finish_tile(float c[4], float (*partial)[16][DL_FEATURES], __nv_bfloat16* y,
+// threads finish an output each. Every thread of the block calls it (one barrier): consecutive tiles
+// use the two halves of the partials in turn, so a tile's writes never meet the reads of the tile before
+// it (a thread writes a half again only after the barrier of the tile between, which every reader of
+// that half has passed).
+static __device__ void dl_finish_tile(float c[4], float (*partials)[16][DL_FEATURES], __nv_bfloat16* y,
                                       const DecodeLinearOps& ops, const DLWork& k, int tile) {
+    float(*partial)[16][DL_FEATURES] = partials + (tile % 2) * DL_WARPS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     partial[warp][g][2 * t] = c[0], partial[warp][g][2 * t + 1] = c[1];
     partial[warp][g + 8][2 * t] = c[2], partial[warp][g + 8][2 * t + 1] = c[3];
@@ -215,7 +222,6 @@ static __device__ void dl_finish_tile(float c[4], float (*partial)[16][DL_FEATUR
         for (int i = 0; i < DL_WARPS; i++) acc += partial[i][row][f];
         dl_finish(y, ops, acc, row, tile * DL_FEATURES + f, k.OC);
     }
-    __syncthreads();  // partial is rewritten by the next tile
 }
 
 // A's M rows into shared memory (stride IC + DL_A_PAD): x, or LayerNorm(x) rounded to bf16.
@@ -248,7 +254,7 @@ template <bool TWO_ROW_TILES, int G>  // M > 8: a's rows g + 8 are real; G: step
 static __global__ void __launch_bounds__(DL_WARPS * 32)
     decode_linear_kernel(__nv_bfloat16* y, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          DecodeLinearOps ops, int M, int IC, int OC, int tiles_per_block, int a_staged) {
-    __shared__ float partial[DL_WARPS][16][DL_FEATURES];
+    __shared__ float partial[2 * DL_WARPS][16][DL_FEATURES];  // two halves, tiles in turn
     __shared__ float mean[DECODE_LINEAR_MAX_ROWS], rstd[DECODE_LINEAR_MAX_ROWS];
     extern __shared__ __align__(16) unsigned char a_smem[];
     allow_dependent_launch();
@@ -269,12 +275,12 @@ static __global__ void __launch_bounds__(DL_WARPS * 32)
     const int items = k.tiles * k.groups;
     for (int i = 0; i < items; i += 2) {
         dl_multiply_item<TWO_ROW_TILES, G>(c, b0, k, ops, mean, rstd, i);
+        dl_load_item<G>(b0, k, w, i + 2);  // before the tile's barrier: the stream does not wait for it
         if (i % k.groups == k.groups - 1) dl_finish_tile(c, partial, y, ops, k, k.tile0 + i / k.groups);
-        dl_load_item<G>(b0, k, w, i + 2);
         if (i + 1 >= items) break;
         dl_multiply_item<TWO_ROW_TILES, G>(c, b1, k, ops, mean, rstd, i + 1);
-        if ((i + 1) % k.groups == k.groups - 1) dl_finish_tile(c, partial, y, ops, k, k.tile0 + (i + 1) / k.groups);
         dl_load_item<G>(b1, k, w, i + 3);
+        if ((i + 1) % k.groups == k.groups - 1) dl_finish_tile(c, partial, y, ops, k, k.tile0 + (i + 1) / k.groups);
     }
 }
 
@@ -287,14 +293,15 @@ static int decode_linear_supported(int M, int IC, int OC) {
 }
 
 // The most dynamic shared memory a staged A may take on this GPU: DL_A_STAGED_MAX_BYTES, less where a
-// block may not opt in to that much beside the kernel's static 4.2 KB (99 KB per block on sm_86/89).
+// block may not opt in to that much beside the kernel's static 8.3 KB (99 KB per block on sm_86/89).
 static size_t decode_linear_staged_max_bytes(void) {
     static size_t most = 0;
     if (!most) {
         int device = 0, optin = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        const size_t room = (size_t)optin - sizeof(float) * (DL_WARPS * 16 * DL_FEATURES + 2 * DECODE_LINEAR_MAX_ROWS);
+        const size_t fixed = sizeof(float) * (2 * DL_WARPS * 16 * DL_FEATURES + 2 * DECODE_LINEAR_MAX_ROWS);
+        const size_t room = (size_t)optin - fixed;  // the kernel's static shared memory
         most = room < (size_t)DL_A_STAGED_MAX_BYTES ? room : (size_t)DL_A_STAGED_MAX_BYTES;
     }
     return most;
