@@ -3,8 +3,10 @@
 //
 // Cases (PLAN states the same count with and without a GPU):
 //   SHAPE x OPS        every shape (rows M, IC, OC: 1-16 rows; IC from 32, fewer 32-k steps than the
-//                      kernel's 8 warps, to 8192; OC from 8 to 6144, so both kernels run: deep groups
-//                      under two tiles per SM, plain groups above; A staged and read per step) with
+//                      kernel's 8 warps, to 8192; OC from 8 to 8192, so both kernels run: deep groups
+//                      under two tiles per SM, plain groups above, blocks of one to three tiles (the
+//                      partials of a block's third tile reuse the first's half); A staged and read per
+//                      step) with
 //                      every epilogue: plain, bias, LN + bias, LN + bias + GELU, bias + residual, the
 //                      residual being y itself; and LN + bias + KV append on two shapes of the K/V
 //                      layout (3 and 8 sequences of 2 rows). y (and the cache) poisoned first.
@@ -32,7 +34,8 @@ static const char* const OPS_NAMES[NUM_OPS] = {"plain", "bias", "ln_bias", "ln_b
 typedef struct { int M, IC, OC; } Shape;
 // OC = 512 with IC = 128 fits the KV layout below (4 query heads and 2 K/V heads of 64).
 static const Shape SHAPES[] = {{1, 32, 8}, {2, 96, 24}, {6, 128, 512}, {7, 768, 2304}, {8, 2048, 256},
-                               {9, 2048, 136}, {16, 768, 504}, {1, 8192, 64}, {3, 8192, 40}, {4, 2048, 6144}};
+                               {9, 2048, 136}, {16, 768, 504}, {1, 8192, 64}, {3, 8192, 40}, {4, 2048, 6144},
+                               {2, 256, 8192}};  // 1024 tiles: three per block on 132 SMs
 #define NUM_SHAPES ((int)COUNT(SHAPES))
 #define KV_TQ 2   // rows per sequence in the KV cases (M = B·KV_TQ)
 #define KV_TMAX 12
