@@ -5,6 +5,8 @@ Run on a GPU machine with PyTorch and transformers, from the repository root, af
     python3 scripts/bench_generate.py                                   # the whole grid (long: see below)
     python3 scripts/bench_generate.py --models gpt2-124m --batches 1,16 --prompts 16
     python3 scripts/bench_generate.py --out build/bench_generate --tokens 256
+    python3 scripts/bench_generate.py --models gpt3-1.3b --batches 1,4 --prompts 16 \
+        --baseline ./train_gpt_main --no-hf            # a change against another build, same call
 
 Rows: every --models x --prompts x --batches (default gpt2-124m, gpt3-1.3b, gpt3-2.7b x 16, 2048 x 1, 4,
 16, 64), --tokens new tokens per sequence (256), greedy. For each model:
@@ -25,8 +27,13 @@ Rows: every --models x --prompts x --batches (default gpt2-124m, gpt3-1.3b, gpt3
     L2 flushed, results_common.median_gpu_ms), measured in the same run; weight-read bound = the bf16
     weights a step reads (every parameter but the unused rows of wpe) / that rate; the "+KV" bound adds
     the K and V a step reads at the mean cache length (prompt + TOKENS/2).
-The table, printed last, gives ms per token and tokens/s of both, ours / theirs as a speed ratio (> 1:
-ours faster), and the fraction of the weight-read bound ours reaches. The log (bench_generate.log),
+With --baseline B (another build of train_gpt), every row also runs B, the two in turns, --rounds times
+each (default 3; after one untimed run of the one that goes last), so that both see the same machine
+state: the table adds B's median ms per token, ours / B as a speed ratio, and whether every run of both
+printed the same tokens (greedy: a change meant to keep the arithmetic must keep them). --no-hf skips
+Hugging Face (PyTorch is still used for the copy rate).
+The table, printed last, gives ms per token and tokens/s (medians over --rounds), ours / theirs as a speed
+ratio (> 1: ours faster), and the fraction of the weight-read bound ours reaches. The log (bench_generate.log),
 the records (bench_generate.json, written after every row) and each command's output are in --out.
 Time: the whole grid compiles transformers' forward once per row (tens of seconds each) and generates
 64 x 2048-token prompts on the 2.7B model; restrict it with --models/--batches/--prompts.
@@ -35,6 +42,7 @@ Exit 0 when every row ran, 1 when one failed (recorded, the others still run), 2
 PyTorch or transformers is missing.
 """
 import argparse
+import hashlib
 import importlib
 import json
 import math
@@ -50,7 +58,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt as tg  # noqa: E402
-from results_common import Report, copy_gbps, run_metadata, text_table, write_json, parse_list  # noqa: E402
+from results_common import (Report, balanced_orders, copy_gbps, parse_list, run_metadata, text_table,  # noqa: E402
+                            write_json)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("gpt2-124m", "gpt3-1.3b", "gpt3-2.7b")
@@ -66,7 +75,18 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", default=os.path.join(REPO_ROOT, "build", "bench_generate"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per train_gpt run")
+    ap.add_argument("--baseline", help="another train_gpt build, run in turns with ours on every row")
+    ap.add_argument("--rounds", type=int, help="runs of each build per row (default 3 with --baseline, else 1)")
+    ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face transformers")
     args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 3 if args.baseline else 1
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if args.baseline:
+        if not os.path.isfile(args.baseline):
+            ap.error(f"--baseline: no file {args.baseline}")
+        args.baseline = os.path.abspath(args.baseline)  # the runs start in the repository root
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in args.models:
         if m not in tg.NAMED_SHAPES:
@@ -85,10 +105,10 @@ def parse_args(argv=None):
     return args
 
 
-def require_torch_and_transformers():
-    """Exits 2 with what to install when PyTorch or transformers is missing."""
+def require_torch_and_transformers(hf=True):
+    """Exits 2 with what to install when PyTorch (or, with hf, transformers) is missing."""
     missing = []
-    for name in ("torch", "transformers"):
+    for name in ("torch", "transformers") if hf else ("torch",):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -142,7 +162,7 @@ def model_files(args, name, report):
     if not os.path.exists(weights):
         report(f"{name}: writing random weights ({tg.num_params(cfg) / 1e9:.2f} B parameters) to {weights}")
         tg.write_model_file(weights, cfg, tg.gpt2_init_numpy(cfg, args.seed), dtype="bf16")
-    if not os.path.exists(os.path.join(hf_dir, "config.json")):
+    if not args.no_hf and not os.path.exists(os.path.join(hf_dir, "config.json")):
         cmd = [sys.executable, os.path.join(REPO_ROOT, "scripts", "export_hf.py"), weights, hf_dir, "--dtype", "bf16"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -151,9 +171,15 @@ def model_files(args, name, report):
     return cfg, weights, hf_dir
 
 
-def run_ours(args, weights, prompt_file, B, P, tag):
-    cmd = [args.train_gpt, "--generate", str(args.tokens), "--init-from", weights, "--prompt-tokens", prompt_file,
-           "--num-samples", str(B), "--temperature", "0"]
+def tokens_digest(text):
+    """A digest of the generated tokens (train_gpt's "tokens" lines, one per sample)."""
+    lines = [line.split(None, 1)[-1].strip() for line in text.splitlines() if line.startswith("tokens ")]
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:12] if lines else None
+
+
+def run_ours(args, weights, prompt_file, B, P, tag, binary=None):
+    cmd = [binary or args.train_gpt, "--generate", str(args.tokens), "--init-from", weights, "--prompt-tokens",
+           prompt_file, "--num-samples", str(B), "--temperature", "0"]
     log = os.path.join(args.out, f"train_gpt_{tag}.log")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=args.timeout, cwd=REPO_ROOT)
@@ -167,7 +193,41 @@ def run_ours(args, weights, prompt_file, B, P, tag):
     if parsed is None:
         last = [line for line in out.splitlines() if line.strip()][-1:] or ["(no output)"]
         return {"error": f"exit {rc}: {last[0]} (log {log})"}
+    parsed["tokens_digest"] = tokens_digest(out)
     return parsed
+
+
+def time_binaries(args, binaries, weights, prompt_file, B, P, tag):
+    """Every build's --rounds runs of one row, in turns (results_common.balanced_orders; before them one
+    untimed run of the build that goes last, so that the first timed run also follows another): a list per
+    build of run_ours' results, in the order of `binaries`."""
+    orders = balanced_orders(len(binaries))
+    runs = [[] for _ in binaries]
+    if len(binaries) > 1:
+        run_ours(args, weights, prompt_file, B, P, f"{tag}_warmup", binaries[orders[-1][-1]])
+    for r in range(args.rounds):
+        for i in orders[r % len(orders)]:
+            label = "ours" if i == 0 else "baseline" if i == 1 else f"build{i}"
+            runs[i].append(run_ours(args, weights, prompt_file, B, P, f"{tag}_{label}_r{r + 1}", binaries[i]))
+    return runs
+
+
+def summarize_runs(runs):
+    """One build's runs of a row as one result: the first run's numbers with the median ms per token (and
+    its tokens/s), each run's ms per token; the first error when a run failed."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return dict(failed[0])
+    ms = [r["ms_per_token"] for r in runs]
+    out = dict(runs[0], ms_per_token=statistics.median(ms), runs_ms=ms)
+    out["tokens_per_s"] = out["B"] * 1e3 / out["ms_per_token"]
+    return out
+
+
+def same_tokens(*builds):
+    """Whether every run of every build printed the same tokens (None when a run failed or printed none)."""
+    digests = [r.get("tokens_digest") for runs in builds for r in runs]
+    return None if not digests or None in digests else len(set(digests)) == 1
 
 
 def copy_rate():
@@ -219,24 +279,37 @@ def fmt(x, spec):
     return format(x, spec) if isinstance(x, (int, float)) else "-"
 
 
+def speed_ratio(ours, other):
+    """other's ms per token over ours (> 1: ours faster), as "1.23x", or "-" without both."""
+    if "ms_per_token" not in ours or "ms_per_token" not in other:
+        return "-"
+    return f"{other['ms_per_token'] / ours['ms_per_token']:.2f}x"
+
+
 def table(records):
-    header = ["model", "prompt", "batch", "ours ms/tok", "ours tok/s", "HF ms/tok", "HF tok/s", "ours/HF",
-              "weight bound ms", "of bound", "+KV bound ms", "ours prefill ms", "ours MiB"]
+    with_baseline = any("baseline" in r for r in records)
+    header = ["model", "prompt", "batch", "ours ms/tok", "ours tok/s", "HF ms/tok", "HF tok/s", "ours/HF"]
+    header += ["base ms/tok", "ours/base", "same tokens"] if with_baseline else []
+    header += ["weight bound ms", "of bound", "+KV bound ms", "ours prefill ms", "ours MiB"]
     rows = []
     for r in records:
-        o, h = r.get("ours", {}), r.get("hf", {})
-        ratio = h["ms_per_token"] / o["ms_per_token"] if "ms_per_token" in o and "ms_per_token" in h else None
+        o, h, b = r.get("ours", {}), r.get("hf", {}), r.get("baseline", {})
         of_bound = r["weight_bound_ms"] / o["ms_per_token"] if "ms_per_token" in o else None
-        rows.append([r["model"], str(r["prompt"]), str(r["batch"]), fmt(o.get("ms_per_token"), ".3f"),
-                     fmt(o.get("tokens_per_s"), ".0f"), fmt(h.get("ms_per_token"), ".3f"),
-                     fmt(h.get("tokens_per_s"), ".0f"), fmt(ratio, ".2f") + ("x" if ratio else ""),
-                     fmt(r["weight_bound_ms"], ".3f"), fmt(of_bound and 100 * of_bound, ".0f") + ("%" if of_bound else ""),
-                     fmt(r["kv_bound_ms"], ".3f"), fmt(o.get("prefill_ms"), ".1f"), fmt(o.get("memory_mib"), ".0f")])
+        row = [r["model"], str(r["prompt"]), str(r["batch"]), fmt(o.get("ms_per_token"), ".3f"),
+               fmt(o.get("tokens_per_s"), ".0f"), fmt(h.get("ms_per_token"), ".3f"), fmt(h.get("tokens_per_s"), ".0f"),
+               speed_ratio(o, h)]
+        if with_baseline:
+            same = r.get("same_tokens")
+            row += [fmt(b.get("ms_per_token"), ".3f"), speed_ratio(o, b), {True: "yes", False: "NO"}.get(same, "-")]
+        row += [fmt(r["weight_bound_ms"], ".3f"), fmt(of_bound and 100 * of_bound, ".0f") + ("%" if of_bound else ""),
+                fmt(r["kv_bound_ms"], ".3f"), fmt(o.get("prefill_ms"), ".1f"), fmt(o.get("memory_mib"), ".0f")]
+        rows.append(row)
     return text_table(header, rows, left=(0,))
 
 
 def bench_model(args, name, gbps, records, report):
-    """Every row of one model: ours first (separate processes), then transformers in this process."""
+    """Every row of one model: ours (and --baseline) first, in separate processes, then transformers in this
+    process (unless --no-hf)."""
     import torch
     cfg, weights, hf_dir = model_files(args, name, report)
     rng = np.random.default_rng(args.seed + 1)
@@ -251,14 +324,20 @@ def bench_model(args, name, gbps, records, report):
             length = P + args.tokens / 2
             rec = {"model": name, "prompt": P, "batch": B, "tokens": args.tokens,
                    "weight_bound_ms": weight_read_bytes(cfg) / (gbps * 1e9) * 1e3,
-                   "kv_bound_ms": (weight_read_bytes(cfg) + kv_read_bytes(cfg, B, length)) / (gbps * 1e9) * 1e3,
-                   "ours": run_ours(args, weights, prompt_file, B, P, tag)}
+                   "kv_bound_ms": (weight_read_bytes(cfg) + kv_read_bytes(cfg, B, length)) / (gbps * 1e9) * 1e3}
+            builds = [args.train_gpt] + ([args.baseline] if args.baseline else [])
+            runs = time_binaries(args, builds, weights, prompt_file, B, P, tag)
+            rec["ours"] = summarize_runs(runs[0])
             report(f"{tag}: ours {json.dumps(rec['ours'])}")
+            if args.baseline:
+                rec["baseline"], rec["same_tokens"] = summarize_runs(runs[1]), same_tokens(*runs)
+                report(f"{tag}: baseline {json.dumps(rec['baseline'])}; same tokens: {rec['same_tokens']}")
             rows.append((rec, prompt))
-    model = hf_load(hf_dir)
+    model = None if args.no_hf else hf_load(hf_dir)
     for rec, prompt in rows:
-        rec["hf"] = run_hf(model, prompt, rec["batch"], args.tokens)
-        report(f"{rec['model']}_p{rec['prompt']}_b{rec['batch']}: HF {json.dumps(rec['hf'])}")
+        if model is not None:
+            rec["hf"] = run_hf(model, prompt, rec["batch"], args.tokens)
+            report(f"{rec['model']}_p{rec['prompt']}_b{rec['batch']}: HF {json.dumps(rec['hf'])}")
         records.append(rec)
         write_json(os.path.join(args.out, "bench_generate.json"), {**run_metadata(), "copy_gbps": gbps,
                                                                    "records": records})
@@ -268,7 +347,7 @@ def bench_model(args, name, gbps, records, report):
 
 def main(argv=None):
     args = parse_args(argv)
-    require_torch_and_transformers()
+    require_torch_and_transformers(hf=not args.no_hf)
     import torch
     if not torch.cuda.is_available():
         print("error: bench_generate.py needs a CUDA GPU", file=sys.stderr)
@@ -276,8 +355,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with Report(os.path.join(args.out, "bench_generate.log")) as report:
         meta = run_metadata()
+        hf_version = "not used" if args.no_hf else __import__("transformers").__version__
         report(f"device {meta['device']}, commit {meta['commit']}, {meta['date']}; torch {torch.__version__}, "
-               f"transformers {__import__('transformers').__version__}")
+               f"transformers {hf_version}")
         report("$ " + " ".join(shlex.quote(a) for a in sys.argv))
         gbps = copy_rate()
         report(f"copy rate {gbps:.0f} GB/s (1 GiB device-to-device, read + written)")
@@ -286,10 +366,12 @@ def main(argv=None):
             bench_model(args, name, gbps, records, report)
         report("")
         report(f"greedy, {args.tokens} new tokens per sequence; ms per token: ours the steady CUDA-graph steps (GPU "
-               f"time), HF (t({args.tokens}) - t(1)) / {args.tokens - 1} (wall); ours/HF > 1: ours faster; of bound: "
-               f"the weight-read bound over ours")
+               f"time, median of {args.rounds} run(s)), HF (t({args.tokens}) - t(1)) / {args.tokens - 1} (wall); "
+               f"ours/HF > 1: ours faster; of bound: the weight-read bound over ours")
+        if args.baseline:
+            report(f"base: {args.baseline}, run in turns with ours; same tokens: every run of both printed the same")
         report(table(records))
-        failed = [r for r in records if "error" in r.get("ours", {}) or "error" in r.get("hf", {})]
+        failed = [r for r in records if any("error" in r.get(k, {}) for k in ("ours", "hf", "baseline"))]
         return 1 if failed else 0
 
 

@@ -5,8 +5,9 @@ CPU only: the GPU peak table against data/gpt_config.h's (a small C program comp
 tags, results files written whole, running a child with its log and step records, the power poller's
 step clock and window arithmetic (NVML itself needs a GPU), and the benchmarks' --precision (bench_train.py
 and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao), and
-bench_generate.py's arguments, the train_gpt lines it reads, its bounds and table, and its error without
-transformers.
+bench_generate.py's arguments, the train_gpt lines it reads, its bounds and table, its runs of two builds
+in turns (--baseline, with stand-in builds: the order, the medians, the tokens compared), and its error
+without transformers.
 """
 import contextlib
 import io
@@ -694,6 +695,74 @@ def test_bench_generate_arguments():
             except SystemExit as e:
                 assert e.code == 2, (bad, e.code)
         assert why in err.getvalue() or "invalid" in err.getvalue(), (bad, err.getvalue())
+
+
+def test_bench_generate_baseline_arguments():
+    import bench_generate
+    base = os.path.join(WORK, "train_gpt_base_args")
+    with open(base, "w") as f:
+        f.write("#!/bin/sh\n")
+    a = bench_generate.parse_args(["--baseline", base, "--no-hf"])
+    assert a.baseline == os.path.abspath(base) and a.rounds == 3 and a.no_hf, vars(a)
+    assert bench_generate.parse_args([]).rounds == 1 and not bench_generate.parse_args([]).no_hf
+    assert bench_generate.parse_args(["--baseline", base, "--rounds", "5"]).rounds == 5
+    for bad, why in ((["--rounds", "0"], "at least 1"), (["--baseline", base + "_missing"], "no file")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                bench_generate.parse_args(bad)
+                raise AssertionError(f"{bad} accepted")
+            except SystemExit as e:
+                assert e.code == 2, (bad, e.code)
+        assert why in err.getvalue(), (bad, err.getvalue())
+
+
+def _stand_in_train_gpt(name, steady_ms, tokens, order_log):
+    """A script that answers like `train_gpt --generate` (speed, memory, tokens) and notes its turn."""
+    path = os.path.join(WORK, name)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\necho {name} >> {order_log}\necho '{SPEED_LINE.replace('1.100', steady_ms)}'\n"
+                f"echo 'memory       the memory in use grew by 10.0 MiB at the peak'\n"
+                f"echo 'tokens       {tokens}'\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_bench_generate_times_builds_in_turns():
+    import bench_generate
+    out, order_log = os.path.join(WORK, "bench_generate_ab"), os.path.join(WORK, "ab_order.txt")
+    os.makedirs(out, exist_ok=True)
+    ours = _stand_in_train_gpt("ours_build", "1.000", "5 6 7", order_log)
+    base = _stand_in_train_gpt("base_build", "1.250", "5 6 7", order_log)
+    other = _stand_in_train_gpt("other_build", "1.100", "5 6 8", order_log)
+    args = bench_generate.parse_args(["--baseline", base, "--no-hf", "--out", out, "--train-gpt", ours,
+                                      "--timeout", "30"])
+    runs = bench_generate.time_binaries(args, [ours, base], "w.bin", "p.txt", 4, 16, "row")
+    with open(order_log) as f:  # one untimed run of the build that goes last, then both in turns
+        order = f.read().split()
+    assert order == ["base_build"] + ["ours_build", "base_build"] * 3, order
+    assert [len(r) for r in runs] == [3, 3] and runs[0][0]["tokens_digest"], runs
+    o, b = bench_generate.summarize_runs(runs[0]), bench_generate.summarize_runs(runs[1])
+    assert o["ms_per_token"] == 1.0 and b["ms_per_token"] == 1.25 and o["runs_ms"] == [1.0] * 3, (o, b)
+    assert abs(o["tokens_per_s"] - 4000.0) < 1e-9, o
+    assert bench_generate.same_tokens(*runs) is True
+    rec = {"model": "gpt2-124m", "prompt": 16, "batch": 4, "weight_bound_ms": 0.5, "kv_bound_ms": 0.6, "ours": o,
+           "baseline": b, "same_tokens": True}
+    line = bench_generate.table([rec]).splitlines()[1]
+    assert "1.25x" in line and " yes " in line and "1.250" in line, line
+    # a build that prints other tokens, and one that fails, are reported as such
+    runs2 = bench_generate.time_binaries(args, [ours, other], "w.bin", "p.txt", 4, 16, "row2")
+    assert bench_generate.same_tokens(*runs2) is False
+    rec2 = dict(rec, baseline=bench_generate.summarize_runs(runs2[1]), same_tokens=False)
+    assert " NO " in bench_generate.table([rec2]).splitlines()[1]
+    failing = os.path.join(WORK, "failing_build")
+    with open(failing, "w") as f:
+        f.write("#!/bin/sh\necho 'error: no CUDA GPU found' >&2\nexit 1\n")
+    os.chmod(failing, 0o755)
+    runs3 = bench_generate.time_binaries(args, [ours, failing], "w.bin", "p.txt", 4, 16, "row3")
+    failed = bench_generate.summarize_runs(runs3[1])
+    assert "error" in failed and "no CUDA GPU" in failed["error"], failed
+    assert bench_generate.same_tokens(*runs3) is None
 
 
 def test_bench_generate_reads_train_gpt_lines_and_bounds():
