@@ -6,10 +6,9 @@
 //                      kernel's 8 warps, to 8192; OC from 8 to 8192, so both kernels run: deep groups
 //                      under two tiles per SM, plain groups above, blocks of one to three tiles (the
 //                      partials of a block's third tile reuse the first's half); A staged and read per
-//                      step) with
-//                      every epilogue: plain, bias, LN + bias, LN + bias + GELU, bias + residual, the
-//                      residual being y itself; and LN + bias + KV append on two shapes of the K/V
-//                      layout (3 and 8 sequences of 2 rows). y (and the cache) poisoned first.
+//                      step) with every epilogue: plain, bias, LN + bias, LN + bias + GELU, bias +
+//                      residual, the residual being y itself; and LN + bias + KV append on two shapes
+//                      of the K/V layout (3 and 8 sequences of 2 rows). y (and the cache) poisoned first.
 //   ln_equals_layernorm_forward  with w = I and no bias, y is layernorm_forward's output bit for bit
 //   deterministic      two launches give the same bits
 //   graph_of_two_dependent_products  two products, the second reading the first's y, captured in a CUDA

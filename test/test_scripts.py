@@ -678,6 +678,19 @@ SPEED_LINE = ("speed        prefill 4 x 16 tokens in 12.5 ms; 4 x 256 new tokens
               "sequence), 1.172 ms per step; steady 1.100 ms per step, 3636 tokens/s (tokens 3..256, GPU time)")
 
 
+def _assert_usage_errors(parse_args, cases):
+    """Each (arguments, words) of cases: parse_args exits 2 with the words in its message."""
+    for bad, why in cases:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parse_args(bad)
+                raise AssertionError(f"{bad} accepted")
+            except SystemExit as e:
+                assert e.code == 2, (bad, e.code)
+        assert why in err.getvalue(), (bad, err.getvalue())
+
+
 def test_bench_generate_arguments():
     import bench_generate
     a = bench_generate.parse_args(["--models", "gpt2-124m,gpt3-1.3b", "--batches", "1, 4", "--prompts", "16,2k"])
@@ -685,16 +698,9 @@ def test_bench_generate_arguments():
     d = bench_generate.parse_args([])
     assert d.models == ["gpt2-124m", "gpt3-1.3b", "gpt3-2.7b"] and d.batches == [1, 4, 16, 64], vars(d)
     assert d.prompts == [16, 2048] and d.tokens == 256, vars(d)
-    for bad, why in ((["--models", "gpt9"], "unknown model"), (["--batches", "0"], "positive"),
-                     (["--prompts", "x"], "--batches"), (["--tokens", "2"], "at least 3")):
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            try:
-                bench_generate.parse_args(bad)
-                raise AssertionError(f"{bad} accepted")
-            except SystemExit as e:
-                assert e.code == 2, (bad, e.code)
-        assert why in err.getvalue() or "invalid" in err.getvalue(), (bad, err.getvalue())
+    _assert_usage_errors(bench_generate.parse_args, ((["--models", "gpt9"], "unknown model"),
+                                                     (["--batches", "0"], "positive"), (["--prompts", "x"], "invalid"),
+                                                     (["--tokens", "2"], "at least 3")))
 
 
 def test_bench_generate_baseline_arguments():
@@ -706,15 +712,8 @@ def test_bench_generate_baseline_arguments():
     assert a.baseline == os.path.abspath(base) and a.rounds == 3 and a.no_hf, vars(a)
     assert bench_generate.parse_args([]).rounds == 1 and not bench_generate.parse_args([]).no_hf
     assert bench_generate.parse_args(["--baseline", base, "--rounds", "5"]).rounds == 5
-    for bad, why in ((["--rounds", "0"], "at least 1"), (["--baseline", base + "_missing"], "no file")):
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            try:
-                bench_generate.parse_args(bad)
-                raise AssertionError(f"{bad} accepted")
-            except SystemExit as e:
-                assert e.code == 2, (bad, e.code)
-        assert why in err.getvalue(), (bad, err.getvalue())
+    _assert_usage_errors(bench_generate.parse_args, ((["--rounds", "0"], "at least 1"),
+                                                     (["--baseline", base + "_missing"], "no file")))
 
 
 def _stand_in_train_gpt(name, steady_ms, tokens, order_log):

@@ -300,8 +300,9 @@ static size_t decode_linear_staged_max_bytes(void) {
         int device = 0, optin = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        // the kernel's static shared memory: the two halves of the partials, the rows' mean and rstd
         const size_t fixed = sizeof(float) * (2 * DL_WARPS * 16 * DL_FEATURES + 2 * DECODE_LINEAR_MAX_ROWS);
-        const size_t room = (size_t)optin - fixed;  // the kernel's static shared memory
+        const size_t room = (size_t)optin - fixed;
         most = room < (size_t)DL_A_STAGED_MAX_BYTES ? room : (size_t)DL_A_STAGED_MAX_BYTES;
     }
     return most;
