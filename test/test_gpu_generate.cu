@@ -38,6 +38,8 @@
 // fp32 sums over V terms, and at most 1/SAMPLE_EXCUSED_SHARE of the draws may be excused; a reference
 // drawing with other numbers is shown to fail that same check, token by token); the frequencies of
 // 20000 draws against the softmax. Outputs are poisoned before every launch.
+// The step's final LayerNorm (gpt_decode_layernorm) equals layernorm_forward bit for bit and fp64
+// within its bound (gpu_decode_layernorm_case says how).
 // CPU cases (everywhere): the host reference itself (greedy, top-k 1, its draws against the softmax,
 // top-k excluding the rest). The seed comes from the clock unless TEST_SEED is set, and is printed.
 #include <cuda_bf16.h>
@@ -386,6 +388,81 @@ static void gpu_sampler_distribution_case(uint64_t seed) {
     free(logits), free(got);
 }
 #define SAMPLER_GPU_CASES (1 + (int)COUNT(SAMPLE_SETTINGS) + 1)
+
+// ---- the step's final LayerNorm ------------------------------------------------------------------------
+
+// LN(x)·w + b of one row in fp64 (eps as layernorm.cuh's); with_bias 0 leaves b out (the planted error).
+static void ref_layernorm_row(double* out, const uint16_t* x, const uint16_t* w, const uint16_t* b, int C,
+                              int with_bias) {
+    double mean = 0.0, var = 0.0;
+    for (int c = 0; c < C; c++) mean += test_bf16_to_float(x[c]);
+    mean /= C;
+    for (int c = 0; c < C; c++) var += (test_bf16_to_float(x[c]) - mean) * (test_bf16_to_float(x[c]) - mean);
+    const double rstd = 1.0 / sqrt(var / C + (double)LAYERNORM_EPS);
+    for (int c = 0; c < C; c++)
+        out[c] = (test_bf16_to_float(x[c]) - mean) * rstd * test_bf16_to_float(w[c]) +
+                 (with_bias ? test_bf16_to_float(b[c]) : 0.0);
+}
+
+// gpt_decode_layernorm (the decode step's final LayerNorm, a dependent launch) against layernorm_forward
+// bit for bit, and against fp64 within TOL_LAYERNORM (1e-2: the output's bf16 rounding, at most 2^-9 of
+// each value; a reference without the bias, planted, is shown to be far outside it). Rows N = 1, 3 and 9
+// (one and two blocks of 8 rows) of C = 64, 2048, 2560 (weights loaded before the wait) and 4096 (after),
+// x, w, b random, out poisoned before each launch.
+#define TOL_LAYERNORM 1e-2
+static void gpu_decode_layernorm_case(uint64_t seed) {
+    const char* name = "gpu_decode_layernorm_equals_layernorm_forward";
+    snprintf(g_running_case, sizeof(g_running_case), "%s", name);
+    static const int CS[] = {64, 2048, 2560, 4096}, NS[] = {1, 3, 9};
+    char problems[1024] = "";
+    TestRng rng = {seed ^ 0x4C4Eu};
+    cudaStream_t stream;  // an ordinary stream: the kernel is a programmatic dependent launch
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (size_t ci = 0; ci < COUNT(CS); ci++)
+        for (size_t ni = 0; ni < COUNT(NS); ni++) {
+            const int C = CS[ci], N = NS[ni];
+            const size_t n = (size_t)N * C;
+            uint16_t *x = (uint16_t*)host_alloc(n * 2), *wb = (uint16_t*)host_alloc(2 * (size_t)C * 2);
+            uint16_t *ours = (uint16_t*)host_alloc(n * 2), *theirs = (uint16_t*)host_alloc(n * 2);
+            for (size_t i = 0; i < n; i++) x[i] = test_float_to_bf16((float)(3.0 * test_rng_normal(&rng) + 0.5));
+            for (int c = 0; c < 2 * C; c++) wb[c] = test_float_to_bf16((float)test_rng_uniform(&rng, -1.0, 1.0));
+            __nv_bfloat16* dx = (__nv_bfloat16*)device_alloc(n * 2);
+            __nv_bfloat16* dw = (__nv_bfloat16*)device_alloc(2 * (size_t)C * 2);  // weight | bias
+            __nv_bfloat16* dout = (__nv_bfloat16*)device_alloc(n * 2);
+            CUDA_CHECK(cudaMemcpy(dx, x, n * 2, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dw, wb, 2 * (size_t)C * 2, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemset(dout, 0xFF, n * 2));
+            CUDA_CHECK(cudaDeviceSynchronize());  // the poison is in before the launch on `stream`
+            gpt_decode_layernorm(dout, dx, dw, dw + C, N, C, stream);
+            sync_or_die(stream, name, "gpt_decode_layernorm");
+            CUDA_CHECK(cudaMemcpy(ours, dout, n * 2, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemset(dout, 0xFF, n * 2));
+            CUDA_CHECK(cudaDeviceSynchronize());
+            layernorm_forward(dout, NULL, NULL, dx, dw, dw + C, N, C, stream);
+            sync_or_die(stream, name, "layernorm_forward");
+            CUDA_CHECK(cudaMemcpy(theirs, dout, n * 2, cudaMemcpyDeviceToHost));
+            double *got = test_alloc(n), *ref = test_alloc(n), *planted = test_alloc(n);
+            for (int r = 0; r < N; r++) {
+                ref_layernorm_row(ref + (size_t)r * C, x + (size_t)r * C, wb, wb + C, C, 1);
+                ref_layernorm_row(planted + (size_t)r * C, x + (size_t)r * C, wb, wb + C, C, 0);
+            }
+            for (size_t i = 0; i < n; i++) got[i] = test_bf16_to_float(ours[i]);
+            const double err = test_rel_error(got, ref, n), planted_err = test_rel_error(got, planted, n);
+            printf("  C %d N %d: rel err %.2e against fp64, %.2e against the planted reference without bias\n", C, N,
+                   err, planted_err);
+            if (memcmp(ours, theirs, n * 2) != 0)
+                add_problem(problems, sizeof(problems), "C %d N %d: differs from layernorm_forward", C, N);
+            if (!(err <= TOL_LAYERNORM)) add_problem(problems, sizeof(problems), "C %d N %d: error %.2e", C, N, err);
+            if (planted_err <= TOL_LAYERNORM)
+                add_problem(problems, sizeof(problems), "C %d N %d: the planted reference passes too", C, N);
+            free(x), free(wb), free(ours), free(theirs), free(got), free(ref), free(planted);
+            CUDA_CHECK(cudaFree(dx)), CUDA_CHECK(cudaFree(dw)), CUDA_CHECK(cudaFree(dout));
+        }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    test_report(name, problems[0] == 0, "%s", problems);
+    g_running_case[0] = 0;
+}
+#define DECODE_LAYERNORM_CASES 1
 
 // ---- the models ------------------------------------------------------------------------------------------
 
@@ -836,6 +913,7 @@ static void skip_gpu_cases(const char* why) {
         test_skip(name, why);
     }
     test_skip("gpu_sampler_draws_follow_the_softmax", why);
+    test_skip("gpu_decode_layernorm_equals_layernorm_forward", why);
     for (size_t i = 0; i < COUNT(LAYOUTS); i++)
         for (int k = 0; k < GPU_CASES_PER_LAYOUT; k++) {
             GPTConfig c;
@@ -848,7 +926,8 @@ static void skip_gpu_cases(const char* why) {
 
 int main(void) {
     test_begin();
-    test_plan(REF_CASES + SAMPLER_GPU_CASES + (int)COUNT(LAYOUTS) * GPU_CASES_PER_LAYOUT);  // the same without a GPU
+    // the same without a GPU
+    test_plan(REF_CASES + SAMPLER_GPU_CASES + DECODE_LAYERNORM_CASES + (int)COUNT(LAYOUTS) * GPU_CASES_PER_LAYOUT);
     atexit(report_exit_during_case);
     const uint64_t seed = pick_and_print_seed();
     ref_cases(seed);
@@ -864,6 +943,7 @@ int main(void) {
     gpu_sampler_greedy_case(seed);
     gpu_sampler_reference_cases(seed);
     gpu_sampler_distribution_case(seed);
+    gpu_decode_layernorm_case(seed);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     for (size_t i = 0; i < COUNT(LAYOUTS); i++) {  // the GPU_CASES_PER_LAYOUT cases, in gpu_case_name's order

@@ -117,6 +117,86 @@ static __global__ void gpt_decode_last_rows_kernel(__nv_bfloat16* __restrict__ o
     store16(out + (size_t)b * C + c, load16(in + ((size_t)b * Tq + Tq - 1) * C + c));
 }
 
+// The final LayerNorm of a step's B rows, out = LN(x)·w + b: the same arithmetic as layernorm_forward
+// (a warp per row, lane l summing chunks l, l + 32, ... in that order; the same bits), arranged for a
+// few rows at the end of a step: a programmatic dependent launch whose weight and bias loads (no kernel
+// writes them) go out before it waits for the last layer, so only the read of x is left after.
+template <int VPL>  // 16-byte chunks per lane: ceil(C / 256), as layernorm_max_vpl rounds it
+static __global__ void __launch_bounds__(LN_FWD_THREADS)
+    gpt_decode_layernorm_kernel(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+                                const __nv_bfloat16* __restrict__ weight, const __nv_bfloat16* __restrict__ bias, int N,
+                                int C) {
+    constexpr bool EARLY = VPL <= 12;  // beyond, the weights would not fit beside x in registers
+    const int lane = threadIdx.x % 32, row = blockIdx.x * (LN_FWD_THREADS / 32) + threadIdx.x / 32;
+    const int vecs = C / 8;
+    uint4 w[VPL], b[VPL], v[VPL];  // w and b unused (and not allocated) unless EARLY
+#pragma unroll
+    for (int i = 0; i < VPL; i++)
+        if (EARLY && i * 32 + lane < vecs) {
+            w[i] = load16(weight + (i * 32 + lane) * 8);
+            b[i] = load16(bias + (i * 32 + lane) * 8);
+        }
+    wait_for_prerequisite_grid();
+    allow_dependent_launch();
+    if (row >= N) return;
+    float sum = 0.0f, f[8];
+#pragma unroll
+    for (int i = 0; i < VPL; i++)
+        if (i * 32 + lane < vecs) {
+            v[i] = load16(x + (size_t)row * C + (i * 32 + lane) * 8);
+            bf16x8_unpack(f, v[i]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sum += f[k];
+        }
+    const float m = layer_warp_sum(sum) / (float)C;
+    float sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPL; i++)
+        if (i * 32 + lane < vecs) {
+            bf16x8_unpack(f, v[i]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sq += (f[k] - m) * (f[k] - m);
+        }
+    const float rstd = rsqrtf(layer_warp_sum(sq) / (float)C + LAYERNORM_EPS);
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+        const int c = (i * 32 + lane) * 8;
+        if (c >= C) continue;
+        float g[8], h[8];
+        bf16x8_unpack(f, v[i]);
+        bf16x8_unpack(g, EARLY ? w[i] : load16(weight + c));
+        bf16x8_unpack(h, EARLY ? b[i] : load16(bias + c));
+#pragma unroll
+        for (int k = 0; k < 8; k++) f[k] = (f[k] - m) * rstd * g[k] + h[k];
+        store16(out + (size_t)row * C + c, bf16x8_pack(f));
+    }
+}
+
+static void gpt_decode_layernorm(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* weight,
+                                 const __nv_bfloat16* bias, int N, int C, cudaStream_t s) {
+    layernorm_check("gpt_decode_layernorm", N, C);
+    LAYER_REQUIRE(layer_is_aligned16(out) && layer_is_aligned16(x) && layer_is_aligned16(weight) &&
+                      layer_is_aligned16(bias),
+                  "gpt_decode_layernorm: out, x, weight and bias must be 16-byte aligned");
+    const dim3 grid((unsigned)layer_ceil_div((size_t)N, LN_FWD_THREADS / 32));
+    switch (layernorm_max_vpl(C)) {
+#define GPT_DECODE_LN_CASE(V)                                                                                      \
+    case V:                                                                                                        \
+        CUDA_CHECK(launch_dependent(gpt_decode_layernorm_kernel<V>, grid, LN_FWD_THREADS, 0, s, out, x, weight, bias, \
+                                    N, C));                                                                        \
+        break;
+        GPT_DECODE_LN_CASE(2)
+        GPT_DECODE_LN_CASE(4)
+        GPT_DECODE_LN_CASE(6)
+        GPT_DECODE_LN_CASE(8)
+        GPT_DECODE_LN_CASE(10)
+        GPT_DECODE_LN_CASE(12)
+        GPT_DECODE_LN_CASE(16)
+        GPT_DECODE_LN_CASE(32)
+#undef GPT_DECODE_LN_CASE
+    }
+}
+
 // Rows of `in` (B, T, C) at T − 1, 2T − 1, ... into out (B, C).
 static void gpt_decode_last_rows(__nv_bfloat16* out, const __nv_bfloat16* in, int B, int T, int C, cudaStream_t s) {
     gpt_decode_last_rows_kernel<<<(unsigned)layer_ceil_div((size_t)B * (C / 8), 256), 256, 0, s>>>(out, in, B, T, C);
@@ -416,7 +496,7 @@ static void gpt_decoder_forward_tokens(GPTDecoder* d, int Tq) {
     // decode_linear (52-58 against 64 µs on GPT3-1.3B, build/bench_decode_linear).
     const __nv_bfloat16* last = d->x;
     if (Tq > 1) gpt_decode_last_rows(d->last, d->x, B, Tq, C, s), last = d->last;
-    layernorm_forward(d->ln, NULL, NULL, last, p[GPT_LNFW], p[GPT_LNFB], B, C, s);
+    gpt_decode_layernorm(d->ln, last, p[GPT_LNFW], p[GPT_LNFB], B, C, s);
     matmul_forward(mm, d->logits, d->ln, p[GPT_WTE], NULL, B, C, Vp, NULL);
 }
 
