@@ -120,14 +120,7 @@ static __device__ __forceinline__ uint4 dl_load_a(const __nv_bfloat16* __restric
     if (row >= M) return make_uint4(0u, 0u, 0u, 0u);
     const uint4 v = load16(x + (size_t)row * IC + k);
     if (!ops.ln_w) return v;
-    float f[8], g[8], b[8];
-    bf16x8_unpack(f, v);
-    bf16x8_unpack(g, load16(ops.ln_w + k));
-    bf16x8_unpack(b, load16(ops.ln_b + k));
-    const float m = mean[row], s = rstd[row];
-#pragma unroll
-    for (int i = 0; i < 8; i++) f[i] = (f[i] - m) * s * g[i] + b[i];
-    return bf16x8_pack(f);
+    return layernorm_chunk(v, load16(ops.ln_w + k), load16(ops.ln_b + k), mean[row], rstd[row]);
 }
 
 // The 32 k of one step: lane (g, t) holds k 8t .. 8t+7 of a's rows g and g+8 and of w's row g. Words

@@ -117,9 +117,9 @@ static __global__ void gpt_decode_last_rows_kernel(__nv_bfloat16* __restrict__ o
     store16(out + (size_t)b * C + c, load16(in + ((size_t)b * Tq + Tq - 1) * C + c));
 }
 
-// The final LayerNorm of a step's B rows, out = LN(x)·w + b: the same arithmetic as layernorm_forward
-// (a warp per row, lane l summing chunks l, l + 32, ... in that order; the same bits), arranged for a
-// few rows at the end of a step: a programmatic dependent launch whose weight and bias loads (no kernel
+// The final LayerNorm of a step's B rows, out = LN(x)·w + b: layernorm_forward's arithmetic
+// (layernorm_warp_statistics and layernorm_chunk, a warp per row; the same bits), arranged for a few
+// rows at the end of a step: a programmatic dependent launch whose weight and bias loads (no kernel
 // writes them) go out before it waits for the last layer, so only the read of x is left after.
 template <int VPL>  // 16-byte chunks per lane: ceil(C / 256), as layernorm_max_vpl rounds it
 static __global__ void __launch_bounds__(LN_FWD_THREADS)
@@ -139,36 +139,17 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
     wait_for_prerequisite_grid();
     allow_dependent_launch();
     if (row >= N) return;
-    float sum = 0.0f, f[8];
 #pragma unroll
     for (int i = 0; i < VPL; i++)
-        if (i * 32 + lane < vecs) {
-            v[i] = load16(x + (size_t)row * C + (i * 32 + lane) * 8);
-            bf16x8_unpack(f, v[i]);
-#pragma unroll
-            for (int k = 0; k < 8; k++) sum += f[k];
-        }
-    const float m = layer_warp_sum(sum) / (float)C;
-    float sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPL; i++)
-        if (i * 32 + lane < vecs) {
-            bf16x8_unpack(f, v[i]);
-#pragma unroll
-            for (int k = 0; k < 8; k++) sq += (f[k] - m) * (f[k] - m);
-        }
-    const float rstd = rsqrtf(layer_warp_sum(sq) / (float)C + LAYERNORM_EPS);
+        if (i * 32 + lane < vecs) v[i] = load16(x + (size_t)row * C + (i * 32 + lane) * 8);
+    float mean, rstd;
+    layernorm_warp_statistics<VPL>(v, C, &mean, &rstd);
 #pragma unroll
     for (int i = 0; i < VPL; i++) {
         const int c = (i * 32 + lane) * 8;
-        if (c >= C) continue;
-        float g[8], h[8];
-        bf16x8_unpack(f, v[i]);
-        bf16x8_unpack(g, EARLY ? w[i] : load16(weight + c));
-        bf16x8_unpack(h, EARLY ? b[i] : load16(bias + c));
-#pragma unroll
-        for (int k = 0; k < 8; k++) f[k] = (f[k] - m) * rstd * g[k] + h[k];
-        store16(out + (size_t)row * C + c, bf16x8_pack(f));
+        if (c < C)
+            store16(out + (size_t)row * C + c, layernorm_chunk(v[i], EARLY ? w[i] : load16(weight + c),
+                                                               EARLY ? b[i] : load16(bias + c), mean, rstd));
     }
 }
 

@@ -60,6 +60,45 @@ static void layernorm_check(const char* who, int N, int C) {
 
 // ---- forward -------------------------------------------------------------------------------------
 
+// The mean and rstd of a row a warp holds in registers, MAX_VPL 16-byte chunks per lane (chunk i of
+// lane l: channels 8·(32·i + l) .. +7; chunks at or past C are not read), added in that order: the
+// arithmetic of every LayerNorm forward here, so they all give the same bits.
+template <int MAX_VPL>
+static __device__ __forceinline__ void layernorm_warp_statistics(const uint4 (&x)[MAX_VPL], int C, float* mean,
+                                                                 float* rstd) {
+    const int lane = threadIdx.x % 32, vecs = C / 8;
+    float sum = 0.0f, f[8];
+#pragma unroll
+    for (int i = 0; i < MAX_VPL; i++)
+        if (i * 32 + lane < vecs) {
+            bf16x8_unpack(f, x[i]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sum += f[k];
+        }
+    const float m = layer_warp_sum(sum) / (float)C;
+    float sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAX_VPL; i++)
+        if (i * 32 + lane < vecs) {
+            bf16x8_unpack(f, x[i]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sq += (f[k] - m) * (f[k] - m);
+        }
+    *mean = m;
+    *rstd = rsqrtf(layer_warp_sum(sq) / (float)C + LAYERNORM_EPS);
+}
+
+// 8 channels of the output: (x − mean)·rstd·weight + bias, rounded to bf16.
+static __device__ __forceinline__ uint4 layernorm_chunk(uint4 x, uint4 weight, uint4 bias, float mean, float rstd) {
+    float f[8], w[8], b[8];
+    bf16x8_unpack(f, x);
+    bf16x8_unpack(w, weight);
+    bf16x8_unpack(b, bias);
+#pragma unroll
+    for (int k = 0; k < 8; k++) f[k] = (f[k] - mean) * rstd * w[k] + b[k];
+    return bf16x8_pack(f);
+}
+
 template <int MAX_VPL>
 static __global__ void __launch_bounds__(LN_FWD_THREADS)
     layernorm_forward_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
@@ -68,45 +107,21 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x * (LN_FWD_THREADS / 32) + threadIdx.x / 32;
     if (row >= N) return;
-    const int vecs = C / 8;
     const size_t base = (size_t)row * C;
     uint4 x[MAX_VPL];
-    float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < MAX_VPL; i++) {
         const int c = (i * 32 + lane) * 8;
-        if (c < C) {
-            x[i] = load16_stream(inp + base + c);
-            float f[8];
-            bf16x8_unpack(f, x[i]);
-#pragma unroll
-            for (int k = 0; k < 8; k++) sum += f[k];
-        }
+        if (c < C) x[i] = load16_stream(inp + base + c);
     }
-    const float m = layer_warp_sum(sum) / (float)C;
-    float sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < MAX_VPL; i++) {
-        if ((i * 32 + lane) < vecs) {
-            float f[8];
-            bf16x8_unpack(f, x[i]);
-#pragma unroll
-            for (int k = 0; k < 8; k++) sq += (f[k] - m) * (f[k] - m);
-        }
-    }
-    const float s = rsqrtf(layer_warp_sum(sq) / (float)C + LAYERNORM_EPS);
+    float m, s;
+    layernorm_warp_statistics<MAX_VPL>(x, C, &m, &s);
 #pragma unroll
     for (int i = 0; i < MAX_VPL; i++) {
         const int c = (i * 32 + lane) * 8;
-        if (c < C) {
-            float f[8], w[8], b[8];
-            bf16x8_unpack(f, x[i]);
-            bf16x8_unpack(w, load16(weight + c));
-            bf16x8_unpack(b, load16(bias + c));
-#pragma unroll
-            for (int k = 0; k < 8; k++) f[k] = (f[k] - m) * s * w[k] + b[k];
-            if (out) store16(out + base + c, bf16x8_pack(f));
-        }
+        if (c >= C) continue;
+        const uint4 y = layernorm_chunk(x[i], load16(weight + c), load16(bias + c), m, s);
+        if (out) store16(out + base + c, y);
     }
     if (lane == 0) {
         if (mean) mean[row] = m;
