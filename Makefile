@@ -46,7 +46,8 @@ ATTN_OBJS := $(BUILD)/attention.o $(BUILD)/attention_naive.o $(BUILD)/flash1_for
              $(BUILD)/flash2_forward.o $(BUILD)/flash2_backward.o $(BUILD)/flash2_decode.o \
              $(BUILD)/kv_cache.o
 TOOLS := $(BUILD)/attention_tool $(BUILD)/libattention.so $(BUILD)/libdecode.so $(BUILD)/flash2_tune $(BUILD)/train_gpt_no_nccl \
-         $(BUILD)/gpu_ceilings $(BUILD)/sanitize_kernels $(BUILD)/bench_fp8_gemm $(BUILD)/bench_decode_linear
+         $(BUILD)/gpu_ceilings $(BUILD)/sanitize_kernels $(BUILD)/bench_fp8_gemm $(BUILD)/bench_decode_linear \
+         $(BUILD)/train_gpt_trace
 
 .PHONY: all train test dataset venv clean
 .DELETE_ON_ERROR:
@@ -129,6 +130,15 @@ $(BUILD)/bench_fp8_gemm: layers/tools/bench_fp8_gemm.cu | $(BUILD)
 # (`build/bench_decode_linear --help`).
 $(BUILD)/bench_decode_linear: layers/tools/bench_decode_linear.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_decode_linear.d -o $@ $< -lcublasLt
+
+# train_gpt with the decode step's per-block timeline compiled in (-DKERNEL_TRACE): `GPT_TRACE_FILE=t.csv
+# build/train_gpt_trace --generate ...`, then `scripts/decode_trace.py t.csv` (layers/generate/decode_trace.cuh).
+TRACE_OBJS := $(filter-out $(BUILD)/flash2_decode.o,$(ATTN_OBJS)) $(BUILD)/flash2_decode_trace.o
+$(BUILD)/flash2_decode_trace.o: attention/decode/flash2_decode.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MF $(BUILD)/flash2_decode_trace.d -c -o $@ $<
+$(BUILD)/train_gpt_trace: train_gpt.cu $(TRACE_OBJS) $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MF $(BUILD)/train_gpt_trace.d -o $@ $< $(TRACE_OBJS) -lcublasLt \
+		-lcublas $(TRAIN_GPT_NCCL)
 
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas

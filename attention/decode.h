@@ -101,6 +101,11 @@ void decode_cache_append(const __nv_bfloat16* k_new, const __nv_bfloat16* v_new,
 // num_splits = 0 the workspace must hold decode_workspace_bytes(shape, decode_num_splits(...)).
 // CUDA errors exit with a message (attention/common/cuda_check.h).
 void decode_attention(const DecodeArgs* args, cudaStream_t stream);
+#ifdef KERNEL_TRACE
+// Builds with -DKERNEL_TRACE: the decode kernels record their blocks into `buffer` (a KernelTraceBuffer,
+// attention/common/kernel_trace.cuh; NULL: they stop), in stream order.
+cudaError_t decode_attention_trace_arm(void* buffer, cudaStream_t stream);
+#endif
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,7 @@ step clock and window arithmetic (NVML itself needs a GPU), and the benchmarks' 
 and table1.py with stand-in children; torch_gpt.py's float8 layer choice and its error without torchao), and
 bench_generate.py's arguments, the train_gpt lines it reads, its bounds and table, its runs of two builds
 in turns (--baseline, with stand-in builds: the order, the medians, the tokens compared), and its error
-without transformers.
+without transformers; decode_trace.py's kernel instances, steps and per-kind times on a stand-in trace.
 """
 import contextlib
 import io
@@ -804,6 +804,62 @@ def test_bench_generate_fails_clearly_without_torch_or_transformers():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_generate.py"), "--models", "gpt2-124m"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "needs transformers" in r.stderr, (r.returncode, r.stderr)
+
+
+# ---- decode_trace.py: kernel instances, steps and per-kind times from a stand-in trace ----
+
+def _write_decode_trace(path, steps, swap=None):
+    """A trace of `steps` steps of one layer: A, E, Q (2 blocks), S (2: one empty split 's'), C, P, F, R, N, D,
+    each kernel 10 us long after the previous one's end plus 1 us of wait; blocks start 3 us before ready.
+    swap (tag, seconds): that kind's kernels last this much longer (a planted change the summary must show)."""
+    blocks = {"Q": 2, "S": 2}
+    t, lines = 1_000_000, ["tag,block,smid,aux,start,ready,end"]
+    for _ in range(steps):
+        for tag in "AEQSCPFRND":
+            ready = t + 1000
+            end = ready + 10_000 + (swap[1] * 1000 if swap and swap[0] == tag else 0)
+            for b in range(blocks.get(tag, 1)):
+                # the second block ends 2 us early: its drain shows in the median end
+                name = "s" if (tag, b) == ("S", 1) else tag
+                lines.append(f"{name},{b},{b},0,{ready - 3000},{ready + 100 * b},{end - 2000 * b}")
+            t = end
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_decode_trace_instances_steps_and_kinds():
+    import decode_trace
+    path = os.path.join(WORK, "trace.csv")
+    _write_decode_trace(path, 3)
+    inst = decode_trace.kernel_instances(decode_trace.read_records(path))
+    assert len(inst) == 30 and [i["tag"] for i in inst[:10]] == list("AEQSCPFRND"), [i["tag"] for i in inst]
+    assert inst[2]["blocks"] == 2 and inst[3]["blocks"] == 2, inst[2:4]  # the empty split counts as a split
+    steps = decode_trace.split_steps(inst)
+    assert [len(s) for s in steps] == [10, 10, 10], [len(s) for s in steps]
+    summ = decode_trace.kind_summary(steps)
+    q = summ["Q"]  # each kernel adds 1 us of wait + 10 us; the second block ends 2 us early
+    assert q["count"] == 1 and abs(q["adds_us"] - 11.0) < 1e-9 and abs(q["wait"] - 1.0) < 1e-9, q
+    assert abs(q["busy"] - 10.0) < 1e-9 and abs(q["ramp"] - 0.05) < 1e-9 and abs(q["drain"] - 1.0) < 1e-9, q
+    assert "A" not in summ and abs(sum(s["adds_us"] for s in summ.values()) - 99.0) < 1e-9, summ
+    out = io.StringIO()
+    decode_trace.print_report(steps, summ, out)
+    assert "qkv" in out.getvalue() and "99.0" in out.getvalue(), out.getvalue()
+    # planted: fc 5 us longer in every step moves exactly fc's share
+    _write_decode_trace(path, 3, swap=("F", 5))
+    planted = decode_trace.kind_summary(decode_trace.split_steps(
+        decode_trace.kernel_instances(decode_trace.read_records(path))))
+    assert abs(planted["F"]["adds_us"] - 16.0) < 1e-9 and abs(planted["Q"]["adds_us"] - 11.0) < 1e-9, planted
+    # not a trace, an unknown tag
+    for text, why in (("a,b\n1,2\n", "not a decode trace"), ("tag,block,smid,aux,start,ready,end\nZ,0,0,0,1,2,3\n",
+                                                            "unknown kernel tag")):
+        with open(path, "w") as f:
+            f.write(text)
+        try:
+            decode_trace.read_records(path)
+            raise AssertionError(f"{text!r} accepted")
+        except SystemExit as e:
+            assert why in str(e), e
+
 
 if __name__ == "__main__":
     try:

@@ -26,6 +26,7 @@
 
 #include "attention/common/attention_math.cuh"
 #include "attention/common/dependent_launch.cuh"
+#include "attention/common/kernel_trace.cuh"
 #include "attention/common/mma_common.cuh"
 #include "attention/decode.h"
 
@@ -98,7 +99,9 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
     __nv_bfloat16* v_tiles = k_tiles + DECODE_STAGES * Cfg::TILE_ELEMS;
     __nv_bfloat16* q_tile = v_tiles + DECODE_STAGES * Cfg::TILE_ELEMS;  // [16·MT rows][HD]
 
+    KernelTraceStamp trace = kernel_trace_begin();
     wait_for_prerequisite_grid();  // launched as a dependent of the kernel writing q and the cache
+    kernel_trace_ready(&trace);
     const int split = blockIdx.x, b = blockIdx.z;
     const int kvh = blockIdx.y / p.row_groups, row0 = (blockIdx.y % p.row_groups) * 16 * MT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,6 +123,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
             const int t = R / p.G, h = kvh * p.G + R % p.G;
             p.part_lse[(((long)b * p.Tq + t) * p.NH + h) * p.splits + split] = -INFINITY;
         }
+        kernel_trace_end(&trace, 's', (unsigned)split);
         return;
     }
 
@@ -305,6 +309,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_split_kernel(const Deco
             if (tq == 0) p.part_lse[part] = lse;
         }
     }
+    kernel_trace_end(&trace, 'S', (unsigned)split);
 }
 
 constexpr int COMBINE_WARPS = 8;
@@ -335,8 +340,14 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decode_combine_kernel(const D
     __shared__ float weight[DECODE_MAX_SPLITS];
     __shared__ float scratch[COMBINE_WARPS];
     __shared__ __align__(16) float partial[COMBINE_WARPS][HD];
+    KernelTraceStamp trace = kernel_trace_begin();
     wait_for_prerequisite_grid();
-    allow_dependent_launch();  // the next kernel (a projection) may start loading its weights
+    kernel_trace_ready(&trace);
+    // With one query row per head (B·Tq = 1: NH blocks) the next kernel (a projection) may start
+    // loading its weights now; with more rows its blocks' weight stream slows this merge more than its
+    // early start gains, so it launches at this kernel's exit (GPT3-1.3B on an H200, ms per token
+    // early / at exit: batch 1 1.265 / 1.276, batch 4 1.504 / 1.467; layers/PERF_NOTES.md 39).
+    if (gridDim.x == (unsigned)p.NH) allow_dependent_launch();
     const long row = blockIdx.x;  // (b·Tq + t)·NH + h
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
     const float* lse_s = p.part_lse + row * p.splits;
@@ -377,6 +388,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decode_combine_kernel(const D
             p.lse[((long)b * p.NH + h) * p.Tq + t] = lse;
         }
     }
+    kernel_trace_end(&trace, 'C', (unsigned)p.splits);
 }
 
 // m-tiles per block for M query rows per K/V head: 1, 2 or 4 (more than 64 rows: row groups of 64).
@@ -554,5 +566,11 @@ void decode_attention(const DecodeArgs* a, cudaStream_t stream) {
         default: launch_hd<128>(p, s->B, MT, stream); break;
     }
 }
+
+#ifdef KERNEL_TRACE
+cudaError_t decode_attention_trace_arm(void* buffer, cudaStream_t stream) {
+    return kernel_trace_arm((KernelTraceBuffer*)buffer, stream);
+}
+#endif
 
 }  // extern "C"

@@ -39,6 +39,7 @@
 #define DECODE_LINEAR_CUH
 
 #include "attention/common/dependent_launch.cuh"
+#include "attention/common/kernel_trace.cuh"
 #include "layers/model/gelu.cuh"
 #include "layers/model/layernorm.cuh"
 
@@ -250,12 +251,14 @@ static __global__ void __launch_bounds__(DL_WARPS * 32)
     __shared__ float partial[2 * DL_WARPS][16][DL_FEATURES];  // two halves, tiles in turn
     __shared__ float mean[DECODE_LINEAR_MAX_ROWS], rstd[DECODE_LINEAR_MAX_ROWS];
     extern __shared__ __align__(16) unsigned char a_smem[];
+    KernelTraceStamp trace = kernel_trace_begin();
     allow_dependent_launch();
     DLWork k = dl_work(M, IC, OC, tiles_per_block, G);
     uint4 b0[G], b1[G];
     dl_load_item<G>(b0, k, w, 0);  // weights: no earlier kernel writes them
     dl_load_item<G>(b1, k, w, 1);
     wait_for_prerequisite_grid();
+    kernel_trace_ready(&trace);
     if (ops.ln_w) dl_row_statistics(mean, rstd, x, M, IC);
     __syncthreads();
     k.a_staged = a_staged, k.a = x, k.a_stride = IC;
@@ -275,6 +278,7 @@ static __global__ void __launch_bounds__(DL_WARPS * 32)
         dl_load_item<G>(b1, k, w, i + 3);
         if ((i + 1) % k.groups == k.groups - 1) dl_finish_tile(c, partial, y, ops, k, k.tile0 + (i + 1) / k.groups);
     }
+    kernel_trace_end(&trace, ops.kv.k ? 'Q' : ops.gelu ? 'F' : IC > OC ? 'R' : 'P', (unsigned)M);
 }
 
 // ---- host -----------------------------------------------------------------------------------------

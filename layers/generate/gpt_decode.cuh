@@ -80,11 +80,13 @@ static size_t kv_cache_layer_elems(const KVCache* c) { return (size_t)c->B * c->
 
 // starts[b] = lengths[b], lengths[b] += Tq (one thread per sequence).
 static __global__ void gpt_decode_advance_kernel(int* lengths, int* starts, int B, int Tq) {
+    KernelTraceStamp trace = kernel_trace_begin();
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b < B) {
         starts[b] = lengths[b];
         lengths[b] += Tq;
     }
+    kernel_trace_end(&trace, 'A', (unsigned)B);
 }
 
 // One thread per 8 channels of a row (b, t): out[row] = wte[tokens[row]] + wpe[lengths[b] − Tq + t].
@@ -92,6 +94,7 @@ static __global__ void __launch_bounds__(256)
     gpt_decode_embed_kernel(__nv_bfloat16* __restrict__ out, const int* __restrict__ tokens,
                             const int* __restrict__ lengths, const __nv_bfloat16* __restrict__ wte,
                             const __nv_bfloat16* __restrict__ wpe, int Tq, int C, size_t total_vecs) {
+    KernelTraceStamp trace = kernel_trace_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total_vecs) return;
     const int vecs = C / 8;
@@ -105,6 +108,7 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] += p[k];
     store16(out + row * C + c, bf16x8_pack(a));
+    kernel_trace_end(&trace, 'E', 0);
 }
 
 // One thread per 8 channels: out[b] = in[b·Tq + Tq − 1] (the last new row of each sequence).
@@ -129,6 +133,7 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
     constexpr bool EARLY = VPL <= 12;  // beyond, the weights would not fit beside x in registers
     const int lane = threadIdx.x % 32, row = blockIdx.x * (LN_FWD_THREADS / 32) + threadIdx.x / 32;
     const int vecs = C / 8;
+    KernelTraceStamp trace = kernel_trace_begin();
     uint4 w[VPL], b[VPL], v[VPL];  // w and b unused (and not allocated) unless EARLY
 #pragma unroll
     for (int i = 0; i < VPL; i++)
@@ -137,6 +142,7 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
             b[i] = load16(bias + (i * 32 + lane) * 8);
         }
     wait_for_prerequisite_grid();
+    kernel_trace_ready(&trace);
     allow_dependent_launch();
     if (row >= N) return;
 #pragma unroll
@@ -151,6 +157,7 @@ static __global__ void __launch_bounds__(LN_FWD_THREADS)
             store16(out + (size_t)row * C + c, layernorm_chunk(v[i], EARLY ? w[i] : load16(weight + c),
                                                                EARLY ? b[i] : load16(bias + c), mean, rstd));
     }
+    kernel_trace_end(&trace, 'N', (unsigned)N);
 }
 
 static void gpt_decode_layernorm(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* weight,

@@ -16,6 +16,7 @@
 
 #include "layers/generate/gpt_decode.cuh"
 #include "layers/generate/gpt_sample.cuh"
+#include "layers/generate/decode_trace.cuh"
 
 #define GEN_CHUNK 32                 // tokens per copy to the host
 #define GEN_RING_ROWS (2 * GEN_CHUNK)  // the ring holds the chunk being copied and the one being drawn
@@ -120,7 +121,9 @@ static void gpt_generator_step(GPTGenerator* g) {
         gpt_generator_draw(g);
         return;
     }
+    decode_trace_replay(d->model->stream, 1);  // nothing unless built with -DKERNEL_TRACE
     CUDA_CHECK(cudaGraphLaunch(g->graph, d->model->stream));
+    decode_trace_replay(d->model->stream, 0);
 }
 
 // Copies ring rows of tokens [first, first + n) (within one half of the ring) to the host; the event

@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention/common/kernel_trace.cuh"
 #include "layers/cuda_common.h"
 
 #define GEN_SAMPLE_THREADS 1024
@@ -207,6 +208,7 @@ static __global__ void __launch_bounds__(GEN_SAMPLE_THREADS)
     gen_sample_kernel(const __nv_bfloat16* __restrict__ logits, int Vp, int V, GenSampling g,
                       unsigned long long* counters, int* next, int* ring, int ring_rows, int B) {
     __shared__ GenSampleShared sh;
+    KernelTraceStamp trace = kernel_trace_begin();
     const int b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint16_t* row = (const uint16_t*)(logits + (size_t)b * Vp);
     const int slice = (V + 32 * GEN_SAMPLE_WARPS - 1) / (32 * GEN_SAMPLE_WARPS) * 32;  // tokens per warp
@@ -275,6 +277,7 @@ static __global__ void __launch_bounds__(GEN_SAMPLE_THREADS)
         ring[(size_t)(c % (unsigned long long)ring_rows) * B + b] = token;
         counters[b] = c + 1;
     }
+    kernel_trace_end(&trace, 'D', 0);
 }
 
 // Draws the next token of each of B sequences (see the top of the file) on `stream`.
