@@ -1,6 +1,6 @@
 // decode_trace.cuh: the per-block timeline of a few replayed decode steps, for seeing which kernel of
 // the step waits on which (attention/common/kernel_trace.cuh records it). Only in a build with
-// -DKERNEL_TRACE (`make train_gpt_trace`); elsewhere decode_trace_replay does nothing.
+// -DKERNEL_TRACE (`make build/train_gpt_trace`); elsewhere decode_trace_replay does nothing.
 //
 //   GPT_TRACE_FILE   the CSV to write (unset: no trace)
 //   GPT_TRACE_FIRST  the first replay traced (default 100)
