@@ -173,14 +173,7 @@ static void gpt_decode_layernorm(__nv_bfloat16* out, const __nv_bfloat16* x, con
         CUDA_CHECK(launch_dependent(gpt_decode_layernorm_kernel<V>, grid, LN_FWD_THREADS, 0, s, out, x, weight, bias, \
                                     N, C));                                                                        \
         break;
-        GPT_DECODE_LN_CASE(2)
-        GPT_DECODE_LN_CASE(4)
-        GPT_DECODE_LN_CASE(6)
-        GPT_DECODE_LN_CASE(8)
-        GPT_DECODE_LN_CASE(10)
-        GPT_DECODE_LN_CASE(12)
-        GPT_DECODE_LN_CASE(16)
-        GPT_DECODE_LN_CASE(32)
+        LAYERNORM_FOR_EACH_VPL(GPT_DECODE_LN_CASE)
 #undef GPT_DECODE_LN_CASE
     }
 }

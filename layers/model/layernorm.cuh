@@ -51,6 +51,9 @@ static int layernorm_max_vpl(int C) {
     return 32;
 }
 
+// The switch cases of every launch over layernorm_max_vpl's values: CASE(V) for each.
+#define LAYERNORM_FOR_EACH_VPL(CASE) CASE(2) CASE(4) CASE(6) CASE(8) CASE(10) CASE(12) CASE(16) CASE(32)
+
 static void layernorm_check(const char* who, int N, int C) {
     LAYER_REQUIRE(N >= 1 && C >= 8 && C % 8 == 0 && C <= LAYERNORM_MAX_C,
                   "%s: N = %d, C = %d: need N >= 1 and C a multiple of 8 (hidden sizes are multiples of 64) "
@@ -148,14 +151,7 @@ static void layernorm_forward(__nv_bfloat16* out, float* mean, float* rstd, cons
         layernorm_forward_kernel<V>                                                                            \
             <<<grid, LN_FWD_THREADS, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);                     \
         break;
-        LN_FWD_CASE(2)
-        LN_FWD_CASE(4)
-        LN_FWD_CASE(6)
-        LN_FWD_CASE(8)
-        LN_FWD_CASE(10)
-        LN_FWD_CASE(12)
-        LN_FWD_CASE(16)
-        LN_FWD_CASE(32)
+        LAYERNORM_FOR_EACH_VPL(LN_FWD_CASE)
 #undef LN_FWD_CASE
     }
     CUDA_CHECK(cudaGetLastError());
