@@ -48,6 +48,10 @@
 #define DL_FEATURES 8 // output features per block (one n8 tile)
 #define DL_GROUP 4        // steps of 32 k of w per group; each lane has two groups in flight
 #define DL_GROUP_DEEP 8   // the same where the tiles are few: fewer blocks, more bytes in flight each
+// Blocks an SM must hold of each kernel (its launch bounds): three of the plain kernel at up to 8 rows
+// (80 registers; allowed more, it fits two per SM and the products' chain took 2.3% longer,
+// layers/PERF_NOTES.md 40), two of the others, whose groups of 8 steps (or rows g + 8) need more registers.
+#define DL_BLOCKS_PER_SM(TWO_ROW_TILES, G) ((!(TWO_ROW_TILES) && (G) == DL_GROUP) ? 3 : 2)
 #define DL_A_PAD 32   // bf16 after each staged row of A: rows g and g + 1 fall in other banks
 #define DL_A_STAGED_SMALL_BYTES (32 << 10)  // A goes to shared memory when it is this small,
 #define DL_A_STAGED_MAX_BYTES (100 << 10)   // and a LayerNorm's A when it fits in this
@@ -82,13 +86,14 @@ static __device__ __forceinline__ uint4 dl_load_weights(const __nv_bfloat16* p) 
     return v;
 }
 
-// c (16x8 fp32) += a (16x16 bf16, row) · b (16x8 bf16, col).
+// c (16x8 fp32) += a (16x16 bf16, row) · b (16x8 bf16, col). Not volatile: it has no effect beyond c,
+// so the compiler may order it freely against the (volatile) weight loads.
 static __device__ __forceinline__ void dl_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Mean and rstd of rows warp, warp + DL_WARPS, ... of x (M, IC) into shared memory, in
@@ -126,9 +131,11 @@ static __device__ __forceinline__ uint4 dl_load_a(const __nv_bfloat16* __restric
 
 // The 32 k of one step: lane (g, t) holds k 8t .. 8t+7 of a's rows g and g+8 and of w's row g. Words
 // 0, 1 of each feed the first mma (as k 2t, 2t+1 and 2t+8, 2t+9 of its 16), words 2, 3 the second.
-static __device__ __forceinline__ void dl_step(float c[4], uint4 lo, uint4 hi, uint4 w) {
+// The two mma add into separate accumulators (c[0..3], c[4..7]; summed at the tile's end): one chain
+// would make every mma wait for the one before, and a group's reload waits for its last mma.
+static __device__ __forceinline__ void dl_step(float c[8], uint4 lo, uint4 hi, uint4 w) {
     dl_mma(c, lo.x, hi.x, lo.y, hi.y, w.x, w.y);
-    dl_mma(c, lo.z, hi.z, lo.w, hi.w, w.z, w.w);
+    dl_mma(c + 4, lo.z, hi.z, lo.w, hi.w, w.z, w.w);
 }
 
 // The epilogue of one output (row, feature o) from its fp32 sum.
@@ -181,7 +188,7 @@ static __device__ __forceinline__ uint4 dl_a(const DLWork& k, const DecodeLinear
 
 // The mma of item i's steps from buf into c.
 template <bool TWO_ROW_TILES, int G>
-static __device__ __forceinline__ void dl_multiply_item(float c[4], const uint4 buf[G], const DLWork& k,
+static __device__ __forceinline__ void dl_multiply_item(float c[8], const uint4 buf[G], const DLWork& k,
                                                         const DecodeLinearOps& ops, const float* mean,
                                                         const float* rstd, int i) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -201,13 +208,14 @@ static __device__ __forceinline__ void dl_multiply_item(float c[4], const uint4 
 // use the two halves of the partials in turn, so a tile's writes never meet the reads of the tile before
 // it (a thread writes a half again only after the barrier of the tile between, which every reader of
 // that half has passed).
-static __device__ void dl_finish_tile(float c[4], float (*partials)[16][DL_FEATURES], __nv_bfloat16* y,
+static __device__ void dl_finish_tile(float c[8], float (*partials)[16][DL_FEATURES], __nv_bfloat16* y,
                                       const DecodeLinearOps& ops, const DLWork& k, int tile) {
     float(*partial)[16][DL_FEATURES] = partials + (tile % 2) * DL_WARPS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    partial[warp][g][2 * t] = c[0], partial[warp][g][2 * t + 1] = c[1];
-    partial[warp][g + 8][2 * t] = c[2], partial[warp][g + 8][2 * t + 1] = c[3];
-    c[0] = c[1] = c[2] = c[3] = 0.0f;
+    partial[warp][g][2 * t] = c[0] + c[4], partial[warp][g][2 * t + 1] = c[1] + c[5];
+    partial[warp][g + 8][2 * t] = c[2] + c[6], partial[warp][g + 8][2 * t + 1] = c[3] + c[7];
+#pragma unroll
+    for (int i = 0; i < 8; i++) c[i] = 0.0f;
     __syncthreads();
     const int row = threadIdx.x / DL_FEATURES, f = threadIdx.x % DL_FEATURES;
     if (row < k.M) {
@@ -245,7 +253,7 @@ static __device__ DLWork dl_work(int M, int IC, int OC, int tiles_per_block, int
 // when a_staged (M·(IC + DL_A_PAD) bf16). Each block streams its tiles' weights with two groups of G
 // steps per lane in flight (buffers b0 and b1 in turn, no register copies that would wait for a load).
 template <bool TWO_ROW_TILES, int G>  // M > 8: a's rows g + 8 are real; G: steps of 32 k per group
-static __global__ void __launch_bounds__(DL_WARPS * 32)
+static __global__ void __launch_bounds__(DL_WARPS * 32, DL_BLOCKS_PER_SM(TWO_ROW_TILES, G))
     decode_linear_kernel(__nv_bfloat16* y, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          DecodeLinearOps ops, int M, int IC, int OC, int tiles_per_block, int a_staged) {
     __shared__ float partial[2 * DL_WARPS][16][DL_FEATURES];  // two halves, tiles in turn
@@ -267,7 +275,7 @@ static __global__ void __launch_bounds__(DL_WARPS * 32)
         k.a = (const __nv_bfloat16*)a_smem, k.a_stride = IC + DL_A_PAD;
         __syncthreads();
     }
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float c[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const int items = k.tiles * k.groups;
     for (int i = 0; i < items; i += 2) {
         dl_multiply_item<TWO_ROW_TILES, G>(c, b0, k, ops, mean, rstd, i);
