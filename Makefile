@@ -94,12 +94,12 @@ $(NCCL_STAMP): | $(BUILD)
 	touch $@
 
 train_gpt: train_gpt.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
 
 # The one-GPU build, without NCCL, whatever this machine has (the tests check its refusal of a
 # multi-process launch).
 $(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MF $(BUILD)/train_gpt_no_nccl.d -o $@ $< $(ATTN_OBJS) \
+	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MP -MF $(BUILD)/train_gpt_no_nccl.d -o $@ $< $(ATTN_OBJS) \
 		-lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
@@ -107,37 +107,37 @@ $(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
 ATTN_SRC_DIRS := attention attention/naive attention/flash1 attention/flash2 attention/decode attention/tools
 define attention_object_rule
 $$(BUILD)/%.o: $(1)/%.cu | $$(BUILD)
-	$$(NVCC) $$(NVCC_FLAGS) -Xcompiler -fPIC -MD -MF $$(BUILD)/$$*.d -c -o $$@ $$<
+	$$(NVCC) $$(NVCC_FLAGS) -Xcompiler -fPIC -MD -MP -MF $$(BUILD)/$$*.d -c -o $$@ $$<
 endef
 $(foreach dir,$(ATTN_SRC_DIRS),$(eval $(call attention_object_rule,$(dir))))
 
 $(BUILD)/attention_tool: attention/tools/attention_tool.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/attention_tool.d -o $@ $< $(ATTN_OBJS) -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/attention_tool.d -o $@ $< $(ATTN_OBJS) -lcublas
 
 # Times candidate flash2 block shapes (a development tool; built so that it keeps compiling).
 $(BUILD)/flash2_tune: attention/tools/flash2_tune.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/flash2_tune.d -o $@ $<
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/flash2_tune.d -o $@ $<
 
 # The GEMM and copy ceilings scripts/profile_step.py compares the step's kernels against.
 $(BUILD)/gpu_ceilings: layers/tools/gpu_ceilings.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/gpu_ceilings.d -o $@ $< -lcublasLt
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/gpu_ceilings.d -o $@ $< -lcublasLt
 
 # The linear layers' GEMMs in bf16 and FP8 and the FP8 casts, timed (`build/bench_fp8_gemm --help`).
 $(BUILD)/bench_fp8_gemm: layers/tools/bench_fp8_gemm.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_fp8_gemm.d -o $@ $< -lcublasLt
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/bench_fp8_gemm.d -o $@ $< -lcublasLt
 
 # The decode step's linear layers at 1-16 rows: decode_linear against cuBLASLt and the copy rate
 # (`build/bench_decode_linear --help`).
 $(BUILD)/bench_decode_linear: layers/tools/bench_decode_linear.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/bench_decode_linear.d -o $@ $< -lcublasLt
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/bench_decode_linear.d -o $@ $< -lcublasLt
 
 # train_gpt with the decode step's per-block timeline compiled in (-DKERNEL_TRACE): `GPT_TRACE_FILE=t.csv
 # build/train_gpt_trace --generate ...`, then `scripts/decode_trace.py t.csv` (layers/generate/decode_trace.cuh).
 TRACE_OBJS := $(filter-out $(BUILD)/flash2_decode.o,$(ATTN_OBJS)) $(BUILD)/flash2_decode_trace.o
 $(BUILD)/flash2_decode_trace.o: attention/decode/flash2_decode.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MF $(BUILD)/flash2_decode_trace.d -c -o $@ $<
+	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MP -MF $(BUILD)/flash2_decode_trace.d -c -o $@ $<
 $(BUILD)/train_gpt_trace: train_gpt.cu $(TRACE_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MF $(BUILD)/train_gpt_trace.d -o $@ $< $(TRACE_OBJS) -lcublasLt \
+	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MP -MF $(BUILD)/train_gpt_trace.d -o $@ $< $(TRACE_OBJS) -lcublasLt \
 		-lcublas $(TRAIN_GPT_NCCL)
 
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
@@ -162,59 +162,59 @@ $(BUILD)/test_%: $(BUILD)/test_%.o
 	$(CC) $(TEST_CFLAGS) -o $@ $^ -lm
 
 $(BUILD)/test_gpu_%: test/test_gpu_%.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_$*.d -o $@ $<
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_$*.d -o $@ $<
 
 # GPU tests link nvcc code with the CPU reference, built here without sanitizers (nvcc links no ASan).
 $(BUILD)/%_plain.o: test/%.c | $(BUILD)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -I. $(DEPFLAGS) -c -o $@ $<
 
 $(BUILD)/test_gpu_attention: test/test_gpu_attention.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_attention.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) -lcublas
 
 $(BUILD)/test_gpu_decode: test/test_gpu_decode.cu $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode.d -o $@ $< $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_decode.d -o $@ $< $(BUILD)/flash2_decode.o $(BUILD)/kv_cache.o
 
 $(BUILD)/test_gpu_matmul: test/test_gpu_matmul.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_matmul.d -o $@ $< $(BUILD)/cpu_reference_plain.o -lcublasLt -lcublas
 
 # The FP8 casts, scales and GEMMs (layers/model/fp8_cast.cuh, fp8_scaling.cuh, matmul_fp8.cuh).
 $(BUILD)/test_gpu_fp8: test/test_gpu_fp8.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_fp8.d -o $@ $< -lcublasLt -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_fp8.d -o $@ $< -lcublasLt -lcublas
 
 $(BUILD)/test_gpu_decode_linear: test/test_gpu_decode_linear.cu | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_decode_linear.d -o $@ $< -lcublasLt -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_decode_linear.d -o $@ $< -lcublasLt -lcublas
 
 $(BUILD)/test_gpu_layers: test/test_gpu_layers.cu $(BUILD)/cpu_reference_plain.o | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_layers.d -o $@ $< $(BUILD)/cpu_reference_plain.o
 
 $(BUILD)/test_gpu_gpt: test/test_gpu_gpt.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_gpt.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o \
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_gpt.d -o $@ $< $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o \
 		$(ATTN_OBJS) -lcublasLt -lcublas
 
 $(BUILD)/test_gpu_recompute: test/test_gpu_recompute.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_recompute.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_recompute.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
 		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
 
 # multi_gpu.cuh on one GPU through a one-rank NCCL communicator (skips in a build without NCCL).
 $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
 
 # The ring attention of context parallelism (layers/context_parallel/) on 1, 2 and 4 forked ranks against
 # flash2 on the whole sequence (skips in a build without NCCL, and where there are fewer GPUs).
 $(BUILD)/test_gpu_context_parallel: test/test_gpu_context_parallel.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) \
 		$(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_context_parallel.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_context_parallel.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
 		$(ATTN_OBJS) -lcublas $(TRAIN_GPT_NCCL)
 
 $(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
 		$(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) -lcublasLt -lcublas
 
 # Every kernel family on small odd shapes, for scripts/sanitize.sh (compute-sanitizer). The launch
 # entry points of the CUDA runtime are wrapped at link time, so the program can say which kernels ran.
 SANITIZE_WRAP := $(foreach fn,cudaLaunchKernel __cudaLaunchKernel cudaLaunchKernelExC,-Xlinker --wrap=$(fn))
 $(BUILD)/sanitize_kernels: test/sanitize_kernels.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MF $(BUILD)/sanitize_kernels.d -o $@ $< $(ATTN_OBJS) $(SANITIZE_WRAP) -lcublasLt -lcublas
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/sanitize_kernels.d -o $@ $< $(ATTN_OBJS) $(SANITIZE_WRAP) -lcublasLt -lcublas
 
 # ---- fuzzing (make fuzz) -------------------------------------------------------------------------
 # libFuzzer targets for the parsers of files a user hands us (test/fuzz/README.md): token shards,
