@@ -61,15 +61,24 @@ PLAN = ["--plan-only", "--train-data", SHARD, "--val-data", "", "--checkpoint-di
 
 # ---- without a GPU: the plan, the flags, bad files -------------------------------------------------------
 
+def cut_at(examples, T):
+    """How many examples keep only the end of their context in rows of T positions: a row holds the
+    context and the completion but its last token (that one is only a target)."""
+    return sum(any(len(ctx) + len(c) - 1 > T for c in comps) for ctx, comps, _ in examples)
+
+
 def test_plan_reads_the_file_prepare_hellaswag_writes():
-    path = write_examples("plan.bin", random_examples(7))
+    examples = random_examples(7)
+    examples[0] = ([7] * 40, [[8]], 0)  # always one to cut: random contexts alone fit T = 32 in ~8% of runs
+    path = write_examples("plan.bin", examples)
     r = run(*PLAN, "--eval-data", path, "--eval-every", "5", "--max-steps", "10")
     assert r.returncode == 0, r.stderr
     assert f"eval data    {path}: 7 of 7 examples" in r.stdout, r.stdout
     assert "before the first, every 5 steps and after the last" in r.stdout, r.stdout
     r = run(*PLAN, "--eval-data", path, "--eval-examples", "3")
     assert r.returncode == 0 and f"{path}: 3 of 7 examples" in r.stdout, r.stdout + r.stderr
-    assert "after the last step" in r.stdout and "keep only the end of their context" in r.stdout, r.stdout
+    cut = f"; {cut_at(examples, MAX_T)} keep only the end of their context at {MAX_T} positions"
+    assert "after the last step" in r.stdout and cut in r.stdout, r.stdout
 
 
 def test_eval_flags_that_cannot_work_are_refused():
