@@ -82,9 +82,11 @@ NCCL := $(shell printf '\043include <nccl.h>\nint main(void) { int v; return ncc
           >/dev/null 2>&1 && echo 1 || echo 0)
 endif
 ifeq ($(NCCL),1)
-TRAIN_GPT_NCCL := $(NCCL_INCLUDE) $(NCCL_LIBS)
+TRAIN_GPT_NCCL_FLAGS := $(NCCL_INCLUDE)
+TRAIN_GPT_NCCL_LIBS := $(NCCL_LIBS)
 else
-TRAIN_GPT_NCCL := -DTRAIN_GPT_NO_NCCL
+TRAIN_GPT_NCCL_FLAGS := -DTRAIN_GPT_NO_NCCL
+TRAIN_GPT_NCCL_LIBS :=
 $(info make: $(if $(filter command line,$(origin NCCL)),NCCL=0,NCCL not found (nccl.h and -lnccl)): train_gpt is built for one GPU; for multi-GPU install NCCL, or set NCCL_INCLUDE and NCCL_LIBS)
 endif
 # A stamp file per NCCL setting, so train_gpt is rebuilt when it changes between 1 and 0.
@@ -93,14 +95,33 @@ $(NCCL_STAMP): | $(BUILD)
 	rm -f $(BUILD)/nccl_[01]
 	touch $@
 
-train_gpt: train_gpt.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/train_gpt.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+# The commit the trainers are built from (+ "-dirty" when tracked files differ from it; GIT_COMMIT=...
+# names it where the tree's git metadata is stale or absent) and the GPU targets, for the plan and
+# --version: build/build_info.c is rewritten only when they change, so a new commit relinks the
+# trainers without compiling them again. The links take only the objects of their prerequisites: an
+# older build's dependency file may still list headers as the trainer's own.
+BUILD_COMMIT := $(or $(GIT_COMMIT),$(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git rev-parse \
+                --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD -- 2>/dev/null && echo -dirty),unknown)
+BUILD_INFO := $(BUILD_COMMIT), built for $(foreach arch,$(GPU_ARCH),sm_$(arch))
+$(BUILD)/build_info.c: FORCE | $(BUILD)
+	@printf 'const char train_gpt_build[] = "%s";\n' '$(BUILD_INFO)' >$@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(BUILD)/build_info.o: $(BUILD)/build_info.c
+	$(CC) -c -o $@ $<
+.PHONY: FORCE
+FORCE:
+
+$(BUILD)/train_gpt.o: train_gpt.cu $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) $(TRAIN_GPT_NCCL_FLAGS) -MD -MP -MF $(BUILD)/train_gpt.d -c -o $@ $<
+train_gpt: $(BUILD)/train_gpt.o $(ATTN_OBJS) $(BUILD)/build_info.o
+	$(NVCC) $(NVCC_FLAGS) -o $@ $(filter %.o,$^) -lcublasLt -lcublas $(TRAIN_GPT_NCCL_LIBS)
 
 # The one-GPU build, without NCCL, whatever this machine has (the tests check its refusal of a
 # multi-process launch).
-$(BUILD)/train_gpt_no_nccl: train_gpt.cu $(ATTN_OBJS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MP -MF $(BUILD)/train_gpt_no_nccl.d -o $@ $< $(ATTN_OBJS) \
-		-lcublasLt -lcublas
+$(BUILD)/train_gpt_no_nccl.o: train_gpt.cu | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DTRAIN_GPT_NO_NCCL -MD -MP -MF $(BUILD)/train_gpt_no_nccl.d -c -o $@ $<
+$(BUILD)/train_gpt_no_nccl: $(BUILD)/train_gpt_no_nccl.o $(ATTN_OBJS) $(BUILD)/build_info.o
+	$(NVCC) $(NVCC_FLAGS) -o $@ $(filter %.o,$^) -lcublasLt -lcublas
 
 # ---- attention backends, the attention tool and the library the Python scripts load ---------------
 # Every attention source folder compiles to build/ (object names are unique across the folders).
@@ -136,9 +157,10 @@ $(BUILD)/bench_decode_linear: layers/tools/bench_decode_linear.cu | $(BUILD)
 TRACE_OBJS := $(filter-out $(BUILD)/flash2_decode.o,$(ATTN_OBJS)) $(BUILD)/flash2_decode_trace.o
 $(BUILD)/flash2_decode_trace.o: attention/decode/flash2_decode.cu | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MP -MF $(BUILD)/flash2_decode_trace.d -c -o $@ $<
-$(BUILD)/train_gpt_trace: train_gpt.cu $(TRACE_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE -MD -MP -MF $(BUILD)/train_gpt_trace.d -o $@ $< $(TRACE_OBJS) -lcublasLt \
-		-lcublas $(TRAIN_GPT_NCCL)
+$(BUILD)/train_gpt_trace.o: train_gpt.cu $(NCCL_STAMP) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DKERNEL_TRACE $(TRAIN_GPT_NCCL_FLAGS) -MD -MP -MF $(BUILD)/train_gpt_trace.d -c -o $@ $<
+$(BUILD)/train_gpt_trace: $(BUILD)/train_gpt_trace.o $(TRACE_OBJS) $(BUILD)/build_info.o
+	$(NVCC) $(NVCC_FLAGS) -o $@ $(filter %.o,$^) -lcublasLt -lcublas $(TRAIN_GPT_NCCL_LIBS)
 
 $(BUILD)/libattention.so: $(ATTN_OBJS) $(BUILD)/attention_flat_api.o
 	$(NVCC) $(NVCC_FLAGS) -shared -o $@ $^ -lcublas
@@ -197,14 +219,15 @@ $(BUILD)/test_gpu_recompute: test/test_gpu_recompute.cu $(BUILD)/cpu_reference_p
 
 # multi_gpu.cuh on one GPU through a one-rank NCCL communicator (skips in a build without NCCL).
 $(BUILD)/test_gpu_multi_gpu: test/test_gpu_multi_gpu.cu $(ATTN_OBJS) $(NCCL_STAMP) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas $(TRAIN_GPT_NCCL)
+	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_multi_gpu.d -o $@ $< $(ATTN_OBJS) -lcublasLt -lcublas \
+		$(TRAIN_GPT_NCCL_FLAGS) $(TRAIN_GPT_NCCL_LIBS)
 
 # The ring attention of context parallelism (layers/context_parallel/) on 1, 2 and 4 forked ranks against
 # flash2 on the whole sequence (skips in a build without NCCL, and where there are fewer GPUs).
 $(BUILD)/test_gpu_context_parallel: test/test_gpu_context_parallel.cu $(BUILD)/cpu_reference_plain.o $(ATTN_OBJS) \
 		$(NCCL_STAMP) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_context_parallel.d -o $@ $< $(BUILD)/cpu_reference_plain.o \
-		$(ATTN_OBJS) -lcublas $(TRAIN_GPT_NCCL)
+		$(ATTN_OBJS) -lcublas $(TRAIN_GPT_NCCL_FLAGS) $(TRAIN_GPT_NCCL_LIBS)
 
 $(BUILD)/test_gpu_generate: test/test_gpu_generate.cu $(BUILD)/cpu_reference_plain.o $(BUILD)/cpu_gpt_plain.o $(ATTN_OBJS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -MD -MP -MF $(BUILD)/test_gpu_generate.d -o $@ $< $(BUILD)/cpu_reference_plain.o \

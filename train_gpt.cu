@@ -51,6 +51,11 @@
 #include "layers/optimizer/optimizer.cuh"
 #include "layers/multi_gpu/stop_signal.h"
 
+// The commit this binary was built from ("-dirty": with uncommitted changes) and the GPU targets it was
+// compiled for: build/build_info.c, which the Makefile writes. The plan and --version print it, so a
+// log names the binary that made it, not only the tree it ran in.
+extern "C" const char train_gpt_build[];
+
 // ---------------------------------------------------------------------------------------------
 // Options: each flag is one row of OPTIONS below (its field, default, help); getopt_long parses
 // them and --help prints the same rows, so the two cannot drift apart.
@@ -113,7 +118,7 @@ typedef enum {
     OPT_SECTION,  // a heading of --help (help is its title)
     OPT_TEXT,     // a paragraph of --help, printed as it is
     OPT_STRING, OPT_INT, OPT_LONG, OPT_SEED, OPT_DOUBLE, OPT_FLAG, OPT_ATTN, OPT_RECOMPUTE, OPT_PRECISION,
-    OPT_FP8_RECIPE, OPT_ZERO, OPT_HELP
+    OPT_FP8_RECIPE, OPT_ZERO, OPT_HELP, OPT_VERSION
 } OptionKind;
 
 typedef struct {
@@ -278,6 +283,7 @@ static const OptionSpec OPTIONS[] = {
     {"peak-tflops", 0, OPT_DOUBLE, FIELD(peak_tflops), NULL, "X", 0, 0,
      "dense bf16 peak for MFU (default: by GPU name; H100/H200 SXM 989.4, A100 312)"},
     {"help", 'h', OPT_HELP, 0, NULL, NULL, 0, 0, "show this help"},
+    {"version", 0, OPT_VERSION, 0, NULL, NULL, 0, 0, "print the commit this binary was built from and its GPU targets"},
 };
 #define NUM_OPTIONS ((int)(sizeof(OPTIONS) / sizeof(OPTIONS[0])))
 #define HELP_COLUMN 30
@@ -516,6 +522,10 @@ static Options parse_options(int argc, char** argv) {
         }
         if (OPTIONS[index].kind == OPT_HELP) {
             print_usage(stdout);
+            exit(0);
+        }
+        if (OPTIONS[index].kind == OPT_VERSION) {
+            printf("train_gpt %s\n", train_gpt_build);
             exit(0);
         }
         set_option(&opt, &OPTIONS[index], optarg);
@@ -1178,6 +1188,7 @@ static void plan_gpu(Plan* p) {
     }
     if (device_count > 0) p->device = (p->launch.local_rank >= 0 ? p->launch.local_rank : p->rank) % device_count;
     p->gpu = gpu_info(p->device);
+    printf("build        %s\n", train_gpt_build);
     printf("gpus         %d (launcher: %s), zero %d", p->world, p->launch.source, opt->zero);
     if (p->cp > 1) printf(", context parallel %d (%d data-parallel group(s))", p->cp, p->dp_world);
     if (p->world > 1)

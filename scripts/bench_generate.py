@@ -58,8 +58,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt as tg  # noqa: E402
-from results_common import (Report, balanced_orders, copy_gbps, parse_list, run_metadata, text_table,  # noqa: E402
-                            write_json)
+from results_common import (Report, balanced_orders, binary_build, copy_gbps, parse_list, run_metadata,  # noqa: E402
+                            text_table, write_json)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("gpt2-124m", "gpt3-1.3b", "gpt3-2.7b")
@@ -339,8 +339,10 @@ def bench_model(args, name, gbps, records, report):
             rec["hf"] = run_hf(model, prompt, rec["batch"], args.tokens)
             report(f"{rec['model']}_p{rec['prompt']}_b{rec['batch']}: HF {json.dumps(rec['hf'])}")
         records.append(rec)
-        write_json(os.path.join(args.out, "bench_generate.json"), {**run_metadata(), "copy_gbps": gbps,
-                                                                   "records": records})
+        meta = run_metadata(args.train_gpt)
+        if args.baseline:
+            meta["baseline_build"] = binary_build(args.baseline)
+        write_json(os.path.join(args.out, "bench_generate.json"), {**meta, "copy_gbps": gbps, "records": records})
     del model
     torch.cuda.empty_cache()
 
@@ -354,10 +356,12 @@ def main(argv=None):
         return 2
     os.makedirs(args.out, exist_ok=True)
     with Report(os.path.join(args.out, "bench_generate.log")) as report:
-        meta = run_metadata()
+        meta = run_metadata(args.train_gpt)
         hf_version = "not used" if args.no_hf else __import__("transformers").__version__
         report(f"device {meta['device']}, commit {meta['commit']}, {meta['date']}; torch {torch.__version__}, "
                f"transformers {hf_version}")
+        report(f"ours: {args.train_gpt}, built from {meta['build']}" +
+               (f"; baseline: {args.baseline}, built from {binary_build(args.baseline)}" if args.baseline else ""))
         report("$ " + " ".join(shlex.quote(a) for a in sys.argv))
         gbps = copy_rate()
         report(f"copy rate {gbps:.0f} GB/s (1 GiB device-to-device, read + written)")

@@ -310,7 +310,7 @@ def main(argv=None):
     longest = max(run[2] for run in args.runs)  # batch 1: a step reads T + 1 tokens of one shard
     data = bench_train.training_data(args.train_data, args.out, 2 * longest + 1, need=longest + 1)
     json_path, md_path = bench_train.results_paths(args.results_dir, "long_context", device)
-    meta = bench_train.run_meta(device, peak, argv)
+    meta = bench_train.run_meta(device, peak, argv, args.train_gpt)
     now, commit, command = meta["date"], meta["commit"], meta["command"]
     meta.update({
             "method": f"median time of an optimizer step (batch 1) over {args.timed} steps after {args.warmup} "

@@ -163,7 +163,7 @@ def add_ratios(records):
 
 
 def write_results(args, records):
-    meta = results_common.run_metadata()
+    meta = results_common.run_metadata(train_runs.TRAIN_GPT)
     slug = results_common.gpu_slug(meta["device"])
     result = dict(meta, what=f"data-parallel training, {MODEL} seq {SEQ}, micro batch {MICRO} per GPU, "
                   f"{args.tokens_per_gpu} tokens per GPU per step: train_gpt (NCCL, ZeRO 0 and 1) and PyTorch + torch.compile (DDP under torchrun) "

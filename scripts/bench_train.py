@@ -540,13 +540,17 @@ def results_paths(results_dir, prefix, device):
     return base + ".json", base + ".md"
 
 
-def run_meta(device, peak, argv=None):
+def run_meta(device, peak, argv=None, train_gpt=None):
     """{device, date (ISO, UTC), commit, command, peak_tflops}: the header of a results file; argv the
-    arguments when main() is called with them (sys.argv otherwise)."""
-    return {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    arguments when main() is called with them (sys.argv otherwise); with train_gpt (the binary the run
+    uses), also build: what that binary was built from."""
+    meta = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": results_common.git_commit(),
             "command": shlex.join(["python3"] + (sys.argv if argv is None else [sys.argv[0], *argv])),
             "peak_tflops": peak}
+    if train_gpt:
+        meta["build"] = results_common.binary_build(train_gpt)
+    return meta
 
 
 def main(argv=None):
@@ -558,7 +562,7 @@ def main(argv=None):
     peak = peak_for(args.peak_tflops, device)
     data = training_data(args.train_data, args.out, max(2 * args.total_batch_tokens + 1, 1 << 20))
     json_path, md_path = results_paths(args.results_dir, "train", device)
-    meta = run_meta(device, peak, argv)
+    meta = run_meta(device, peak, argv, args.train_gpt)
     now, commit, command = meta["date"], meta["commit"], meta["command"]
     meta.update({
             "method": f"median time of a whole optimizer step over {args.timed} steps after {args.warmup} "

@@ -10,7 +10,10 @@ import PyTorch when called.
   peak_tflops(name)   dense bf16 peak by GPU name, the same table as data/gpt_config.h's
                       gpu_peak_bf16_tflops (test/test_scripts.py checks that they agree); 0 when unknown
   git_commit()        $GIT_COMMIT, else git rev-parse HEAD (+ "-dirty" with uncommitted changes)
-  run_metadata()      {device, date, commit, command}: what every results file records
+  binary_build(path)  what a train_gpt binary was built from (its --version)
+  run_metadata(binary)
+                      {device, date, commit, command}: what every results file records; with the
+                      train_gpt binary a run uses, also build: what that binary was built from
   write_text(path, text), write_json(path, obj)
                       written to path.tmp and renamed, so a crash never leaves half a results file
   load_previous(json_path, device, fresh)
@@ -101,10 +104,26 @@ def git_commit():
         return "unknown"
 
 
-def run_metadata():
-    """The device, date (UTC), commit and command line that every results file records."""
-    return {"device": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+def binary_build(path):
+    """What a train_gpt binary says it was built from (`path --version`: its commit, "-dirty" with
+    uncommitted changes, and its GPU targets); "unknown" for a build older than --version or one that
+    does not run. The tree's commit (git_commit) need not be the binary's: a binary can be carried in."""
+    try:
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    out = r.stdout.strip()
+    return out[len("train_gpt "):] if r.returncode == 0 and out.startswith("train_gpt ") else "unknown"
+
+
+def run_metadata(binary=None):
+    """The device, date (UTC), commit and command line that every results file records, and with
+    `binary` (a train_gpt the run uses) what that binary was built from."""
+    meta = {"device": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(), "command": shlex.join(["python3"] + sys.argv)}
+    if binary:
+        meta["build"] = binary_build(binary)
+    return meta
 
 
 def write_text(path, text):

@@ -156,8 +156,9 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    meta = results_common.run_metadata()
-    report(f"# soak_preemption.py on {meta['device']}, {meta['date']}, commit {meta['commit']}")
+    meta = results_common.run_metadata(TRAIN_GPT)
+    report(f"# soak_preemption.py on {meta['device']}, {meta['date']}, commit {meta['commit']}, train_gpt built from "
+           f"{meta['build']}")
     report(f"# {meta['command']}; interruption seed {args.seed}")
     base = [TRAIN_GPT, "--model", "gpt2-124m", "--attn", "naive", "--batch-size", str(args.batch_size), "--seq-len",
             str(args.seq_len), "--max-steps", str(args.steps), "--val-every", str(args.val_every),

@@ -247,7 +247,7 @@ def markdown(result, single=None):
 
 def main():
     args = parse_args()
-    meta = results_common.run_metadata()
+    meta = results_common.run_metadata(train_runs.TRAIN_GPT)
     slug = results_common.gpu_slug(meta["device"])
     tag = slug if args.gpus == 1 else f"{args.gpus}x{slug}"
     json_path = os.path.join(args.out_dir, f"table1_{tag}.json")

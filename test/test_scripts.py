@@ -82,6 +82,19 @@ def test_results_files_are_written_whole():
     assert set(meta) == {"device", "date", "commit", "command"}, meta
 
 
+def test_results_name_the_build_of_the_binary_they_ran():
+    train_gpt = os.path.join(ROOT, "train_gpt")
+    version = subprocess.run([train_gpt, "--version"], capture_output=True, text=True, check=True).stdout
+    assert results_common.binary_build(train_gpt) == version.strip().removeprefix("train_gpt "), version
+    assert results_common.run_metadata(train_gpt)["build"] == results_common.binary_build(train_gpt)
+    old = os.path.join(WORK, "old_train_gpt")  # a build older than --version: it refuses the flag
+    with open(old, "w") as f:
+        f.write("#!/bin/sh\necho \"$0: unrecognized option '$1'\" >&2\nexit 2\n")
+    os.chmod(old, 0o755)
+    assert results_common.binary_build(old) == "unknown"
+    assert results_common.binary_build(os.path.join(WORK, "no_such_binary")) == "unknown"
+
+
 def test_results_records_merge_and_tables():
     """The results-file helpers bench_train.py and bench_long_context.py share."""
     path = os.path.join(WORK, "records.json")
