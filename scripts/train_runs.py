@@ -19,8 +19,8 @@ The device, date, commit and results files: scripts/results_common.py.
 import dataclasses
 import json
 import os
-import random
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -79,7 +79,7 @@ class MemoryPoller:
 def run_child(command, log_path, timeout_s, env=None):
     """Runs `command` from the repository root with its output (after a "$ command" line) in log_path,
     polling its GPU memory. Returns (exit status or "timeout", wall seconds, the stopped MemoryPoller)."""
-    start = time.time()
+    start = time.monotonic()
     with open(log_path, "w") as log:
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
@@ -93,7 +93,7 @@ def run_child(command, log_path, timeout_s, env=None):
             rc = "timeout"
         finally:
             poller.stop()
-    return rc, time.time() - start, poller
+    return rc, time.monotonic() - start, poller
 
 
 def read_step_records(path):
@@ -132,7 +132,7 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
         os.remove(log_path)
     if echo:
         print("$ " + " ".join(shlex.quote(c) for c in command), flush=True)
-    start = time.time()
+    start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             env=env)
     poller = MemoryPoller(proc.pid)
@@ -146,7 +146,15 @@ def run_train_gpt(args, log_path, timeout_s=600, env=None, echo=True):
     return TrainRun(command=command, returncode=proc.returncode, stdout=stdout, stderr=stderr,
                     records=read_step_records(log_path), peak_mem_mib=poller.process_mib or 0.0,
                     out_of_memory="out of GPU memory" in stderr or "out of memory" in stderr.lower(),
-                    seconds=time.time() - start)
+                    seconds=time.monotonic() - start)
+
+
+def free_port():
+    """A TCP port no process listens on now (the kernel's pick for port 0), for a rendezvous: a fixed or
+    random one may be another run's."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, echo=True, env=None, binary=None):
@@ -161,11 +169,11 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
     args = [*args, *quiet_flags(args)]
     binary = binary or TRAIN_GPT
     out_prefix = out_prefix or (log_path[:-6] if log_path.endswith(".jsonl") else log_path)
-    port = 29500 + random.randrange(2000)
+    port = free_port()
     if os.path.exists(log_path):
         os.remove(log_path)
     procs, pollers, out_paths = [], [], []
-    start = time.time()
+    start = time.monotonic()
     extra = env or {}
     for rank in range(world):
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", **extra)
@@ -182,11 +190,11 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
         with open(out_paths[-1], "w") as out:
             procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env))
         pollers.append(MemoryPoller(procs[-1].pid))
-    deadline = time.time() + timeout_s
+    deadline = time.monotonic() + timeout_s
     codes, killed = [], False
     for p in procs:
         try:
-            codes.append(p.wait(timeout=max(1, deadline - time.time())))
+            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             killed = True
             for q in procs:
@@ -205,7 +213,7 @@ def run_train_gpt_ranks(args, log_path, world, timeout_s=600, out_prefix=None, e
                    stdout=outputs[0], stderr=stderr, records=read_step_records(log_path),
                    peak_mem_mib=max(pl.process_mib or 0.0 for pl in pollers),
                    out_of_memory=any("out of gpu memory" in o.lower() or "out of memory" in o.lower() for o in outputs),
-                   seconds=time.time() - start)
+                   seconds=time.monotonic() - start)
     run.peak_mem_mib_per_rank = [pl.process_mib or 0.0 for pl in pollers]
     return run
 

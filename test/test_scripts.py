@@ -673,7 +673,7 @@ def test_torch_gpt_data_parallel_matches_one_process():
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(29600 + os.getpid() % 300), script, *args, "--result-json", two],
+                        str(train_runs.free_port()), script, *args, "--result-json", two],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "x 2 ranks (DDP), 2 micro steps per step" in r.stdout, r.stdout

@@ -19,12 +19,13 @@ static void sleep_ms(int ms) {
 }
 
 // Forks a child that installs the handler, says it is ready, and "trains" in 1 ms steps until a
-// stop signal; it then takes `stop_ms` to "save" and exits with EXIT_STOPPED, or 99 when the
-// recorded signal is not `want`. The parent sends `sig` (twice, 20 ms apart, when `twice`) and
-// returns the child's exit status (-1 when it did not exit normally).
+// stop signal; it then says it saw it, takes `stop_ms` to "save" and exits with EXIT_STOPPED, or 99 when
+// the recorded signal is not `want`. The parent sends `sig`, and when `twice` sends it again once the
+// child has said it saw the first (sooner, the kernel could merge the two pending signals into one),
+// and returns the child's exit status (-1 when it did not exit normally).
 static int run_child(int sig, int twice, int stop_ms) {
-    int ready[2];
-    if (pipe(ready) != 0) return -1;
+    int ready[2], saw[2];
+    if (pipe(ready) != 0 || pipe(saw) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);  // the handler's message is not this test's output
@@ -32,21 +33,18 @@ static int run_child(int sig, int twice, int stop_ms) {
         if (stop_signal_install() != 0) _exit(98);
         if (write(ready[1], "r", 1) != 1) _exit(97);
         while (!stop_signal_received()) sleep_ms(1);
+        if (write(saw[1], "s", 1) != 1) _exit(96);
         sleep_ms(stop_ms);
         _exit(stop_signal_received() == sig ? EXIT_STOPPED : 99);
     }
     char c;
-    if (read(ready[0], &c, 1) != 1) return -1;
-    close(ready[0]);
-    close(ready[1]);
-    kill(pid, sig);
-    if (twice) {
-        sleep_ms(20);
-        kill(pid, sig);
-    }
+    const int started = read(ready[0], &c, 1) == 1;
+    if (started) kill(pid, sig);
+    if (started && twice && read(saw[0], &c, 1) == 1) kill(pid, sig);
+    for (int i = 0; i < 2; i++) close(ready[i]), close(saw[i]);
     int status = 0;
     waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return started && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // The signals that stop a run, each a case.

@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -773,16 +772,21 @@ def test_gpu_second_signal_stops_at_once():
     if not gpu_listed():
         raise harness.Skip("no GPU listed by nvidia-smi")
     ck = os.path.join(WORK, "second_signal")
-    # 20 micro steps per step, and then a checkpoint of ~0.7 GB to write: the second signal, 50 ms after
-    # the first, comes while the first one's step or save still runs.
+    # 20 micro steps per step, and then a checkpoint of ~0.7 GB to write: the second signal, sent once the
+    # handler has said it took the first (two pending at once would merge into one), comes while the first
+    # one's step or save still runs.
     proc = start(*PREEMPT, "--max-steps", "100000", "--total-batch-tokens", str(20 * 4 * 64), "--checkpoint-dir", ck)
     wait_for_step(proc, 2)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)  # two signals sent at once may arrive as one
+    said = []
+    for line in proc.stderr:  # ends early only when the process does (the assertions below then fail)
+        said.append(line)
+        if line.startswith("SIGINT: finishing this step"):
+            break
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err[-2000:])
-    assert "SIGINT again: stopping now, without saving" in err, err
+    assert "SIGINT again: stopping now, without saving" in err, "".join(said) + err
     assert not [f for f in os.listdir(ck) if f.startswith("step_")], os.listdir(ck)
 
 
