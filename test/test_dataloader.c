@@ -4,7 +4,8 @@
 // from those arrays (row b of rank r in chunk c is tok[c*B*T*world + r*B*T + b*T ...]), so the
 // loader is compared with the format's definition, not with itself. Bad shards (truncated,
 // trailing bytes, wrong magic or version, zero tokens, shorter than the header, a token out of
-// range) must each give -1 and an error naming the file and the problem.
+// range, also the last one, which only the final target uses) must each give -1 and an error
+// naming the file and the problem.
 // Build (as the Makefile does):
 //   gcc -std=c11 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined -I.
 //       -o build/test_dataloader test/test_dataloader.c -lm
@@ -168,6 +169,37 @@ done:
     free_shard(&s0); free_shard(&s1); free_shard(&s2); free_shard(&other);
 }
 
+// '?' and '[...]' are glob patterns too, not literal names: brk_[0-9].bin is brk_0 and brk_1 (in
+// name order), brk_?.bin also brk_x.
+static void test_glob_brackets_and_question_mark(void) {
+    const char* name = "glob_brackets_and_question_mark";
+    Shard sh[3] = {make_shard("brk_0.bin", 17, 14), make_shard("brk_1.bin", 17, 15), make_shard("brk_x.bin", 17, 16)};
+    const char* patterns[2] = {"brk_[0-9].bin", "brk_?.bin"};
+    const int want_shards[2] = {2, 3};
+    char why[WHY_LEN] = "";
+    int ok = 1;
+    for (int k = 0; ok && k < 2; k++) {
+        char pattern[512];
+        make_path(pattern, sizeof(pattern), patterns[k]);
+        DataLoader dl;
+        if (dataloader_open(&dl, pattern, 2, 8, 0, 1, VOCAB, 0, 0) != 0) {
+            snprintf(why, sizeof(why), "%s: open: %s", patterns[k], dl.error); ok = 0;
+        } else if (dl.num_shards != want_shards[k] || strcmp(dl.shard_paths[0], sh[0].path) != 0 ||
+                   strcmp(dl.shard_paths[1], sh[1].path) != 0) {
+            snprintf(why, sizeof(why), "%s: %d shards (want %d), first %s", patterns[k], dl.num_shards,
+                     want_shards[k], dl.shard_paths[0]); ok = 0;
+        } else {
+            // one chunk per shard: the batches are brk_0's, then brk_1's
+            ok = dataloader_next_batch(&dl) == 0 && batch_is(&dl, sh[0].tok, 0) &&
+                 dataloader_next_batch(&dl) == 0 && batch_is(&dl, sh[1].tok, 0);
+            if (!ok) snprintf(why, sizeof(why), "%s: batches not brk_0's then brk_1's (%s)", patterns[k], dl.error);
+        }
+        dataloader_close(&dl);
+    }
+    test_report(name, ok, "%s", why);
+    for (int s = 0; s < 3; s++) free_shard(&sh[s]);
+}
+
 // World 2: per chunk, rank 0 and rank 1 together read exactly the chunk's tokens, rank 0 first.
 static void test_rank_split(void) {
     const char* name = "rank_split";
@@ -264,6 +296,47 @@ static void test_shuffle(void) {
     for (int s = 0; s < 4; s++) free_shard(&sh[s]);
 }
 
+// The shard order itself is drawn anew every epoch (test_shuffle's epochs differ already through
+// their chunk orders). 8 shards of one chunk each, so a batch names its shard; a correct loader
+// gives 3 equal epoch orders with probability (1/8!)^2 = 6e-10, a loader that ignores the epoch
+// always does.
+static void test_shuffle_shard_order_per_epoch(void) {
+    const char* name = "shuffle_shard_order_per_epoch";
+    enum { S = 8, E = 3 };
+    Shard sh[S];
+    for (int s = 0; s < S; s++) {
+        char file[64];
+        snprintf(file, sizeof(file), "order_%06d.bin", s);
+        sh[s] = make_shard(file, 9 + s, 70 + (uint64_t)s);  // 9..16 tokens: one chunk at B*T = 8
+    }
+    char pattern[512], why[WHY_LEN] = "";
+    make_path(pattern, sizeof(pattern), "order_*.bin");
+    int order[E][S];
+    DataLoader dl;
+    int ok = dataloader_open(&dl, pattern, 1, 8, 0, 1, VOCAB, 1, 2024) == 0 && dataloader_batches_per_epoch(&dl) == S;
+    if (!ok) snprintf(why, sizeof(why), "open or batches_per_epoch: %s", dl.error);
+    for (int e = 0; ok && e < E; e++) {
+        int seen[S] = {0};
+        for (int k = 0; ok && k < S; k++) {
+            int64_t id = dataloader_next_batch(&dl) == 0 ? identify(&dl, sh, S) : -1;
+            if (id < 0 || seen[id / 1000000]++) {
+                snprintf(why, sizeof(why), "epoch %d batch %d: not a shard unseen this epoch (%s)", e, k, dl.error);
+                ok = 0;
+            } else {
+                order[e][k] = (int)(id / 1000000);
+            }
+        }
+    }
+    if (ok && memcmp(order[0], order[1], sizeof(order[0])) == 0 && memcmp(order[1], order[2], sizeof(order[0])) == 0) {
+        snprintf(why, sizeof(why), "the same shard order in all %d epochs: starts %d %d %d", E, order[0][0], order[0][1],
+                 order[0][2]);
+        ok = 0;
+    }
+    test_report(name, ok, "%s", why);
+    dataloader_close(&dl);
+    for (int s = 0; s < S; s++) free_shard(&sh[s]);
+}
+
 // A new loader given a saved state serves exactly what the old one would have served next,
 // from many starting points (mid-shard, shard and epoch boundaries), with and without shuffle.
 static void test_state_restore(void) {
@@ -298,20 +371,71 @@ static void test_state_restore(void) {
             dataloader_close(&a); dataloader_close(&b);
         }
     }
-    // Out-of-range states are refused and leave the position alone.
+    // Out-of-range states are refused and leave the position alone. {0, 0, 5}: no shard here has
+    // more than 5 chunks; the negative indices would index the shard or chunk order at -1.
     DataLoader c;
     if (ok && dataloader_open(&c, pattern, B, T, 0, W, VOCAB, 1, 1) == 0) {
-        DataLoaderState bad1 = {0, 3, 0}, bad2 = {0, 0, 5}, bad3 = {-1, 0, 0};
-        int r1 = dataloader_set_state(&c, bad1), r2 = dataloader_set_state(&c, bad2), r3 = dataloader_set_state(&c, bad3);
-        DataLoaderState now = dataloader_get_state(&c);
-        // bad2: no shard here has more than 5 chunks
-        if (r1 != -1 || r2 != -1 || r3 != -1 || !strstr(c.error, "out of range") || now.shard_index != 0 || now.epoch != 0) {
-            snprintf(why, sizeof(why), "bad states accepted (%d %d %d) or position moved: %s", r1, r2, r3, c.error);
-            ok = 0;
+        const DataLoaderState bad[] = {{0, 3, 0}, {0, 0, 5}, {-1, 0, 0}, {0, -1, 0}, {0, 0, -1}};
+        for (size_t i = 0; ok && i < COUNT(bad); i++) {
+            int r = dataloader_set_state(&c, bad[i]);
+            DataLoaderState now = dataloader_get_state(&c);
+            if (r != -1 || !strstr(c.error, "out of range") || now.shard_index != 0 || now.chunk_index != 0 || now.epoch != 0) {
+                snprintf(why, sizeof(why), "bad state {%lld, %lld, %lld} accepted (rc %d) or position moved: %s",
+                         (long long)bad[i].epoch, (long long)bad[i].shard_index, (long long)bad[i].chunk_index, r, c.error);
+                ok = 0;
+            }
         }
         dataloader_close(&c);
     } else if (ok) { snprintf(why, sizeof(why), "open: %s", c.error); ok = 0; }
     test_report(name, ok, "%s", why);
+    for (int s = 0; s < 3; s++) free_shard(&sh[s]);
+}
+
+// The exact bound of chunk_index, shard by shard (test_state_restore's bad states, shuffled, only
+// probe a count no shard reaches): unshuffled, shard_index i is file i, so {e, i, chunks_i - 1}
+// must serve file i's last chunk and move on to the next shard or epoch, while {e, i, chunks_i},
+// one past the end, must be refused without moving the position.
+static void test_state_chunk_bounds(void) {
+    const char* name = "state_chunk_bounds";
+    const int B = 2, T = 4, W = 2, R = 1;  // 16 tokens per chunk; rank 1 reads the second 8
+    const int64_t chunks[3] = {5, 3, 4};
+    Shard sh[3] = {make_shard("bound_000000.bin", 16 * 5 + 1, 60), make_shard("bound_000001.bin", 16 * 3 + 15, 61),
+                   make_shard("bound_000002.bin", 16 * 4 + 7, 62)};
+    char pattern[512], why[WHY_LEN] = "";
+    make_path(pattern, sizeof(pattern), "bound_*.bin");
+    DataLoader dl;
+    int ok = dataloader_open(&dl, pattern, B, T, R, W, VOCAB, 0, 0) == 0;
+    if (!ok) snprintf(why, sizeof(why), "open: %s", dl.error);
+    for (int64_t e = 0; ok && e < 2; e++) {
+        for (int i = 0; ok && i < 3; i++) {
+            DataLoaderState past = {e, i, chunks[i]}, last = {e, i, chunks[i] - 1};
+            DataLoaderState before = dataloader_get_state(&dl);
+            int rp = dataloader_set_state(&dl, past);
+            DataLoaderState now = dataloader_get_state(&dl);
+            if (rp != -1 || !strstr(dl.error, "chunk_index") || now.epoch != before.epoch ||
+                now.shard_index != before.shard_index || now.chunk_index != before.chunk_index) {
+                snprintf(why, sizeof(why), "state {%lld, %d, %lld} (one past the last chunk) accepted (rc %d) or "
+                         "position moved: %s", (long long)e, i, (long long)chunks[i], rp, dl.error);
+                ok = 0; break;
+            }
+            int rl = dataloader_set_state(&dl, last);
+            if (rl != 0 || dataloader_next_batch(&dl) != 0 ||
+                !batch_is(&dl, sh[i].tok, (chunks[i] - 1) * 16 + R * B * T)) {
+                snprintf(why, sizeof(why), "state {%lld, %d, %lld} (the last chunk) refused (rc %d) or served "
+                         "another batch: %s", (long long)e, i, (long long)chunks[i] - 1, rl, dl.error);
+                ok = 0; break;
+            }
+            now = dataloader_get_state(&dl);
+            DataLoaderState want = {i < 2 ? e : e + 1, i < 2 ? i + 1 : 0, 0};
+            if (now.epoch != want.epoch || now.shard_index != want.shard_index || now.chunk_index != 0) {
+                snprintf(why, sizeof(why), "after the last chunk of shard %d: state {%lld, %lld, %lld}", i,
+                         (long long)now.epoch, (long long)now.shard_index, (long long)now.chunk_index);
+                ok = 0;
+            }
+        }
+    }
+    test_report(name, ok, "%s", why);
+    dataloader_close(&dl);
     for (int s = 0; s < 3; s++) free_shard(&sh[s]);
 }
 
@@ -351,8 +475,9 @@ static const struct {
     {"negative.bin", SHARD_MAGIC, SHARD_VERSION, -5, 0, 0, "count"},
 };
 // test_bad_files: one case per BAD_HEADERS entry, then these named ones: shorter than the header, token
-// out of range, missing file, no glob match, too small, a bad shard among good ones, bad settings.
-#define BAD_FILE_CASES ((int)COUNT(BAD_HEADERS) + 7)
+// out of range (mid-shard, and the last token), missing file, no glob match, too small, a bad shard
+// among good ones, bad settings, B*T*world too large.
+#define BAD_FILE_CASES ((int)COUNT(BAD_HEADERS) + 9)
 
 static void test_bad_files(void) {
     uint16_t tok[200];
@@ -384,6 +509,15 @@ static void test_bad_files(void) {
     expect_error("bad_file_token_out_of_range", p, p, "token 50257 at index 150 is out of range", 1, 2, 8);
     unlink(p);
 
+    // 81 = 5 * B*T + 1 tokens: the last one is read only as the last chunk's final target, so a
+    // range check that stops one short would hand 50257 to the model.
+    make_path(p, sizeof(p), "vocab_last.bin");
+    t2[150] = tok[150];
+    t2[80] = VOCAB;
+    write_shard_raw(p, SHARD_MAGIC, SHARD_VERSION, 81, t2, 81, 0);
+    expect_error("bad_file_last_token_out_of_range", p, p, "token 50257 at index 80 is out of range", 1, 2, 8);
+    unlink(p);
+
     make_path(p, sizeof(p), "missing.bin");
     expect_error("bad_file_missing", p, p, "No such file", 0, 2, 8);
 
@@ -411,6 +545,10 @@ static void test_bad_files(void) {
     int r1 = dataloader_open(&dl, p, 2, 8, 2, 2, VOCAB, 0, 0);  // rank 2 of world 2
     int r2 = dataloader_open(&dl, p, 0, 8, 0, 1, VOCAB, 0, 0);  // B = 0
     test_report("bad_settings", r1 == -1 && r2 == -1 && strstr(dl.error, "B 0"), "rc %d %d: %s", r1, r2, dl.error);
+    dataloader_close(&dl);
+    // B*T*world = 4 (2^31 - 1)^2 > INT64_MAX: unchecked, chunk_tokens would wrap negative.
+    int r3 = dataloader_open(&dl, p, INT_MAX, INT_MAX, 0, 4, VOCAB, 0, 0);
+    test_report("bad_settings_too_large", r3 == -1 && strstr(dl.error, "too large"), "rc %d: %s", r3, dl.error);
     dataloader_close(&dl);
     unlink(p);
 }
@@ -442,6 +580,35 @@ static void test_shard_changed_after_open(void) {
     }
 }
 
+// A shard that fails its range check has already overwritten the token buffer, so the loader must
+// forget the shard it held: restoring a position in that earlier shard has to read it again, not
+// serve the failed shard's tokens. The bad token is the failed shard's last one (see
+// bad_file_last_token_out_of_range).
+static void test_failed_load_then_restore(void) {
+    const char* name = "failed_load_then_restore";
+    Shard a = make_shard("reload_000000.bin", 2 * 16 + 1, 80), b = make_shard("reload_000001.bin", 2 * 16 + 1, 81);
+    b.tok[b.n - 1] = VOCAB;
+    write_shard_raw(b.path, SHARD_MAGIC, SHARD_VERSION, (int32_t)b.n, b.tok, b.n, 0);
+    char pattern[512], why[WHY_LEN] = "";
+    make_path(pattern, sizeof(pattern), "reload_*.bin");
+    DataLoader dl;
+    int ok = dataloader_open(&dl, pattern, 2, 8, 0, 1, VOCAB, 0, 0) == 0;
+    for (int k = 0; ok && k < 2; k++) ok = dataloader_next_batch(&dl) == 0;  // shard a, both chunks
+    if (!ok) snprintf(why, sizeof(why), "open or shard a: %s", dl.error);
+    if (ok && (dataloader_next_batch(&dl) != -1 || !strstr(dl.error, b.path) || !strstr(dl.error, "index 32"))) {
+        snprintf(why, sizeof(why), "shard b with token 50257 at index 32 loaded: \"%s\"", dl.error); ok = 0;
+    }
+    const DataLoaderState start = {0, 0, 0};
+    if (ok && (dataloader_set_state(&dl, start) != 0 || dataloader_next_batch(&dl) != 0 || !batch_is(&dl, a.tok, 0))) {
+        snprintf(why, sizeof(why), "after the failed load, state {0, 0, 0} does not serve shard a's first chunk (%s)",
+                 dl.error);
+        ok = 0;
+    }
+    test_report(name, ok, "%s", why);
+    dataloader_close(&dl);
+    free_shard(&a); free_shard(&b);
+}
+
 // Every group in the order it runs, with the number of cases it reports.
 static const struct {
     void (*run)(void);
@@ -450,11 +617,15 @@ static const struct {
     {test_single_shard_batches_and_epoch_wrap, 1},
     {test_reset_restarts_epoch_zero, 1},
     {test_glob_order_and_skipping, 1},
+    {test_glob_brackets_and_question_mark, 1},
     {test_rank_split, 1},
     {test_shuffle, 1},
+    {test_shuffle_shard_order_per_epoch, 1},
     {test_state_restore, 1},
+    {test_state_chunk_bounds, 1},
     {test_bad_files, BAD_FILE_CASES},
     {test_shard_changed_after_open, (int)COUNT(CHANGE_KINDS)},
+    {test_failed_load_then_restore, 1},
 };
 
 int main(void) {

@@ -6,9 +6,10 @@
 //   build/test_tokenizer --decode FILE   token ids from stdin (whitespace-separated) as text on stdout
 //
 // Cases: tables written here (versions 1 and 2, tokens that are pieces of one UTF-8 character) read
-// back byte for byte, and decoded sequences; every kind of bad file is refused with a message that
-// names the file: missing, short header, bad magic, unknown version, vocab size 0, end-of-text token
-// past the vocab, a zero length, truncated inside a token, bytes after the last token.
+// back byte for byte, and decoded sequences; version 1's implied end-of-text token; every kind of bad
+// file is refused with a message that names the file and the specific problem: missing, short header,
+// bad magic, unknown version (0 and 3), vocab size 0 or past the maximum, end-of-text token past the
+// vocab, a zero length, truncated inside a token, bytes after the last token.
 #define _GNU_SOURCE  // open_memstream, truncate, mkdtemp
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +77,27 @@ static void case_reads_back(uint32_t version) {
     tokenizer_free(&tok);
 }
 
+// Version 1 has no end-of-text field: 50256 (GPT-2's) when the vocab holds it, else the last id.
+// V = 50300 (a padded vocab) tells the two apart; 50257 and 50256 pin the boundary. Word [3],
+// which version 2 reads, is 7 here and must be ignored.
+static const uint32_t V1_VOCABS[] = {50300, 50257, 50256};
+static const uint32_t V1_EOTS[] = {50256, 50256, 50255};
+
+static void case_version_1_eot(size_t k) {
+    char name[64];
+    snprintf(name, sizeof(name), "tokenizer_version_1_eot_vocab_%u", V1_VOCABS[k]);
+    static unsigned char byte_values[256];
+    static Tok toks[50300];  // the largest of V1_VOCABS
+    for (int i = 0; i < 256; i++) byte_values[i] = (unsigned char)i;
+    for (uint32_t i = 0; i < V1_VOCABS[k]; i++) toks[i] = (Tok){(const char*)&byte_values[i % 256], 1};
+    const char* path = write_table("v1_eot.bin", TOKENIZER_MAGIC, 1, V1_VOCABS[k], 7, toks, (int)V1_VOCABS[k], NULL, 0);
+    Tokenizer tok;
+    if (tokenizer_load(&tok, path) != 0) { test_fail(name, "%s", tok.error); return; }
+    test_report(name, tok.vocab_size == V1_VOCABS[k] && tok.eot_token == V1_EOTS[k], "vocab %u, eot %u (want %u)",
+                tok.vocab_size, tok.eot_token, V1_EOTS[k]);
+    tokenizer_free(&tok);
+}
+
 static void case_refused(const char* name, const char* path, const char* word) {
     Tokenizer tok;
     const int rc = tokenizer_load(&tok, path);
@@ -83,18 +105,30 @@ static void case_refused(const char* name, const char* path, const char* word) {
                 "rc %d, message \"%s\" (wants the path and \"%s\")", rc, tok.error, word);
 }
 
-// The named cases of bad_file_cases, one refusal each.
-#define BAD_FILE_CASES 10
+// The named cases of bad_file_cases, one refusal each. Each word is part of the specific message and
+// of no path: without a check, the file fails later, for another reason, and that message names the
+// file too.
+#define BAD_FILE_CASES 12
 
 static void bad_file_cases(void) {
     char missing[300];
     snprintf(missing, sizeof(missing), "%s/none.bin", g_dir);
     case_refused("tokenizer_refuses_missing_file", missing, "cannot open");
-    case_refused("tokenizer_refuses_bad_magic", write_table("magic.bin", 20240520, 2, 4, 3, TOKS, 4, NULL, 0), "magic");
+    case_refused("tokenizer_refuses_bad_magic", write_table("magic.bin", 20240520, 2, 4, 3, TOKS, 4, NULL, 0),
+                 "bad magic 20240520");
     case_refused("tokenizer_refuses_version_3", write_table("v3.bin", TOKENIZER_MAGIC, 3, 4, 3, TOKS, 4, NULL, 0),
-                 "version");
-    case_refused("tokenizer_refuses_vocab_0", write_table("v0.bin", TOKENIZER_MAGIC, 2, 0, 0, TOKS, 0, NULL, 0),
-                 "vocab size");
+                 "version 3;");
+    // Version 0 is below the range, not above it: read as version 1 it would load.
+    case_refused("tokenizer_refuses_version_0", write_table("v0.bin", TOKENIZER_MAGIC, 0, 4, 3, TOKS, 4, NULL, 0),
+                 "version 0;");
+    // Vocab size 0 with end-of-text 0 would also fail the end-of-text check ("... below the vocab size 0"),
+    // so only the range message shows the size check itself.
+    case_refused("tokenizer_refuses_vocab_0", write_table("vocab0.bin", TOKENIZER_MAGIC, 2, 0, 0, TOKS, 0, NULL, 0),
+                 "vocab size 0 is outside 1 .. 1048576");
+    // One past TOKENIZER_MAX_VOCAB: unchecked, it would read on and report the file truncated.
+    case_refused("tokenizer_refuses_vocab_over_max",
+                 write_table("vocab_max.bin", TOKENIZER_MAGIC, 2, (1u << 20) + 1, 3, TOKS, 4, NULL, 0),
+                 "vocab size 1048577 is outside 1 .. 1048576");
     case_refused("tokenizer_refuses_eot_past_vocab",
                  write_table("eot.bin", TOKENIZER_MAGIC, 2, 4, 4, TOKS, 4, NULL, 0), "end-of-text");
     const Tok zero[] = {{"a", 1}, {"", 0}};
@@ -106,9 +140,11 @@ static void bad_file_cases(void) {
                  write_table("few.bin", TOKENIZER_MAGIC, 2, 6, 3, TOKS, 4, NULL, 0), "truncated");
     case_refused("tokenizer_refuses_trailing_bytes",
                  write_table("tail.bin", TOKENIZER_MAGIC, 2, 4, 3, TOKS, 4, "xy", 2), "after");
-    const char* header_only = write_table("header.bin", TOKENIZER_MAGIC, 2, 4, 3, TOKS, 0, NULL, 0);
-    if (truncate(header_only, 100) != 0) perror(header_only);
-    case_refused("tokenizer_refuses_short_header", header_only, "header");
+    // 100 bytes: the start of a good header (magic, version, V, eot) and no more. A check that only
+    // refuses an empty read goes on with a half-read header and fails later with another message.
+    const char* cut = write_table("cut.bin", TOKENIZER_MAGIC, 2, 4, 3, TOKS, 0, NULL, 0);
+    if (truncate(cut, 100) != 0) perror(cut);
+    case_refused("tokenizer_refuses_short_header", cut, "shorter than the 1024-byte header");
 }
 
 static int dump(const char* path) {
@@ -142,9 +178,11 @@ int main(int argc, char** argv) {
     }
     test_begin();
     const uint32_t versions[] = {2, 1};  // the table layouts read back
-    test_plan((int)(sizeof(versions) / sizeof(versions[0])) + BAD_FILE_CASES);
+    const size_t num_v1 = sizeof(V1_VOCABS) / sizeof(V1_VOCABS[0]);
+    test_plan((int)(sizeof(versions) / sizeof(versions[0]) + num_v1) + BAD_FILE_CASES);
     if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) case_reads_back(versions[i]);
+    for (size_t k = 0; k < num_v1; k++) case_version_1_eot(k);
     bad_file_cases();
     char cmd[320];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
