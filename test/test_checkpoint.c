@@ -7,7 +7,10 @@
 // step, and pruning keeps exactly the newest N. The FP8-scales section (header.fp8_state_bytes) is
 // part of the payload: it round-trips (plain and ZeRO-1), the checksum covers it, a file that lacks
 // it and a negative or huge size are refused at open, and a file without one (0, as every older
-// file) reads as before.
+// file) reads as before. The checksum does not cover the header, so each of open's header checks
+// (sizes, step, ZeRO-1 shard, heads) gets a file that only that check can refuse; the checksum's
+// value for fixed bytes is pinned (it is part of the on-disk format). Model files: each header check
+// likewise, and the value widths (4 bytes fp32, 2 bf16) that fix the file size.
 #define _POSIX_C_SOURCE 200809L  // mkdtemp, opendir, unlink under -std=c11
 
 #include <dirent.h>
@@ -169,6 +172,31 @@ static void test_hash_pieces_and_sensitivity(void) {
     test_report(name, checkpoint_hash_final(&longer) != want, "a trailing zero byte leaves the hash unchanged");
 }
 
+// The checksum is part of the on-disk format: every saved checkpoint stores it, so its value for given
+// bytes must never change (a change would make every existing checkpoint fail to load). The golden
+// value, of the bytes 0..12 (a whole word and a 5-byte tail), was computed once from this code.
+static void test_hash_golden(void) {
+    const char* name = "checkpoint_hash_pins_the_on_disk_format";
+    unsigned char bytes[13];
+    for (int i = 0; i < 13; i++) bytes[i] = (unsigned char)i;
+    CheckpointHash h;
+    checkpoint_hash_init(&h);
+    checkpoint_hash_update(&h, bytes, sizeof(bytes));
+    const uint64_t got = checkpoint_hash_final(&h);
+    // a lone random byte, with and without a zero after it: the same zero-padded word, so only the
+    // byte count folded in at the end tells them apart
+    unsigned char one[2] = {(unsigned char)test_rng_next(&g_rng), 0};
+    CheckpointHash a, b;
+    checkpoint_hash_init(&a);
+    checkpoint_hash_update(&a, one, 1);
+    checkpoint_hash_init(&b);
+    checkpoint_hash_update(&b, one, 2);
+    const int differ = checkpoint_hash_final(&a) != checkpoint_hash_final(&b);
+    test_report(name, got == 0x64aec3700156e38eull && differ,
+                "hash of bytes 0..12 is 0x%016llx (want 0x64aec3700156e38e); byte %d and byte %d + zero %s",
+                (unsigned long long)got, one[0], one[0], differ ? "differ" : "hash the same");
+}
+
 static void test_round_trip(void) {
     const char* name = "checkpoint_round_trip_keeps_every_byte_and_field";
     char err[ERR_LEN];
@@ -301,6 +329,78 @@ static void bump_version(const char* path) {
     fclose(f);
 }
 
+// Header fields set in place. The payload checksum does not cover the header, so only open's header
+// checks stand between such a file and a resume.
+static void patch_i32(const char* path, size_t at, int32_t value) {
+    FILE* f = fopen(path, "r+b");
+    fseek(f, (long)at, SEEK_SET);
+    fwrite(&value, 4, 1, f);
+    fclose(f);
+}
+static void patch_i64(const char* path, size_t at, int64_t value) {
+    FILE* f = fopen(path, "r+b");
+    fseek(f, (long)at, SEEK_SET);
+    fwrite(&value, 8, 1, f);
+    fclose(f);
+}
+// A header of another size is another format, even with this version number.
+static void header_bytes_2048(const char* path) { patch_i32(path, offsetof(CheckpointHeader, header_bytes), 2048); }
+static void negative_step(const char* path) { patch_i64(path, offsetof(CheckpointHeader, step), -1); }
+// num_params 0 with the file cut to the bare header, so that the size check agrees with it.
+static void zero_params(const char* path) {
+    patch_i64(path, offsetof(CheckpointHeader, num_params), 0);
+    truncate_or_exit(path, CHECKPOINT_HEADER_BYTES);
+}
+// One past the limit: a larger claim could overflow the int64 sizes computed from it.
+static void too_many_params(const char* path) {
+    patch_i64(path, offsetof(CheckpointHeader, num_params), CHECKPOINT_MAX_PARAMS + 1);
+}
+static void zero_world_size(const char* path) { patch_i32(path, offsetof(CheckpointHeader, world_size), 0); }
+// 4 query heads cannot share 3 key/value heads.
+static void kv_heads_not_dividing(const char* path) {
+    patch_i32(path, offsetof(CheckpointHeader, num_heads), 4);
+    patch_i32(path, offsetof(CheckpointHeader, num_kv_heads), 3);
+}
+// Makes the 777-parameter file one rank's file of a 2-rank ZeRO-1 step with this shard, cut to the
+// size such a header claims, so that only the shard checks can refuse it (rank 1, offset 777, shard
+// 777 would be a valid one).
+static void make_sharded(const char* path, int32_t rank, int64_t shard_offset, int64_t shard_size) {
+    patch_i32(path, offsetof(CheckpointHeader, zero_stage), 1);
+    patch_i32(path, offsetof(CheckpointHeader, world_size), 2);
+    patch_i32(path, offsetof(CheckpointHeader, rank), rank);
+    patch_i64(path, offsetof(CheckpointHeader, shard_offset), shard_offset);
+    patch_i64(path, offsetof(CheckpointHeader, shard_size), shard_size);
+    truncate_or_exit(path, CHECKPOINT_HEADER_BYTES + 777 * 2 + shard_size * 12);
+}
+static void rank_equal_to_world(const char* path) { make_sharded(path, 2, 2 * 777, 777); }
+static void shard_offset_of_rank_0(const char* path) { make_sharded(path, 1, 0, 777); }
+// 2 x 388 = 776 elements cannot hold 777 parameters (389 could).
+static void shards_too_small(const char* path) { make_sharded(path, 1, 388, 388); }
+
+// Finishing after reading only part of the payload is the caller's bug, told as such (not as a
+// corrupt file, which would send the user to an older checkpoint for nothing).
+static void test_finish_after_part(void) {
+    const char* name = "checkpoint_finish_before_the_whole_payload_is_a_bug";
+    char err[ERR_LEN] = "", path[CHECKPOINT_PATH_MAX];
+    const int64_t num_params = 100 + (int64_t)(test_rng_next(&g_rng) % 900);
+    CheckpointHeader h = random_header(8, num_params);
+    const size_t bytes = (size_t)checkpoint_payload_bytes(num_params);
+    unsigned char* payload = (unsigned char*)malloc(bytes);
+    fill_random(payload, bytes);
+    checkpoint_path(path, sizeof(path), g_dir, 8);
+    const size_t part = 1 + (size_t)(test_rng_next(&g_rng) % (bytes - 1));  // at least 1 byte short
+    CheckpointReader r;
+    int ok = save(g_dir, h, payload, err) == 0 && checkpoint_reader_open(&r, path, err, ERR_LEN) == 0;
+    if (ok) {
+        ok = checkpoint_reader_read(&r, payload, part, err, ERR_LEN) == 0 &&
+             checkpoint_reader_finish(&r, err, ERR_LEN) != 0 && strstr(err, "only part of the payload") != NULL;
+        checkpoint_reader_close(&r);
+    }
+    test_report(name, ok, "read %zu of %zu bytes: %s", part, bytes, err);
+    remove_all(g_dir);
+    free(payload);
+}
+
 // Each damage of a good checkpoint (with an FP8 section of fp8_bytes, or none), the phase that must
 // refuse it and a word of the error.
 static const struct {
@@ -325,6 +425,20 @@ static const struct {
      "corrupt header (fp8_state_bytes 67108872", 0},
     {"checkpoint_context_parallel_not_dividing_the_gpus_is_refused_at_open", context_parallel_not_dividing_world,
      "open", "context_parallel does not divide world_size", 0},
+    {"checkpoint_other_header_size_is_refused_at_open", header_bytes_2048, "open", "version", 0},
+    {"checkpoint_negative_step_is_refused_at_open", negative_step, "open", "num_params or step out of range", 0},
+    {"checkpoint_zero_params_is_refused_at_open", zero_params, "open", "num_params or step out of range", 0},
+    {"checkpoint_too_many_params_is_refused_at_open", too_many_params, "open", "num_params or step out of range", 0},
+    {"checkpoint_zero_world_size_is_refused_at_open", zero_world_size, "open",
+     "context_parallel does not divide world_size", 0},
+    {"checkpoint_kv_heads_not_dividing_heads_is_refused_at_open", kv_heads_not_dividing, "open",
+     "num_kv_heads does not divide num_heads", 0},
+    {"checkpoint_sharded_rank_equal_to_world_is_refused_at_open", rank_equal_to_world, "open",
+     "zero_stage, rank or shard out of range", 0},
+    {"checkpoint_sharded_wrong_shard_offset_is_refused_at_open", shard_offset_of_rank_0, "open",
+     "zero_stage, rank or shard out of range", 0},
+    {"checkpoint_sharded_shards_too_small_is_refused_at_open", shards_too_small, "open",
+     "zero_stage, rank or shard out of range", 0},
 };
 
 static void test_refusals(void) {
@@ -513,6 +627,22 @@ static void test_names(void) {
     test_report(name, ok, "a name was misread");
 }
 
+// Digits past int64 are refused, not wrapped into some other step (or rank); the largest steps that
+// fit still parse.
+static void test_name_digit_overflow(void) {
+    const char* name = "checkpoint_step_of_name_refuses_digits_past_int64";
+    const int64_t big = (int64_t)1000000000000000000 + (int64_t)(test_rng_next(&g_rng) % 1000000);
+    char fits[64];
+    snprintf(fits, sizeof(fits), "step_%lld.ckpt", (long long)big);
+    int r = 0, w = 0;
+    const int64_t huge = checkpoint_step_of_name("step_99999999999999999999.ckpt");
+    const int64_t huge_rank = checkpoint_parse_name("step_1.rank99999999999999999999of02.ckpt", &r, &w);
+    const int64_t got = checkpoint_step_of_name(fits);
+    test_report(name, huge == -1 && huge_rank == -1 && got == big,
+                "20 nines: %lld, rank of 20 nines: %lld, %s: %lld", (long long)huge, (long long)huge_rank, fits,
+                (long long)got);
+}
+
 // ZeRO-1: one file per rank (names, round trip of a shard's payload), a step counts only when every
 // rank's file exists, and pruning removes whole steps (all ranks' files).
 static void touch(const char* dir, const char* name) {
@@ -604,12 +734,14 @@ static void test_remove_temporaries(void) {
     touch(g_dir, ".step_00000020.ckpt.tmp");
     touch(g_dir, ".step_00000020.rank01of02.ckpt.tmp");
     touch(g_dir, "notes.tmp");
+    touch(g_dir, ".stepX_00000020.ckpt.tmp");  // not ours: the prefix is all of ".step_"
     char blocker[CHECKPOINT_PATH_MAX + 64], removed[512];
     snprintf(blocker, sizeof(blocker), "%s/.step_00000030.ckpt.tmp", g_dir);  // a directory: left alone
     mkdir(blocker, 0777);
     int n = checkpoint_remove_temporaries(g_dir, removed, sizeof(removed));
     int ok = n == 2 && count_files(g_dir, ".step_00000020") == 0 && count_files(g_dir, "step_00000010.ckpt") == 1 &&
              count_files(g_dir, "notes.tmp") == 1 && count_files(g_dir, ".step_00000030") == 1 &&
+             count_files(g_dir, ".stepX_00000020.ckpt.tmp") == 1 &&
              strstr(removed, ".step_00000020.ckpt.tmp") && strstr(removed, ".step_00000020.rank01of02.ckpt.tmp");
     char missing[CHECKPOINT_PATH_MAX + 32];
     snprintf(missing, sizeof(missing), "%s/absent", g_dir);
@@ -703,6 +835,110 @@ static void test_model_file(int kv_heads, const char* name) {
     remove_all(g_dir);
 }
 
+// Writes a model file of config `c`: the header (version), then `values` random values of `bpv` bytes
+// and `extra` bytes more; 0 on success.
+static int write_model_file(const char* path, const GPTConfig* c, int version, size_t values, size_t bpv,
+                            size_t extra) {
+    unsigned char* body = (unsigned char*)malloc(values * bpv + extra + 1);
+    fill_random(body, values * bpv + extra);
+    FILE* f = fopen(path, "wb");
+    int ok = f && model_file_write_header(f, c, version) == 0 &&
+             fwrite(body, 1, values * bpv + extra, f) == values * bpv + extra;
+    if (f) ok = fclose(f) == 0 && ok;
+    free(body);
+    return ok ? 0 : -1;
+}
+
+static size_t model_values(const GPTConfig* c) {
+    size_t sizes[NUM_PARAM_TENSORS], total = 0;
+    gpt_param_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) total += sizes[i];
+    return total;
+}
+
+// The format fixes the value sizes: 1024 + 4 bytes a value for version 3 (fp32), + 2 for version 5
+// (bf16), as llm.c and scripts/torch_gpt.py write them; a file of the other width is refused.
+static void test_model_file_value_bytes(void) {
+    const char* name = "model_file_values_are_4_bytes_fp32_and_2_bytes_bf16";
+    const int layers = 1 + (int)(test_rng_next(&g_rng) % 3);
+    GPTConfig c = {layers, 16, 2, 2, 50, 64, 8};
+    const size_t total = model_values(&c);
+    char path[CHECKPOINT_PATH_MAX + 32], why[ERR_LEN] = "";
+    snprintf(path, sizeof(path), "%s/model.bin", g_dir);
+    int ok = 1;
+    for (int version = MODEL_FILE_FP32; ok && version <= MODEL_FILE_BF16; version += 2) {
+        const size_t bpv = version == MODEL_FILE_FP32 ? 4 : 2, other = 6 - bpv;
+        ModelFile m = {0};
+        ok = write_model_file(path, &c, version, total, bpv, 0) == 0 && file_size(path) == (long)(1024 + bpv * total) &&
+             model_file_open(&m, path, why, sizeof(why)) == 0;
+        model_file_close(&m);
+        ok = ok && write_model_file(path, &c, version, total, other, 0) == 0 &&
+             model_file_open(&m, path, why, sizeof(why)) != 0 && strstr(why, "truncated or corrupt") != NULL;
+        if (!ok) snprintf(why + strlen(why), sizeof(why) - strlen(why), " (version %d)", version);
+    }
+    test_report(name, ok, "%s", why);
+    remove_all(g_dir);
+}
+
+// Each model file whose header open must refuse, with the body sized to what the header claims
+// (so only the header check can refuse it), header int `slot` then set to `value` (slot -1: none),
+// and a word of the error.
+static const struct {
+    const char* name;
+    GPTConfig config;  // L, C, NH, NKV, V, Vp, maxT
+    int version;
+    int slot;
+    int32_t value;
+    int header_only;  // the body would not fit a disk: the header alone
+    size_t extra;     // bytes after the body
+    const char* word;
+} MODEL_REFUSALS[] = {
+    // 1024 bytes and more, so that only the magic tells it is not a model file
+    {"model_file_wrong_magic_is_refused", {2, 16, 2, 2, 50, 64, 8}, MODEL_FILE_BF16, 0, MODEL_FILE_MAGIC + 1, 0, 0,
+     "not a model file"},
+    {"model_file_version_4_is_refused", {2, 16, 2, 2, 50, 64, 8}, MODEL_FILE_BF16, 1, 4, 0, 0, "version 4"},
+    {"model_file_padded_vocab_below_vocab_is_refused", {2, 16, 2, 2, 64, 50, 8}, MODEL_FILE_FP32, -1, 0, 0, 0,
+     "a size is out of range"},
+    {"model_file_channels_not_a_multiple_of_heads_is_refused", {2, 18, 4, 4, 50, 64, 8}, MODEL_FILE_FP32, -1, 0, 0,
+     0, "a size is out of range"},
+    {"model_file_zero_positions_is_refused", {2, 16, 2, 2, 50, 64, 0}, MODEL_FILE_BF16, -1, 0, 0, 0,
+     "a size is out of range"},
+    {"model_file_kv_heads_not_dividing_heads_is_refused", {2, 16, 4, 3, 50, 64, 8}, MODEL_FILE_FP32, -1, 0, 0, 0,
+     "3 key/value heads do not divide 4 heads"},
+    // 2^20 layers of 4 x 2^16 x 2^16 MLP weights: 2^54 values
+    {"model_file_more_than_2_52_values_is_refused", {1 << 20, 1 << 16, 1, 1, 50, 64, 8}, MODEL_FILE_BF16, -1, 0, 1,
+     0, "more than 2^52 values"},
+    {"model_file_extra_byte_is_refused", {2, 16, 2, 2, 50, 64, 8}, MODEL_FILE_FP32, -1, 0, 0, 1,
+     "truncated or corrupt"},
+};
+
+static void test_model_file_refusals(void) {
+    char path[CHECKPOINT_PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/model.bin", g_dir);
+    for (size_t i = 0; i < COUNT(MODEL_REFUSALS); i++) {
+        const GPTConfig* c = &MODEL_REFUSALS[i].config;
+        const size_t bpv = MODEL_REFUSALS[i].version == MODEL_FILE_FP32 ? 4 : 2;
+        const size_t values = MODEL_REFUSALS[i].header_only ? 0 : model_values(c);
+        char why[ERR_LEN] = "";
+        if (write_model_file(path, c, MODEL_REFUSALS[i].version, values, bpv, MODEL_REFUSALS[i].extra) != 0) {
+            test_fail(MODEL_REFUSALS[i].name, "cannot write %s", path);
+            continue;
+        }
+        if (MODEL_REFUSALS[i].slot >= 0) {
+            FILE* f = fopen(path, "r+b");
+            fseek(f, 4L * MODEL_REFUSALS[i].slot, SEEK_SET);
+            fwrite(&MODEL_REFUSALS[i].value, 4, 1, f);
+            fclose(f);
+        }
+        ModelFile m;
+        const int refused = model_file_open(&m, path, why, sizeof(why)) != 0;
+        if (!refused) model_file_close(&m);
+        test_report(MODEL_REFUSALS[i].name, refused && strstr(why, MODEL_REFUSALS[i].word) && strstr(why, path),
+                    "%s (want an error with \"%s\")", refused ? why : "accepted", MODEL_REFUSALS[i].word);
+    }
+    remove_all(g_dir);
+}
+
 // kv_heads of the model file, and its round trip's case name (test_model_file also reports a
 // truncated and a foreign file: 3 cases each).
 static const struct {
@@ -720,18 +956,23 @@ static const struct {
     int cases;
 } GROUPS[] = {
     {test_hash_pieces_and_sensitivity, 1},
+    {test_hash_golden, 1},
     {test_round_trip, 1},
     {test_refusals, (int)COUNT(REFUSALS)},
+    {test_finish_after_part, 1},
     {test_fp8_section_round_trips, 2},
     {test_fp8_section_absent, 1},
     {test_fp8_section_commit_checks, 1},
     {test_latest_and_prune, 1},
     {test_names, 1},
+    {test_name_digit_overflow, 1},
     {test_sharded, 3},
     {test_abort_leaves_nothing, 2},
     {test_remove_temporaries, 1},
     {test_make_dir_with_parents, 1},
     {test_model_files, 3 * (int)COUNT(MODEL_FILES)},
+    {test_model_file_value_bytes, 1},
+    {test_model_file_refusals, (int)COUNT(MODEL_REFUSALS)},
 };
 
 int main(void) {
