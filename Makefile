@@ -34,8 +34,8 @@ TINYSHAKESPEARE_TXT := $(wildcard $(SHARED_DATA)/tinyshakespeare.txt)
 DATASET := data/tinyshakespeare/tinyshakespeare_val_000000.bin
 
 CPU_TESTS := $(BUILD)/test_cpu_reference $(BUILD)/test_gpt_config $(BUILD)/test_dataloader $(BUILD)/test_checkpoint \
-             $(BUILD)/test_launcher $(BUILD)/test_stop_signal $(BUILD)/test_tokenizer $(BUILD)/test_watchdog \
-             $(BUILD)/test_eval_file $(BUILD)/test_zigzag
+             $(BUILD)/test_launcher $(BUILD)/test_stop_signal $(BUILD)/test_tokenizer $(BUILD)/test_prompt_tokens \
+             $(BUILD)/test_watchdog $(BUILD)/test_eval_file $(BUILD)/test_zigzag
 TEST_LIBS := $(BUILD)/libcpu_gpt.so
 GPU_TESTS := $(BUILD)/test_gpu_build $(BUILD)/test_gpu_attention $(BUILD)/test_gpu_matmul $(BUILD)/test_gpu_layers \
              $(BUILD)/test_gpu_gpt $(BUILD)/test_gpu_recompute $(BUILD)/test_gpu_decode $(BUILD)/test_gpu_multi_gpu \

@@ -41,6 +41,7 @@ tests=(
     "$BUILD/test_launcher"
     "$BUILD/test_stop_signal"
     "$BUILD/test_tokenizer"
+    "$BUILD/test_prompt_tokens"
     "$BUILD/test_watchdog"
     "$BUILD/test_eval_file"
     "$BUILD/test_zigzag"

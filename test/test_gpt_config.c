@@ -1,4 +1,11 @@
 // test_gpt_config.c: model shapes, parameter counts, config checks and FLOP accounting.
+//
+// Cases: the named shapes' parameter counts (against llm.c's and Hugging Face's published ones and a
+// formula written here) and their (layers, hidden, heads) against the GPT-2 and GPT-3 releases; the
+// parameter table's order, stacking, weight decay and initialization against llm.c's/GPT-2's rules;
+// every kind of config refused with its message (a zero count, heads that do not divide, a head dim
+// no kernel is built for, kv heads, a padded vocab below the vocab), and exactly the four head dims
+// accepted; rounding up to the pad multiple; grouped-query counts; the FLOPs formula; the peak table.
 #include "data/gpt_config.h"
 #include "test/test_harness.h"
 
@@ -20,6 +27,16 @@ static void case_report(const char* name, int ok, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     test_vfail(name, fmt, ap);
+    va_end(ap);
+}
+
+// Appends a formatted note to buf (a case's list of what differs).
+static void append(char* buf, size_t len, const char* fmt, ...) {
+    const size_t used = strlen(buf);
+    if (used + 1 >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, len - used, fmt, ap);
     va_end(ap);
 }
 
@@ -99,6 +116,69 @@ static void named_shape_cases(void) {
                 "head dims %d and %d", d80.channels / d80.num_heads, d128.channels / d128.num_heads);
 }
 
+// Every named shape's (layers, hidden, heads) as published: GPT-2's from OpenAI's released models
+// (n_layer, n_embd, n_head of 124M, 355M, 774M, 1558M); GPT-3's from the GPT-3 paper's Table 2.1,
+// where 2.7B has 32 layers, hidden 2560 and 32 heads of 80. Two are this repository's choices:
+// gpt3-2.7b-d128 (the header's) is 2.7B with 20 heads of 128; gpt3-1.3b keeps the table's head dim of
+// 128, so 16 heads (its 24 heads of 128 do not make hidden 2048), as scripts/hf_gpt2.py has it too.
+static void named_shape_published_case(void) {
+    static const NamedGPTShape PUBLISHED[] = {
+        {"gpt2-124m", 12, 768, 12},  {"gpt2-350m", 24, 1024, 16}, {"gpt2-774m", 36, 1280, 20},
+        {"gpt2-1558m", 48, 1600, 25}, {"gpt3-1.3b", 24, 2048, 16}, {"gpt3-2.7b", 32, 2560, 32},
+        {"gpt3-2.7b-d128", 32, 2560, 20},
+    };
+    char bad[512] = "";
+    if (NUM_NAMED_GPT_SHAPES != (int)COUNT(PUBLISHED))  // a new shape gets its published row here
+        append(bad, sizeof(bad), "%d named shapes, %d here; ", NUM_NAMED_GPT_SHAPES, (int)COUNT(PUBLISHED));
+    for (size_t i = 0; i < COUNT(PUBLISHED); i++) {
+        const NamedGPTShape *p = &PUBLISHED[i], *s = gpt_find_named_shape(p->name);
+        if (!s || s->num_layers != p->num_layers || s->channels != p->channels || s->num_heads != p->num_heads)
+            append(bad, sizeof(bad), "%s: (%d, %d, %d), published (%d, %d, %d); ", p->name, s ? s->num_layers : 0,
+                   s ? s->channels : 0, s ? s->num_heads : 0, p->num_layers, p->channels, p->num_heads);
+    }
+    case_report("named_shapes_are_the_published_ones", !bad[0], "%s", bad);
+}
+
+// Whether `name` is one of the space-separated words of `list`.
+static int named_in(const char* name, const char* list) {
+    const size_t n = strlen(name);
+    for (const char* p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0')) return 1;
+    return 0;
+}
+
+// The parameter table against the rules it encodes, written here by name: llm.c's storage order (its
+// files and checkpoints depend on it); one copy of the embeddings and the final LayerNorm, one per
+// layer of the rest; AdamW's weight decay on the 2-D weights only (GPT-2/llm.c: no biases, no
+// LayerNorm); GPT-2's initialization: N(0, 0.02/sqrt(2L)) for the two projections that add into the
+// residual stream, ones for the LayerNorm gains, zeros for every bias, N(0, 0.02) for the rest.
+static void param_table_cases(void) {
+    static const char* const LLM_C_ORDER[] = {"wte",      "wpe",      "ln1w", "ln1b", "qkvw",    "qkvb",
+                                              "attprojw", "attprojb", "ln2w", "ln2b", "fcw",     "fcb",
+                                              "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
+    char order[512] = "", stacking[256] = "", decay[256] = "", init[256] = "";
+    if (NUM_PARAM_TENSORS != (int)COUNT(LLM_C_ORDER))
+        append(order, sizeof(order), "%d tensors, want %d; ", NUM_PARAM_TENSORS, (int)COUNT(LLM_C_ORDER));
+    for (int i = 0; i < NUM_PARAM_TENSORS && i < (int)COUNT(LLM_C_ORDER); i++) {
+        const GPTParamSpec* p = &GPT_PARAMS[i];
+        if (strcmp(p->name, LLM_C_ORDER[i]) != 0)
+            append(order, sizeof(order), "%d: %s, want %s; ", i, p->name, LLM_C_ORDER[i]);
+        const int per_layer = !named_in(p->name, "wte wpe lnfw lnfb");
+        if (p->per_layer != per_layer) append(stacking, sizeof(stacking), "%s: %d; ", p->name, p->per_layer);
+        const int decays = named_in(p->name, "wte wpe qkvw attprojw fcw fcprojw");
+        if (p->weight_decay != decays) append(decay, sizeof(decay), "%s: %d; ", p->name, p->weight_decay);
+        const GPTParamInit want = named_in(p->name, "attprojw fcprojw")  ? INIT_NORMAL_RESIDUAL
+                                  : named_in(p->name, "ln1w ln2w lnfw") ? INIT_ONES
+                                  : p->name[strlen(p->name) - 1] == 'b' ? INIT_ZEROS
+                                                                        : INIT_NORMAL;
+        if (p->init != want) append(init, sizeof(init), "%s: %d, want %d; ", p->name, (int)p->init, (int)want);
+    }
+    case_report("param_table_llm_c_order", !order[0], "%s", order);
+    case_report("param_table_per_layer_all_but_embeddings_and_final_layernorm", !stacking[0], "%s", stacking);
+    case_report("param_table_weight_decay_on_2d_weights_only", !decay[0], "%s", decay);
+    case_report("param_table_gpt2_init", !init[0], "%s", init);
+}
+
 // Rejected configs name the problem and the fix.
 static void rejected_config_cases(void) {
     char err[512];
@@ -124,6 +204,65 @@ static void rejected_config_cases(void) {
     bad.num_kv_heads = 0;
     rc = gpt_config_check(&bad, err, sizeof(err));
     case_report("zero_kv_heads_rejected", rc != 0 && strstr(err, "--kv-heads"), "rc %d, message \"%s\"", rc, err);
+}
+
+// gpt_config_check with err emptied first, so a failure shows this call's message, not an earlier one.
+static int check_fresh(const GPTConfig* c, char* err, size_t len) {
+    err[0] = '\0';
+    return gpt_config_check(c, err, len);
+}
+
+// A zero head count or sequence length is refused before anything divides by the heads or sizes wpe;
+// a padded vocab below the vocab is refused (the LM head needs a row per token), one equal to it is
+// fine (Hugging Face's unpadded models).
+static void rejected_count_cases(void) {
+    char err[512] = "";
+    const GPTConfig gpt2 = named_config("gpt2-124m", 1024);
+    GPTConfig bad = gpt2;
+    bad.num_heads = 0;
+    int rc = check_fresh(&bad, err, sizeof(err));
+    case_report("zero_heads_rejected", rc == -1 && strstr(err, "heads (0)"), "rc %d, message \"%s\"", rc, err);
+    bad = gpt2;
+    bad.max_seq_len = 0;
+    rc = check_fresh(&bad, err, sizeof(err));
+    case_report("zero_sequence_length_rejected", rc == -1 && strstr(err, "sequence length (0)"),
+                "rc %d, message \"%s\"", rc, err);
+    bad = gpt2;
+    bad.padded_vocab_size = 50000;
+    rc = check_fresh(&bad, err, sizeof(err));
+    case_report("padded_vocab_below_vocab_rejected",
+                rc == -1 && strstr(err, "padded vocab 50000 is smaller than vocab 50257"), "rc %d, message \"%s\"", rc,
+                err);
+    bad.padded_vocab_size = bad.vocab_size;
+    rc = check_fresh(&bad, err, sizeof(err));
+    case_report("padded_vocab_equal_to_vocab_accepted", rc == 0, "rc %d, message \"%s\"", rc, err);
+}
+
+// Every head dim 1 .. 256 (8 heads, hidden 8·HD): accepted exactly for 64, 80, 96 and 128, the ones the
+// attention kernels are built for (so hidden 768 with 8 heads of 96 is accepted, 896 with 8 of 112 not).
+static void head_dim_sweep_case(void) {
+    char err[512], bad[512] = "";
+    for (int hd = 1; hd <= 256; hd++) {
+        const GPTConfig c = {2, 8 * hd, 8, 8, GPT2_VOCAB_SIZE, 50304, 64};
+        const int want = hd == 64 || hd == 80 || hd == 96 || hd == 128, rc = gpt_config_check(&c, err, sizeof(err));
+        if ((rc == 0) != want) append(bad, sizeof(bad), "head dim %d: rc %d; ", hd, rc);
+    }
+    case_report("only_head_dims_64_80_96_128_accepted", !bad[0], "%s", bad);
+}
+
+// gpt_round_up gives the smallest multiple at or above x (a multiple stays itself); the vocab pads to
+// 128 as scripts/hf_gpt2.py and scripts/torch_gpt.py do (VOCAB_PAD_MULTIPLE there too).
+static void round_up_cases(void) {
+    static const int MULTIPLES[] = {1, 3, 64, 128};
+    char bad[512] = "";
+    for (size_t m = 0; m < COUNT(MULTIPLES); m++)
+        for (int x = 0; x <= 1000; x++) {
+            const int k = MULTIPLES[m], r = gpt_round_up(x, k);
+            if (r % k != 0 || r < x || r >= x + k) append(bad, sizeof(bad), "round_up(%d, %d) = %d; ", x, k, r);
+        }
+    case_report("round_up_gives_the_next_multiple", !bad[0], "%s", bad);
+    case_report("vocab_pad_multiple_is_the_scripts_128", VOCAB_PAD_MULTIPLE == 128 &&
+                gpt_round_up(50305, VOCAB_PAD_MULTIPLE) == 50432, "VOCAB_PAD_MULTIPLE %d", VOCAB_PAD_MULTIPLE);
 }
 
 // Grouped-query attention shrinks only the QKV projection: C × (NH + 2·NKV)·HD weights and
@@ -166,13 +305,22 @@ static void flop_cases(void) {
 static void peak_cases(void) {
     case_report("peak_h100_sxm", gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4, "wrong peak");
     case_report("peak_h200", gpu_peak_bf16_tflops("NVIDIA H200") == 989.4, "wrong peak");
+    // PCIe and NVL parts: the dense half of NVIDIA's H100 datasheet figures with sparsity (1,513 and
+    // 1,671 TFLOP/s), 756 and 835 as the header and scripts/results_common.py list them.
+    case_report("peak_h100_pcie", gpu_peak_bf16_tflops("NVIDIA H100 PCIe") == 756.0, "wrong peak");
+    case_report("peak_h100_nvl", gpu_peak_bf16_tflops("NVIDIA H100 NVL") == 835.0, "wrong peak");
     case_report("peak_a100", gpu_peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0, "wrong peak");
     case_report("peak_unknown_is_zero", gpu_peak_bf16_tflops("NVIDIA GeForce RTX 4090") == 0.0, "wrong peak");
 }
 
 static void all_cases(void) {
     named_shape_cases();
+    named_shape_published_case();
+    param_table_cases();
     rejected_config_cases();
+    rejected_count_cases();
+    head_dim_sweep_case();
+    round_up_cases();
     gqa_param_count_case();
     flop_cases();
     peak_cases();
