@@ -61,8 +61,8 @@ static inline int* prompt_tokens_scan(const char* content, const char* label, co
         errno = 0;
         const long v = strtol(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && !isspace((unsigned char)*end))) {
-            snprintf(err, err_len, "--prompt-tokens %s: \"%.20s\" is not a token id (whole numbers separated by "
-                                   "commas or spaces)", label, p);
+            snprintf(err, err_len, "--prompt-tokens%s%s: \"%.20s\" is not a token id (whole numbers separated by "
+                                   "commas or spaces)", label[0] ? " " : "", label, p);
             free(ids);
             return NULL;
         }

@@ -18,7 +18,7 @@ export BUILD=build PYTHON=${PYTHON:-python3}
 
 # C tests are built with the sanitizers; where this machine lacks their runtime, rebuild without.
 for t in test_cpu_reference test_gpt_config test_dataloader test_checkpoint test_launcher test_stop_signal test_tokenizer test_watchdog \
-    test_eval_file test_prompt_tokens; do
+    test_eval_file test_prompt_tokens test_zigzag; do
     if ldd "build/$t" | grep -q "not found"; then
         echo "rebuilding build/$t without sanitizers (their runtime is missing here)" | tee -a "$LOG_DIR/environment.txt"
         rm -f "build/$t" build/*.o

@@ -53,7 +53,7 @@ typedef struct {
 } Refused;
 
 static const Refused REFUSED[] = {
-    {"prompt_id_past_int32_max_refused", "4294967297", 0, "\"4294967297\" is not a token id"},
+    {"prompt_id_past_int32_max_refused", "4294967297", 0, "--prompt-tokens: \"4294967297\" is not a token id"},
     {"prompt_id_int32_max_plus_one_refused", "464,2147483648", 0, "\"2147483648\" is not a token id"},
     {"prompt_id_past_long_refused", "1,99999999999999999999", 0, "\"99999999999999999999\" is not a token id"},
     {"prompt_only_a_comma_refused", ",", 0, "--prompt-tokens , holds no token ids"},
