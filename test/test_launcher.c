@@ -1,8 +1,9 @@
 // test_launcher.c: tests of layers/multi_gpu/launcher.h on the CPU: the launcher environments (torchrun,
-// mpirun, srun, none, and bad values), and the TCP rendezvous between processes forked here on
+// mpirun, srun, none, and bad values at the bounds of each variable), and the TCP rendezvous between processes forked here on
 // 127.0.0.1 and a free port: matching ranks all receive rank 0's 128-byte payload; a world-size
-// mismatch, a duplicate rank, different options, a missing rank and an unreachable rank 0 all fail
-// on every side with the expected message, well within the timeout (no hang). The same through a
+// mismatch, a duplicate rank, a hello claiming rank 0 or one outside the world, different options, a
+// missing rank and an unreachable rank 0 all fail on every side with the expected message, well within
+// the timeout (no hang); the connections kept for the heartbeat are indexed by rank. The same through a
 // shared file (--rendezvous file:PATH), and files left by an older run are never taken for this
 // run's: a stale answer and stale check-ins are ignored.
 #define _POSIX_C_SOURCE 200809L  // setenv, fork, getaddrinfo under -std=c11
@@ -77,23 +78,109 @@ static void test_detect(void) {
     clear_env();
 }
 
+// The bounds of what launcher_detect accepts, one case each: env is "NAME=VALUE ..." (after clearing
+// every launcher variable); a good one is described as "rank R world W local L port P", and `want`
+// is looked for in that or in the error. Each bad value is refused with a message naming it, and
+// the value next to it is accepted.
+static const struct {
+    const char *name, *env;
+    int rc;
+    const char* want;
+} DETECT_BOUNDS[] = {
+    {"detect_negative_rank_is_an_error", "RANK=-1 WORLD_SIZE=2", -1, "RANK=\"-1\" is not a whole number in [0, "},
+    {"detect_port_0_is_an_error", "MASTER_PORT=0", -1, "MASTER_PORT=\"0\" is not a whole number in [1, 65535]"},
+    {"detect_port_above_65535_is_an_error", "MASTER_PORT=65536", -1, "MASTER_PORT=\"65536\""},
+    {"detect_port_65535_is_accepted", "MASTER_PORT=65535", 0, "rank 0 world 1 local -1 port 65535"},
+    {"detect_port_with_trailing_letters_is_an_error", "MASTER_PORT=29500x", -1, "MASTER_PORT=\"29500x\""},
+    {"detect_bad_local_rank_is_an_error", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=gpu0", -1, "LOCAL_RANK=\"gpu0\""},
+    {"detect_srun_without_step_tasks_uses_ntasks", "SLURM_PROCID=2 SLURM_NTASKS=4", 0, "rank 2 world 4 local -1"},
+    {"detect_world_without_rank_names_the_missing_one", "WORLD_SIZE=2", -1,
+     "WORLD_SIZE is set but RANK is not: set both"},
+};
+
+static void test_detect_bounds(void) {
+    for (size_t i = 0; i < COUNT(DETECT_BOUNDS); i++) {
+        clear_env();
+        char env[128], got[ERR_LEN + 64] = "", err[ERR_LEN] = "";
+        snprintf(env, sizeof(env), "%s", DETECT_BOUNDS[i].env);
+        for (char* item = strtok(env, " "); item; item = strtok(NULL, " ")) {
+            char* eq = strchr(item, '=');
+            *eq = '\0';
+            setenv(item, eq + 1, 1);
+        }
+        LaunchInfo li;
+        const int rc = launcher_detect(&li, err, sizeof(err));
+        if (rc == 0)
+            snprintf(got, sizeof(got), "rank %d world %d local %d port %d", li.rank, li.world, li.local_rank,
+                     li.master_port);
+        else
+            snprintf(got, sizeof(got), "%s", err);
+        test_report(DETECT_BOUNDS[i].name, rc == DETECT_BOUNDS[i].rc && strstr(got, DETECT_BOUNDS[i].want),
+                    "%s: rc %d (want %d): %s", DETECT_BOUNDS[i].env, rc, DETECT_BOUNDS[i].rc, got);
+    }
+    clear_env();
+}
+
 typedef struct {
     int rank, world;
     uint64_t tag;
     double timeout_s;
 } Proc;
 
+// Per-process options of run_procs_flags (a bit set; 0 for the usual rendezvous).
+enum {
+    AS_CLIENT = 1,  // joins as a client whatever its rank (launcher_join), so its hello can claim rank 0
+    KEEP = 2,       // keeps the connections; a client then sends its rank over it, rank 0 reads them
+};
+
 typedef struct {
     int rc;
     double seconds;
     char err[ERR_LEN];
     unsigned char payload[PAYLOAD];
+    int heard[8];  // keep: what rank 0 read on its kept connection to rank r (-1: nothing)
 } Result;
 
+// Rank 0 (keep): reads one int from each kept connection, into heard[r]; the others send their rank.
+static void use_kept(const Proc* p, const int* keep, Result* r) {
+    for (int i = 0; i < 8; i++) r->heard[i] = -1;
+    if (p->rank != 0) {
+        int32_t me = p->rank;
+        launcher_io(keep[0], &me, sizeof(me), 1, launcher_now() + 10.0);
+        return;
+    }
+    for (int peer = 1; peer < p->world && peer < 8; peer++) {
+        int32_t v = -1;
+        if (keep[peer] >= 0 && launcher_io(keep[peer], &v, sizeof(v), 0, launcher_now() + 10.0) == 0)
+            r->heard[peer] = v;
+    }
+}
+
+// One process's rendezvous (in a forked child), over TCP on `port` or through files at `file`.
+static void run_one(const Proc* p, int flags, int port, const char* file, const unsigned char* offer, Result* r) {
+    LaunchInfo li;
+    memset(&li, 0, sizeof(li));
+    li.rank = p->rank, li.world = p->world, li.local_rank = -1, li.source = "test";
+    snprintf(li.master_addr, sizeof(li.master_addr), "127.0.0.1");
+    li.master_port = port;
+    memset(r, 0, sizeof(*r));
+    if (p->rank == 0 && !(flags & AS_CLIENT)) memcpy(r->payload, offer, PAYLOAD);
+    int keep[8];
+    for (int i = 0; i < 8; i++) keep[i] = -1;
+    double t0 = launcher_now();
+    if (flags & AS_CLIENT)
+        r->rc = launcher_join(&li, p->tag, r->payload, PAYLOAD, p->timeout_s, NULL, r->err, sizeof(r->err));
+    else
+        r->rc = launcher_rendezvous_keep(&li, file, p->tag, r->payload, PAYLOAD, p->timeout_s,
+                                         flags & KEEP ? keep : NULL, r->err, sizeof(r->err));
+    r->seconds = launcher_now() - t0;
+    if ((flags & KEEP) && r->rc == 0) use_kept(p, keep, r);
+}
+
 // Runs one rendezvous per Proc in forked children, over TCP on `port` or (file != NULL) through
-// files at `file`; fills results (rank 0 offers `offer`).
-static void run_procs_via(const Proc* procs, int n, int port, const char* file, const unsigned char* offer,
-                          Result* results) {
+// files at `file`, with flags[i] (NULL: none); fills results (rank 0 offers `offer`).
+static void run_procs_flags(const Proc* procs, const int* flags, int n, int port, const char* file,
+                            const unsigned char* offer, Result* results) {
     pid_t pids[16];
     int pipes[16][2];
     for (int i = 0; i < n; i++) {
@@ -101,23 +188,14 @@ static void run_procs_via(const Proc* procs, int n, int port, const char* file, 
         pids[i] = fork();
         if (pids[i] == 0) {
             alarm(60);  // a hang kills the child, and the parent sees it as a failure
-            LaunchInfo li;
-            memset(&li, 0, sizeof(li));
-            li.rank = procs[i].rank, li.world = procs[i].world, li.local_rank = -1, li.source = "test";
-            snprintf(li.master_addr, sizeof(li.master_addr), "127.0.0.1");
-            li.master_port = port;
             Result r;
-            memset(&r, 0, sizeof(r));
-            if (procs[i].rank == 0) memcpy(r.payload, offer, PAYLOAD);
-            double t0 = launcher_now();
-            r.rc = launcher_rendezvous_keep(&li, file, procs[i].tag, r.payload, PAYLOAD, procs[i].timeout_s, NULL, r.err,
-                                            sizeof(r.err));
-            r.seconds = launcher_now() - t0;
+            run_one(&procs[i], flags ? flags[i] : 0, port, file, offer, &r);
             if (write(pipes[i][1], &r, sizeof(r)) != (ssize_t)sizeof(r)) _exit(3);
             _exit(0);
         }
         close(pipes[i][1]);
-        if (procs[i].rank == 0) launcher_sleep_ms(50);  // clients may also come first; they retry
+        if (procs[i].rank == 0 && !(flags && (flags[i] & AS_CLIENT)))
+            launcher_sleep_ms(50);  // clients may also come first; they retry
     }
     for (int i = 0; i < n; i++) {
         memset(&results[i], 0, sizeof(Result));
@@ -133,6 +211,11 @@ static void run_procs_via(const Proc* procs, int n, int port, const char* file, 
         close(pipes[i][0]);
         waitpid(pids[i], NULL, 0);
     }
+}
+
+static void run_procs_via(const Proc* procs, int n, int port, const char* file, const unsigned char* offer,
+                          Result* results) {
+    run_procs_flags(procs, NULL, n, port, file, offer, results);
 }
 
 static void run_procs(const Proc* procs, int n, int port, const unsigned char* offer, Result* results) {
@@ -201,6 +284,44 @@ static void test_duplicate_rank_and_tag(void) {
     test_report("rendezvous_different_options_fail_on_both_sides",
                 r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "other options") && contains(&r[1], "other options"),
                 "%s | %s", r[0].err, r[1].err);
+}
+
+// A hello that claims rank 0 (rank 0 is the one listening) or a rank outside the world is refused on
+// both sides, at once: it must never be counted as a rank (nor index rank 0's table out of bounds).
+static void test_bad_hello_rank(void) {
+    unsigned char offer[PAYLOAD] = {1};
+    Proc zero[2] = {{0, 2, 7, 20.0}, {0, 2, 7, 20.0}};
+    const int flags[2] = {0, AS_CLIENT};
+    Result r[2];
+    run_procs_flags(zero, flags, 2, test_free_port(29555), NULL, offer, r);
+    int ok = r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "rank 0") && r[0].seconds < 10;
+    char why[2 * ERR_LEN + 64];
+    snprintf(why, sizeof(why), "claims 0: %s | %s", r[0].err, r[1].err);
+    Proc outside[2] = {{0, 2, 7, 20.0}, {2, 2, 7, 20.0}};
+    run_procs(outside, 2, test_free_port(29555), offer, r);
+    if (ok)
+        ok = r[0].rc == -1 && r[1].rc == -1 && contains(&r[0], "rank 2 (of 2)") && r[0].seconds < 10,
+        snprintf(why, sizeof(why), "claims 2 of 2: %s | %s", r[0].err, r[1].err);
+    test_report("rendezvous_hello_claiming_rank_0_or_one_outside_the_world_is_refused", ok, "%s", why);
+}
+
+// The kept connections (the watchdog's heartbeat) are indexed by rank, not by arrival: ranks 4..1 of
+// a world of 5 are started in that order, and rank 0's keep[r] must reach rank r.
+static void test_keep_by_rank(void) {
+    unsigned char offer[PAYLOAD] = {2};
+    Proc procs[5] = {{0, 5, 7, 20.0}};
+    for (int i = 1; i < 5; i++) procs[i] = (Proc){5 - i, 5, 7, 20.0};
+    const int flags[5] = {KEEP, KEEP, KEEP, KEEP, KEEP};
+    Result r[5];
+    run_procs_flags(procs, flags, 5, test_free_port(29555), NULL, offer, r);
+    int ok = 1;
+    char why[ERR_LEN + 64] = "";
+    for (int i = 0; i < 5 && ok; i++)
+        if (r[i].rc != 0) ok = 0, snprintf(why, sizeof(why), "rank %d: %s", procs[i].rank, r[i].err);
+    for (int peer = 1; peer < 5 && ok; peer++)
+        if (r[0].heard[peer] != peer)
+            ok = 0, snprintf(why, sizeof(why), "keep[%d] reaches rank %d", peer, r[0].heard[peer]);
+    test_report("rendezvous_kept_connections_are_indexed_by_rank", ok, "%s", why);
 }
 
 static void test_timeouts(void) {
@@ -335,9 +456,12 @@ static const struct {
     int cases;
 } GROUPS[] = {
     {test_detect, 7},
+    {test_detect_bounds, (int)COUNT(DETECT_BOUNDS)},
     {test_rendezvous_worlds, (int)COUNT(RENDEZVOUS)},
     {test_world_mismatch, 1},
     {test_duplicate_rank_and_tag, 2},
+    {test_bad_hello_rank, 1},
+    {test_keep_by_rank, 1},
     {test_timeouts, 2},
     {test_file_ok, 2},
     {test_file_stale, 2},

@@ -3,7 +3,8 @@
 // sockets between forked processes, kept open after a real TCP rendezvous (layers/multi_gpu/launcher.h):
 // a killed rank is seen at once, a clean BYE is not a failure, the verdict reaches the other rank,
 // and a wait on a collective that never completes ends within the timeout with one line naming the
-// step, the collective and the suspect.
+// step, the collective and the suspect. Over socket pairs: rank 0 reads ranks beyond its first 64
+// sockets, puts split messages together, and its verdict reaches every rank whole.
 #define _POSIX_C_SOURCE 200809L  // fork, kill, socketpair under -std=c11
 
 #include <signal.h>
@@ -21,6 +22,7 @@
 typedef struct {
     double t;               // the fake clock (s)
     double done_at;         // the collective completes then; < 0: never
+    long long done_at_poll; // or at this done() poll (the first is 1); 0: never
     double error_at;        // NCCL reports an async error then; < 0: never
     double gone_at;         // peer `gone_rank` ends then (heartbeat socket closed); < 0: never
     int gone_rank;
@@ -39,7 +41,7 @@ static void sim_pause(void* u, double s) { ((Sim*)u)->t += s > 0 ? s : 1e-7; }  
 static int sim_done(void* u) {
     Sim* s = (Sim*)u;
     s->polls++;
-    return s->done_at >= 0 && s->t >= s->done_at;
+    return (s->done_at >= 0 && s->t >= s->done_at) || (s->done_at_poll > 0 && s->polls >= s->done_at_poll);
 }
 static int sim_async_error(void* u, char* text, size_t len) {
     Sim* s = (Sim*)u;
@@ -218,6 +220,111 @@ static void test_suspect_rules(void) {
                     v.last_seq == 4, "kind %d rank %d last %lld", v.kind, v.rank, v.last_seq);
 }
 
+// The suspect's line when it never reached any watched collective, and the race the wait resolves in
+// favour of the collective: it completed in the instant between the poll that found it pending and
+// the heartbeat saying a peer left (the peer had done its part): not a failure.
+static void test_never_arrived_and_late_completion(void) {
+    Sim s;
+    Watchdog wd;
+    WatchdogPeer table[WORLD];
+    sim_reset(&s);
+    s.peer_seq[2] = -1;
+    WatchdogResult r = sim_wait(&s, &wd, table, 0, 0, "gradient all-reduce");
+    test_report("watchdog_rank_that_never_arrived_is_named_as_such",
+                r == WATCHDOG_TIMEOUT && has(&wd, "suspected rank: 2 (it never arrived at a collective"),
+                "result %d: %s", r, wd.line);
+    sim_reset(&s);
+    s.gone_at = 0.0, s.gone_rank = 2;  // rank 2 is gone from the start
+    s.done_at_poll = 2;                // the first poll finds the collective pending, the next complete
+    r = sim_wait(&s, &wd, table, 0, 0, "gradient all-reduce");
+    test_report("watchdog_collective_completed_when_a_peer_loss_is_seen_is_ok", r == WATCHDOG_OK && s.polls == 2,
+                "result %d after %lld polls: %s", r, s.polls, wd.line);
+}
+
+// ---- the heartbeat over socket pairs: rank 0's table and the verdict, without processes ------------------
+
+// Rank 0's heartbeat over `world` socket pairs; peer[r] is rank r's end (peer[0] = -1).
+static int pair_up(Heartbeat* hb, int world, int* peer) {
+    int* fds = (int*)malloc(sizeof(int) * (size_t)world);
+    fds[0] = peer[0] = -1;
+    for (int r = 1; r < world; r++) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return -1;
+        fds[r] = sv[0], peer[r] = sv[1];
+    }
+    heartbeat_init(hb, 0, world, fds);
+    return 0;
+}
+
+static int send_raw(int fd, const void* data, size_t n) { return write(fd, data, n) == (ssize_t)n ? 0 : -1; }
+
+// 70 ranks (a 9-node job): rank 0 polls its sockets in chunks of 64, so the beats of ranks 64..69
+// and the death of rank 69 must be seen as well as rank 1's.
+static void test_heartbeat_beyond_64(void) {
+    enum { W = 70 };
+    Heartbeat hb;
+    int peer[W], ok = pair_up(&hb, W, peer) == 0;
+    for (int r = 1; ok && r < W; r++) {
+        HeartbeatMessage m = {HEARTBEAT_BEAT, r, 0, 0, 100 + r};
+        ok = send_raw(peer[r], &m, sizeof(m)) == 0;
+    }
+    if (ok) close(peer[W - 1]), peer[W - 1] = -1;
+    WatchdogPeer table[W];
+    WatchdogVerdict v = {SUSPECT_NONE, -1, -1};
+    if (ok) heartbeat_poll(&hb, table, &v);
+    int wrong = -1;
+    for (int r = 1; ok && r < W - 1 && wrong < 0; r++)
+        if (table[r].state != PEER_ALIVE || table[r].last_seq != 100 + r) wrong = r;
+    test_report("heartbeat_rank0_reads_every_socket_beyond_the_first_64",
+                ok && wrong < 0 && table[W - 1].state == PEER_GONE && table[W - 1].last_seq == 100 + W - 1,
+                "setup %d, first wrong rank %d (state %d, last %lld), rank %d state %d (want gone)", ok, wrong,
+                wrong >= 0 ? table[wrong].state : -1, wrong >= 0 ? table[wrong].last_seq : -1, W - 1,
+                ok ? table[W - 1].state : -1);
+    for (int r = 1; r < W; r++)
+        if (peer[r] >= 0) close(peer[r]);
+    if (ok) heartbeat_close(&hb);
+}
+
+// A message that arrives in pieces (TCP may split it anywhere) is put together before it is read:
+// 10 bytes of BEAT 5, then its other 14 bytes with the whole BEAT 6 behind them.
+static void test_heartbeat_split_message(void) {
+    Heartbeat hb;
+    int peer[2], ok = pair_up(&hb, 2, peer) == 0;
+    HeartbeatMessage m[2] = {{HEARTBEAT_BEAT, 1, 0, 0, 5}, {HEARTBEAT_BEAT, 1, 0, 0, 6}};
+    WatchdogPeer table[2];
+    long long after_part = -9, after_rest = -9;
+    if (ok && send_raw(peer[1], m, 10) == 0) heartbeat_poll(&hb, table, NULL), after_part = table[1].last_seq;
+    if (ok && send_raw(peer[1], (char*)m + 10, sizeof(m) - 10) == 0)
+        heartbeat_poll(&hb, table, NULL), after_rest = table[1].last_seq;
+    test_report("heartbeat_message_split_across_reads_is_put_together",
+                after_part == -1 && after_rest == 6 && table[1].state == PEER_ALIVE,
+                "last collective %lld after 10 bytes (want -1), %lld after all (want 6)", after_part, after_rest);
+    if (ok) close(peer[1]), heartbeat_close(&hb);
+}
+
+// Rank 0's verdict reaches every rank, not just rank 1, and each reads it whole: suspect, kind and the
+// suspect's last collective (which the line's "N behind" is computed from).
+static void test_heartbeat_verdict_everywhere(void) {
+    enum { W = 4 };
+    Heartbeat hb, other;
+    int peer[W], ok = pair_up(&hb, W, peer) == 0, wrong = -1;
+    WatchdogVerdict sent = {SUSPECT_BEHIND, 2, 17}, got = {SUSPECT_NONE, -1, -1};
+    if (ok) heartbeat_announce(&hb, &sent);
+    for (int r = 1; ok && r < W && wrong < 0; r++) {
+        int* fds = (int*)malloc(sizeof(int) * W);
+        for (int i = 0; i < W; i++) fds[i] = i == 0 ? peer[r] : -1;
+        heartbeat_init(&other, r, W, fds);  // rank r's side, over its end of the pair
+        got = (WatchdogVerdict){SUSPECT_NONE, -1, -1};
+        heartbeat_poll(&other, NULL, &got);
+        if (got.kind != sent.kind || got.rank != sent.rank || got.last_seq != sent.last_seq) wrong = r;
+        heartbeat_close(&other);  // closes peer[r]
+    }
+    test_report("heartbeat_verdict_reaches_every_rank_whole", ok && wrong < 0,
+                "setup %d; rank %d got kind %d rank %d last %lld (sent %d, %d, %lld)", ok, wrong, got.kind, got.rank,
+                got.last_seq, sent.kind, sent.rank, sent.last_seq);
+    if (ok) heartbeat_close(&hb);
+}
+
 // ---- the heartbeat over real sockets -----------------------------------------------------------------
 
 typedef struct {
@@ -362,6 +469,10 @@ static const struct {
     {test_timeouts, 5},
     {test_early_failures, 5},
     {test_suspect_rules, 2},
+    {test_never_arrived_and_late_completion, 2},
+    {test_heartbeat_beyond_64, 1},
+    {test_heartbeat_split_message, 1},
+    {test_heartbeat_verdict_everywhere, 1},
     {test_heartbeat_kill, 1},
     {test_heartbeat_bye_and_verdict, 2},
 };

@@ -47,6 +47,7 @@ static void test_check_rejects(void) {
         {401, 2, {"multiple of 4", "401 is not", "use 400 or 404"}},
         {100, 8, {"multiple of 16", "100 is not", "use 96 or 112"}},
         {6, 4, {"multiple of 8", "6 is not", "use 8"}},
+        {12, 4, {"multiple of 8", "12 is not", "use 8 or 16"}},  // a multiple of N but not of 2N: C would be 1.5
         {0, 1, {"multiple of 2", "0 is not", "use 2"}},
         {-4, 2, {"multiple of 4", "-4 is not", "use 4"}},
         {64, 0, {"1 or more ranks", "not 0", ""}},
