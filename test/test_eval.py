@@ -153,8 +153,52 @@ def test_continuation_eval_bad_input_says_what_to_change():
     with open(os.path.join(WORK, "small_val_000000.bin"), "r+b") as f:
         f.truncate(1500)
     r = continuation_eval("--val-data", os.path.join(WORK, "small_val_*.bin"), "--output", out)
-    assert r.returncode == 1 and "truncated" in r.stderr, r.stderr
+    assert r.returncode == 1 and "truncated" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not os.path.exists(out), "a failed run left a file"
+
+
+def test_continuation_eval_refuses_settings_that_make_no_eval():
+    # --examples 0 would write a file of no examples (which the trainer refuses), --choices 1 an eval whose
+    # one choice is always right, 0 context or completion tokens empty examples: each is refused by its name
+    write_shard(os.path.join(WORK, "flags_val_000000.bin"), RNG.integers(0, V, size=2000))
+    out = os.path.join(WORK, "flags_never.bin")
+    for flag, value in (("--examples", "0"), ("--choices", "1"), ("--context-tokens", "0"),
+                        ("--completion-tokens", "0")):
+        r = continuation_eval("--val-data", os.path.join(WORK, "flags_val_*.bin"), "--output", out, flag, value)
+        assert r.returncode == 1 and flag in r.stderr and "Traceback" not in r.stderr, (flag, r.stderr)
+        assert not os.path.exists(out), f"{flag} {value} left a file"
+
+
+def test_continuation_eval_windows_on_a_short_stream():
+    # As few tokens as the script takes (2 * window * choices = 12, up to 3 more), all distinct, so that
+    # every span's place in the stream is known: over 2000 examples every window is drawn, the last one
+    # included, and none runs past the end; the wrong choice never overlaps the window (it could be the
+    # right continuation); the shards are read in name order (windows cross their boundaries).
+    n = int(RNG.integers(12, 16))
+    tokens = RNG.permutation(V)[:n]
+    cuts = sorted(RNG.choice(np.arange(1, n), size=2, replace=False).tolist())
+    for k, part in enumerate(np.split(tokens, cuts)):
+        write_shard(os.path.join(WORK, f"short_val_{k:06d}.bin"), part)
+    where = {int(t): i for i, t in enumerate(tokens)}
+    files = []
+    for seed in ("1337", "7"):
+        out = os.path.join(WORK, f"short_{seed}.bin")
+        r = continuation_eval("--val-data", os.path.join(WORK, "short_val_*.bin"), "--output", out, "--examples",
+                              "2000", "--context-tokens", "2", "--completion-tokens", "1", "--choices", "2",
+                              "--seed", seed)
+        assert r.returncode == 0 and "3 shard(s)" in r.stdout, r.stdout + r.stderr
+        files.append(open(out, "rb").read())
+    starts = set()
+    for ex in read_eval_file(out)["examples"]:
+        ctx, comps, label = ex["context"], ex["completions"], ex["label"]
+        assert len(ctx) == 2 and [len(c) for c in comps] == [1, 1], ex
+        s = where[ctx[0]]
+        assert tokens[s:s + 3].tolist() == ctx + comps[label], f"not a window of the stream in order: {ex}"
+        other = where[comps[1 - label][0]]
+        assert other + 1 <= s or other >= s + 3, f"the wrong choice at {other} overlaps the window at {s}: {ex}"
+        starts.add(s)
+    assert starts == set(range(n - 2)), f"windows drawn at {sorted(starts)} of 0..{n - 3}"
+    assert files[0] != files[1], "--seed 7 gave the same file as --seed 1337"
 
 
 # ---- on a GPU: the scores against an fp64 reference --------------------------------------------------

@@ -40,10 +40,10 @@ def encoding():
     return tiktoken.get_encoding("r50k_base")
 
 
-def run(*args, env=None):
+def run(*args, env=None, timeout=300):
     """Runs prepare_data.py; returns (returncode, stdout, stderr)."""
     p = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
-                       env=env, timeout=300)
+                       env=env, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -218,11 +218,11 @@ def small_text():
     return path
 
 
-def check_error(tag, args, words):
+def check_error(tag, args, words, timeout=300):
     """The script must exit non-zero, say something containing every word, print no
     traceback and write no shard."""
     folder = new_dir(tag)
-    rc, out, err = run(*args, "--out-dir", folder)
+    rc, out, err = run(*args, "--out-dir", folder, timeout=timeout)
     assert rc != 0, f"exit 0 for {args}"
     assert "Traceback" not in err, f"traceback instead of a message:\n{err}"
     for word in words:
@@ -636,6 +636,263 @@ def test_error_hf_dataset_without_datasets_or_network():
     rc, _, err = run("--hf-dataset", "no-such-user/no-such-dataset-for-this-test", "--out-dir", new_dir("hf"))
     assert rc == 1 and "Traceback" not in err, f"exit {rc}: {err}"
     assert "`datasets`" in err or "online" in err, err
+
+
+# ---- cases added from mutation testing (each names the mistake it catches) ------------------------------
+
+def random_docs(rng, n, tag="doc"):
+    """n fresh documents of random words (some non-ASCII, a literal <|endoftext|>), 3..40 words each."""
+    words = ["the", "river", "Fluß", "日本語", "naïve", "ends", "<|endoftext|>", "42", "tokens", "café", "\t", "x"]
+    return [f"{tag} {i}: " + " ".join(words[int(k)] for k in rng.integers(0, len(words), size=int(rng.integers(3, 41))))
+            + "\n" for i in range(n)]
+
+
+def limited_file_size(nbytes):
+    """A preexec_fn: the child's files cannot grow past nbytes, as on a full disk (a write fails with EFBIG;
+    Python ignores SIGXFSZ)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return limit
+
+
+def test_write_shard_refuses_what_uint16_cannot_hold():
+    from shard_format import ShardError, write_shard
+    # Tokens are stored as uint16: 65536 or -1 would wrap silently to another token (0 or 65535), so they
+    # are refused, as is an empty shard (the header count must be > 0); both ends of the range are kept.
+    rng = np.random.default_rng()
+    folder = new_dir("refuse")
+    path = os.path.join(folder, "x.bin")
+    good = rng.integers(0, 2**16, size=int(rng.integers(2, 500)))
+    good[:2] = (0, 2**16 - 1)
+    for bad, word in ((np.append(good, 2**16), "uint16"), (np.append(good, -1), "uint16"),
+                      (np.array([], dtype=np.int64), "1 to")):
+        try:
+            write_shard(path, bad)
+        except ShardError as err:
+            assert word in str(err) and path in str(err), f"message: {err}"
+        else:
+            raise AssertionError(f"write_shard accepted {bad.size} tokens from {bad.min(initial=0)} to "
+                                 f"{bad.max(initial=0)}")
+        assert os.listdir(folder) == [], f"a refused shard left {os.listdir(folder)}"
+    write_shard(path, good)
+    assert read_raw(path)[1].tolist() == good.tolist(), "tokens 0..65535 do not read back as written"
+
+
+def test_read_shard_refuses_short_and_empty_files():
+    from shard_format import ShardError, read_shard
+    # A file shorter than the header is refused by its size (not an IndexError on the missing ints, which
+    # make_continuation_eval.py would show as a traceback), and a header counting 0 tokens is not a shard.
+    folder = new_dir("short")
+    head = np.zeros(256, dtype="<i4")
+    head[:3] = (MAGIC, VERSION, 1)
+    cases = {"empty": (b"", "shorter than"), "two_ints": (head[:2].tobytes(), "shorter than"),
+             "no_count": (head[:3].tobytes()[:10], "shorter than"), "one_short": (head.tobytes()[:-4], "shorter than")}
+    for count in (0, -1):
+        head[2] = count
+        cases[f"count{count}"] = (head.tobytes(), f"token count {count}")
+    for name, (data, word) in cases.items():
+        path = os.path.join(folder, name + ".bin")
+        open(path, "wb").write(data)
+        try:
+            read_shard(path)
+        except ShardError as err:
+            assert word in str(err) and path in str(err), f"{name}: message {err}"
+        else:
+            raise AssertionError(f"{name}: read_shard accepted a {len(data)}-byte file")
+
+
+def test_write_shard_failure_keeps_the_previous_shard():
+    # A write that fails half way (disk full) leaves the shard that was there, and no temporary file: the
+    # data goes to a temporary name renamed at the end. A finished shard gets the usual 0666 & ~umask mode
+    # (the temporary file starts 0600: a shard only its owner could read).
+    folder = new_dir("keep")
+    path = os.path.join(folder, "x_train_000000.bin")
+    from shard_format import write_shard
+    before = np.random.default_rng().integers(0, 2**16, size=100)
+    write_shard(path, before)
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = os.stat(path).st_mode & 0o777
+    assert mode == 0o666 & ~umask, f"mode {mode:o}, want {0o666 & ~umask:o} (umask {umask:o})"
+    old = open(path, "rb").read()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import numpy as np; from shard_format import write_shard; "
+            "write_shard(sys.argv[2], np.arange(5000))")
+    p = subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "scripts"), path], capture_output=True,
+                       text=True, timeout=60, preexec_fn=limited_file_size(4096))  # the new shard needs 11024
+    assert p.returncode != 0 and "File too large" in p.stderr, f"exit {p.returncode}: {p.stderr.strip()}"
+    assert open(path, "rb").read() == old, "the failed write changed or removed the previous shard"
+    assert os.listdir(folder) == ["x_train_000000.bin"], f"left {sorted(os.listdir(folder))}"
+
+
+def test_leading_split_at_exactly_the_fraction():
+    harness.need_ranks()
+    # --val-split leading: the fewest leading documents that hold >= the fraction of the tokens. The corpus
+    # is `copies` copies of a block of fresh documents and the fraction 1/copies, so the first block holds
+    # exactly the fraction: val is that block and no more, also when the block is one document and the cut
+    # falls exactly where the last document starts (which must not be refused as "train empty").
+    rng = np.random.default_rng()
+    for n_block, copies in ((1, 2), (int(rng.integers(2, 6)), 4)):
+        block = random_docs(rng, n_block)
+        docs = block * copies
+        src, out = new_dir("exact_in"), new_dir("exact_out")
+        write_jsonl(os.path.join(src, "e.jsonl"), docs)
+        run_ok("--input", os.path.join(src, "e.jsonl"), "--out-dir", out, "--val-split", "leading",
+               "--val-fraction", 1 / copies)
+        tokens, n_val = stream(out, "e")
+        assert np.array_equal(tokens, expected_tokens(docs)), "the stream differs from the documents"
+        want = len(expected_tokens(block))
+        assert n_val == want, f"{n_block} x {copies} documents: {n_val} val tokens, want the first block's {want}"
+
+
+def test_error_out_of_range_numbers():
+    # refused before any work: a negative fraction (it would silently mean no val), --shard-tokens 0 (a
+    # shard that never fills: the run would loop for ever), --workers 0 (a division by zero at the end)
+    for tag, flag, value in (("negfrac", "--val-fraction", -0.1), ("zeroshard", "--shard-tokens", 0),
+                             ("zeroworkers", "--workers", 0)):
+        check_error(tag, ["--input", small_text(), "--paragraph-docs", flag, value], [flag], timeout=60)
+
+
+def test_full_disk_stops_cleanly_and_the_run_continues():
+    harness.need_ranks()
+    # A full disk (a file-size limit: a write fails with EFBIG) stops the run with one line and status 1, not
+    # a traceback or 0, and leaves the shards and the manifest written before it whole: the same command then
+    # continues to the shards of a run that never failed. The limit lets 100-token shards (1224 bytes)
+    # through but not the manifest once it lists enough of them.
+    src = new_dir("full_in")
+    write_jsonl(os.path.join(src, "f.jsonl"), random_docs(np.random.default_rng(), 400))
+    args = ["--input", os.path.join(src, "f.jsonl"), "--shard-tokens", 100, "--workers", 1]
+    whole, out = new_dir("full_whole"), new_dir("full_out")
+    run_ok(*args, "--out-dir", whole)
+    want = bins(whole)
+    p = subprocess.run([sys.executable, SCRIPT, *map(str, args), "--out-dir", out], capture_output=True, text=True,
+                       timeout=300, preexec_fn=limited_file_size(2048))
+    msg = p.stderr.strip()
+    assert p.returncode == 1, f"exit {p.returncode}: {msg}"
+    assert "Traceback" not in msg and "\n" not in msg and "prepare_data.py: error:" in msg, msg
+    done = bins(out)
+    assert 0 < len(done) < len(want), f"{len(done)} of {len(want)} files before the disk filled"
+    for name in done:
+        read_raw(os.path.join(out, name))  # whole, valid shards
+    rc, log, err = run(*args, "--out-dir", out)
+    assert rc == 0 and "continuing the run" in log, f"exit {rc}: {err.strip()}"
+    assert bins(out) == want, "the continued run wrote other shards than a run that never failed"
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")], f"left {sorted(os.listdir(out))}"
+
+
+def test_failed_split_leaves_no_shards():
+    harness.need_ranks()
+    # A drawn split that draws no document for val fails at the end, after train shards were written: they
+    # are removed with the manifest, or a later glob of <name>_train_*.bin would take them as a dataset.
+    # (--seed 3: under the default seed 0 the hash of document 0 is 0, so it is drawn at any fraction.)
+    src = new_dir("nodraw_in")
+    write_jsonl(os.path.join(src, "n.jsonl"), random_docs(np.random.default_rng(), 300))
+    folder = new_dir("nodraw_out")
+    rc, _, err = run("--input", os.path.join(src, "n.jsonl"), "--out-dir", folder, "--shard-tokens", 500,
+                     "--val-fraction", 1e-9, "--seed", 3)
+    assert rc == 1 and "val would be empty" in err and "Traceback" not in err, f"exit {rc}: {err.strip()}"
+    assert os.listdir(folder) == [], f"a failed run left {sorted(os.listdir(folder))}"
+
+
+def test_continuing_refuses_other_shard_tokens_or_a_missing_shard():
+    harness.need_ranks()
+    # The manifest of a stopped run decides what continues it: another --shard-tokens (or --seed) would mix
+    # shards of two sizes (or two splits), and a listed shard that was deleted would leave a hole; all three
+    # are refused with the way out (--fresh), not continued.
+    src = new_dir("refuse_in")
+    write_jsonl(os.path.join(src, "r.jsonl"), random_docs(np.random.default_rng(), 1500))
+    out = new_dir("refuse_out")
+    args = ["--input", os.path.join(src, "r.jsonl"), "--out-dir", out, "--val-fraction", 0.2]
+    rc, _, err = run_env([*args, "--shard-tokens", 3000], PREPARE_DATA_STOP_AFTER_SHARDS=2)
+    assert rc == 3, f"exit {rc}: {err.strip()}"
+    for changed in (["--shard-tokens", 2000], ["--shard-tokens", 3000, "--seed", 5]):
+        rc, _, err = run(*args, *changed)
+        assert rc == 1 and "other arguments" in err and "--fresh" in err, f"{changed}: exit {rc}: {err.strip()}"
+    victim = sorted(n for n in bins(out) if "_000000" in n)[0]
+    os.remove(os.path.join(out, victim))
+    rc, _, err = run(*args, "--shard-tokens", 3000)
+    assert rc == 1 and victim in err and "missing" in err and "--fresh" in err, f"exit {rc}: {err.strip()}"
+
+
+def test_every_shard_but_the_last_holds_shard_tokens():
+    harness.need_ranks()
+    # Documents reach the splits in batches (here about one document each), so a batch often ends a token or
+    # two short of a full shard; shards are still cut at exactly --shard-tokens, the last of each split fewer.
+    rng = np.random.default_rng()
+    src, out = new_dir("sizes_in"), new_dir("sizes_out")
+    docs = random_docs(rng, 200)
+    write_jsonl(os.path.join(src, "z.jsonl"), docs)
+    size = int(rng.integers(5, 40))
+    rc, _, err = run_env(["--input", os.path.join(src, "z.jsonl"), "--out-dir", out, "--shard-tokens", size,
+                          "--val-fraction", 0.3, "--workers", 1], PREPARE_DATA_BATCH_CHARS=1)
+    assert rc == 0, err
+    total = 0
+    for split in ("val", "train"):
+        sizes = [len(read_raw(p)[1]) for p in shards(out, "z", split)]
+        assert sizes and sizes[:-1] == [size] * (len(sizes) - 1) and 1 <= sizes[-1] <= size, \
+            f"--shard-tokens {size}: {split} shards of {sizes}"
+        total += sum(sizes)
+    assert total == len(expected_tokens(docs)), f"{total} tokens, want {len(expected_tokens(docs))}"
+
+
+def blank_line_documents(text):
+    """The documents of --paragraph-docs, by lines (not the script's regex): a document ends after a blank
+    line, "\\n" or "\\r\\n", that follows another line of the same document."""
+    lines, start = [], 0
+    while start < len(text):
+        i = text.find("\n", start)
+        end = len(text) if i < 0 else i + 1
+        lines.append(text[start:end])
+        start = end
+    docs, cur = [], []
+    for ln in lines:
+        cur.append(ln)
+        if len(cur) > 1 and ln in ("\n", "\r\n"):
+            docs.append("".join(cur))
+            cur = []
+    return docs + (["".join(cur)] if cur else [])
+
+
+def test_crlf_blank_lines_end_paragraphs():
+    harness.need_ranks()
+    # A text file from Windows ends its lines in "\r\n": its blank lines end paragraphs as "\n\n" does (else
+    # the whole file is one document). Lines end in either, at random; the file is read 64 bytes at a time,
+    # so separators fall across the pieces. The file ends in one blank line: a blank line within the last 3
+    # characters of a file followed by more text is not split (a bug of its own: "a\n\nb" is one document).
+    rng = np.random.default_rng()
+    nl = lambda: "\r\n" if rng.random() < 0.5 else "\n"  # noqa: E731
+    text = ""
+    for i, doc in enumerate(random_docs(rng, 40)):
+        text += "".join(doc[:-1] + f" line {k}" + nl() for k in range(int(rng.integers(1, 4))))
+        text += "".join(nl() for _ in range(1 if i == 39 else int(rng.integers(1, 3))))
+    path = os.path.join(new_dir("crlf_in"), "crlf.txt")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    docs = blank_line_documents(text)
+    assert len(docs) >= 40 and "".join(docs) == text, "the test's own split is wrong"
+    out = new_dir("crlf_out")
+    rc, _, err = run_env(["--input", path, "--paragraph-docs", "--out-dir", out, "--val-fraction", 0],
+                         PREPARE_DATA_READ_BYTES=64)
+    assert rc == 0, err
+    check_stream(out, "crlf", docs)
+
+
+def test_empty_documents_are_skipped():
+    harness.need_ranks()
+    # An empty text file and an empty JSONL "text" are no documents: each would add a lone <|endoftext|>
+    rng = np.random.default_rng()
+    docs = random_docs(rng, 6)
+    src = new_dir("empty_in")
+    open(os.path.join(src, "a.txt"), "w", encoding="utf-8").write(docs[0])
+    open(os.path.join(src, "b.txt"), "w").close()
+    with open(os.path.join(src, "c.jsonl"), "w", encoding="utf-8") as f:
+        import json
+        for d in ["", *docs[1:4], "", "", *docs[4:], ""]:
+            f.write(json.dumps({"text": d}) + "\n")
+    out = new_dir("empty_out")
+    run_ok("--input", src, "--out-dir", out, "--name", "e", "--val-fraction", 0)
+    check_stream(out, "e", docs)
 
 
 harness.run_module(globals())

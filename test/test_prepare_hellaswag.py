@@ -136,12 +136,13 @@ def test_summary_printed():
 
 
 def check_error(tag, lines, words):
-    """Writes lines (strings) as a JSONL file, runs the script on it; it must fail with one line naming
-    the file and line and holding every one of words, and leave no output (nor its temporary)."""
+    """Writes lines (strings, or bytes written as they are) as a JSONL file, runs the script on it; it
+    must fail with one line naming the file and line and holding every one of words, and leave no output
+    (nor its temporary)."""
     d = new_dir(tag)
     src = os.path.join(d, "bad.jsonl")
-    with open(src, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    with open(src, "wb") as f:
+        f.write(b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8") for x in lines) + b"\n")
     out = os.path.join(d, "out.bin")
     rc, stdout, err = run("--input", src, "--output", out)
     msg = err.strip()
@@ -198,6 +199,12 @@ def test_error_empty_context_and_empty_file():
     check_error("empty_file", [""], ["bad.jsonl:", "no example"])
 
 
+def test_error_not_utf8():
+    # a line that is not UTF-8 is an error naming its line, not a line skipped (an example lost unseen)
+    check_error("not_utf8", [line(), line(ctx="A cat sits by the door.").encode() + b"\xff\xfe"],
+                ["bad.jsonl:2", "not UTF-8"])
+
+
 def test_error_keeps_an_existing_output():
     d = new_dir("keep")
     out = os.path.join(d, "out.bin")
@@ -217,6 +224,61 @@ def test_error_offline_without_input():
     assert rc == 1, f"exit {rc}: {err.strip()}"
     assert "offline" in msg and "--input" in msg and "Traceback" not in err, f"message: {err.strip()!r}"
     assert not os.path.exists(os.path.join(d, "val.bin"))
+
+
+def random_words(rng, n):
+    words = ["the", "dog", "runs", "across", "a", "field", "café", "naïve", "ends", "It", "then", "42", "-"]
+    return " ".join(words[int(k)] for k in rng.integers(0, len(words), size=n))
+
+
+def test_ctx_a_and_ctx_b_joined_with_a_space():
+    harness.need_ranks()
+    # without "ctx", the context is ctx_a + " " + ctx_b, as HellaSwag builds "ctx" (the fixture only has
+    # ctx_a with an empty ctx_b); labels stored as strings are read as integers. Fresh examples every run.
+    rng = np.random.default_rng()
+    objs = []
+    for i in range(6):
+        a, b = random_words(rng, int(rng.integers(3, 12))) + ".", random_words(rng, int(rng.integers(1, 4)))
+        label = int(rng.integers(0, 4))
+        objs.append({"ctx_a": a, "ctx_b": b, "label": str(label) if i % 2 else label,
+                     "endings": [random_words(rng, int(rng.integers(1, 8))) for _ in range(4)]})
+    d = new_dir("ctx_ab")
+    src, out = os.path.join(d, "ab.jsonl"), os.path.join(d, "ab.bin")
+    with open(src, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(o) + "\n" for o in objs)
+    rc, _, err = run("--input", src, "--output", out)
+    assert rc == 0, f"exit {rc}: {err.strip()}"
+    enc = encoding()
+    for i, (ex, obj) in enumerate(zip(ph.read_eval_file(out)["examples"], objs)):
+        want = enc.encode(obj["ctx_a"] + " " + obj["ctx_b"])
+        assert ex["context"] == want, f"example {i}: context {enc.decode(ex['context'])!r}"
+        assert ex["label"] == int(obj["label"]), f"example {i}: label {ex['label']}, want {obj['label']}"
+
+
+def limited_file_size(nbytes):
+    """A preexec_fn: files the child writes cannot grow past nbytes, as on a full disk (the write fails
+    with EFBIG; Python ignores SIGXFSZ)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return limit
+
+
+def test_write_failure_keeps_the_previous_output():
+    harness.need_ranks()
+    # a write that fails half way (disk full) must leave the previous eval file as it was and no temporary
+    # beside it, and say so in one line: the file is written under a temporary name and renamed
+    d = new_dir("full")
+    out = os.path.join(d, "val.bin")
+    open(out, "wb").write(b"previous")
+    p = subprocess.run([sys.executable, SCRIPT, "--input", FIXTURE, "--output", out], capture_output=True,
+                       text=True, timeout=120, preexec_fn=limited_file_size(1100))  # the fixture needs > 1100
+    msg = p.stderr.strip()
+    assert p.returncode == 1, f"exit {p.returncode}: {msg!r}"
+    assert "\n" not in msg and "Traceback" not in msg and "prepare_hellaswag.py: error:" in msg, msg
+    assert open(out, "rb").read() == b"previous", "the previous output was overwritten or removed"
+    assert os.listdir(d) == ["val.bin"], f"left {sorted(os.listdir(d))}"
 
 
 # ---- the reader, on files from the script's writer with made-up tokens (no tiktoken needed) ----------
@@ -292,6 +354,36 @@ def test_reader_rejects_bad_header_and_fields():
     expect_reject(patched(path, 1024 + 2, 38, "<u2"), ["example 0", "does not fit its 38 bytes"])  # 2 short
     expect_reject(patched(path, 1024 + 2, 42, "<u2"), ["example 0", "left over"])  # 2 over
     expect_reject(patched(path, 1024 + 10, 30, "<u2"), ["context of 30 tokens"])
+
+
+def test_reader_rejects_stray_words():
+    # words the layout does not allow anywhere: a set header int past [3], a last odd byte, the delimiter
+    # 65535 as a context or completion token (a reader that resynchronizes on it would split the example)
+    path = stand_in_file("stray")
+    expect_reject(patched(path, 4 * 4, 1, "<i4"), ["header ints 4..255"])
+    expect_reject(patched(path, 4 * 255, 7, "<i4"), ["header ints 4..255"])
+    odd = path + ".odd"
+    open(odd, "wb").write(open(path, "rb").read() + b"\0")
+    expect_reject(odd, ["odd number of bytes"])
+    expect_reject(patched(path, 1024 + 2 * 6, START, "<u2"), ["example 0", "delimiter"])  # first context token
+    expect_reject(patched(path, 1024 + 2 * 20 + 2 * 8, START, "<u2"), ["example 1", "delimiter"])  # a completion's
+
+
+def test_writer_example_size_limit():
+    # the length word is a uint16: an example of 65534 bytes (the largest even size) is written and read
+    # back; one of 65536 is refused. 4 one-token completions take 14 words beside the context.
+    d = new_dir("limit")
+    path = os.path.join(d, "x.bin")
+    size, longest = ph.write_eval_file(path, [([1] * (32767 - 14), [[1], [2], [3], [4]], 3)])
+    assert longest == 65534 and size == 1024 + 65534, (size, longest)
+    got = ph.read_eval_file(path)["examples"][0]
+    assert len(got["context"]) == 32767 - 14 and got["completions"][3] == [4], "the largest example differs"
+    try:
+        ph.write_eval_file(path, [([1] * (32768 - 14), [[1], [2], [3], [4]], 0)])
+    except ph.Fail as err:
+        assert "65536 bytes" in str(err), str(err)
+    else:
+        raise AssertionError("an example of 65536 bytes was written")
 
 
 def test_writer_refuses_what_the_format_cannot_hold():
