@@ -168,8 +168,7 @@ def paragraph_docs(path):
             yield text[start:m.end()]
             start = m.end()
         text = text[start:]
-    if text:
-        yield text
+    yield from split_paragraphs(text)  # the end of the file decides the separators held back near it
 
 
 def whole_file_doc(path):

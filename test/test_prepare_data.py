@@ -858,14 +858,15 @@ def test_crlf_blank_lines_end_paragraphs():
     harness.need_ranks()
     # A text file from Windows ends its lines in "\r\n": its blank lines end paragraphs as "\n\n" does (else
     # the whole file is one document). Lines end in either, at random; the file is read 64 bytes at a time,
-    # so separators fall across the pieces. The file ends in one blank line: a blank line within the last 3
-    # characters of a file followed by more text is not split (a bug of its own: "a\n\nb" is one document).
+    # so separators fall across the pieces. The file ends in a blank line and one more character, which the
+    # reader holds back until the end of the file ("a\n\nb" is two documents, as split_paragraphs says).
     rng = np.random.default_rng()
     nl = lambda: "\r\n" if rng.random() < 0.5 else "\n"  # noqa: E731
     text = ""
     for i, doc in enumerate(random_docs(rng, 40)):
         text += "".join(doc[:-1] + f" line {k}" + nl() for k in range(int(rng.integers(1, 4))))
-        text += "".join(nl() for _ in range(1 if i == 39 else int(rng.integers(1, 3))))
+        text += "".join(nl() for _ in range(0 if i == 39 else int(rng.integers(1, 3))))
+    text = text.rstrip("\r\n") + "\n\nX"  # a blank line in the last 3 characters
     path = os.path.join(new_dir("crlf_in"), "crlf.txt")
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(text)
