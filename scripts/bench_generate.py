@@ -307,9 +307,9 @@ def table(records):
     return text_table(header, rows, left=(0,))
 
 
-def bench_model(args, name, gbps, records, report):
+def bench_model(args, name, meta, gbps, records, report):
     """Every row of one model: ours (and --baseline) first, in separate processes, then transformers in this
-    process (unless --no-hf)."""
+    process (unless --no-hf). Each row rewrites bench_generate.json (meta: the run's header)."""
     import torch
     cfg, weights, hf_dir = model_files(args, name, report)
     rng = np.random.default_rng(args.seed + 1)
@@ -339,9 +339,6 @@ def bench_model(args, name, gbps, records, report):
             rec["hf"] = run_hf(model, prompt, rec["batch"], args.tokens)
             report(f"{rec['model']}_p{rec['prompt']}_b{rec['batch']}: HF {json.dumps(rec['hf'])}")
         records.append(rec)
-        meta = run_metadata(args.train_gpt)
-        if args.baseline:
-            meta["baseline_build"] = binary_build(args.baseline)
         write_json(os.path.join(args.out, "bench_generate.json"), {**meta, "copy_gbps": gbps, "records": records})
     del model
     torch.cuda.empty_cache()
@@ -357,17 +354,19 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with Report(os.path.join(args.out, "bench_generate.log")) as report:
         meta = run_metadata(args.train_gpt)
+        if args.baseline:
+            meta["baseline_build"] = binary_build(args.baseline)
         hf_version = "not used" if args.no_hf else __import__("transformers").__version__
         report(f"device {meta['device']}, commit {meta['commit']}, {meta['date']}; torch {torch.__version__}, "
                f"transformers {hf_version}")
         report(f"ours: {args.train_gpt}, built from {meta['build']}" +
-               (f"; baseline: {args.baseline}, built from {binary_build(args.baseline)}" if args.baseline else ""))
+               (f"; baseline: {args.baseline}, built from {meta['baseline_build']}" if args.baseline else ""))
         report("$ " + " ".join(shlex.quote(a) for a in sys.argv))
         gbps = copy_rate()
         report(f"copy rate {gbps:.0f} GB/s (1 GiB device-to-device, read + written)")
         records = []
         for name in args.models:
-            bench_model(args, name, gbps, records, report)
+            bench_model(args, name, meta, gbps, records, report)
         report("")
         report(f"greedy, {args.tokens} new tokens per sequence; ms per token: ours the steady CUDA-graph steps (GPU "
                f"time, median of {args.rounds} run(s)), HF (t({args.tokens}) - t(1)) / {args.tokens - 1} (wall); "

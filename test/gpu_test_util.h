@@ -45,20 +45,6 @@ static inline const char* gpu_skip_reason(const GpuInfo* gpu, const char* what) 
     return why;
 }
 
-// Appends "; <message>" (or the first message) to a case's list of problems.
-static inline void add_problem(char* buf, size_t size, const char* fmt, ...) {
-    size_t used = strlen(buf);
-    if (used + 3 >= size) return;
-    if (used) {
-        strcat(buf, "; ");
-        used += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, size - used, fmt, ap);
-    va_end(ap);
-}
-
 // The case running now, so that an exit from inside the code under test (a failed CUDA call) still
 // names it: set it before a case, clear it after, and atexit(report_exit_during_case).
 static char g_running_case[160] __attribute__((unused));

@@ -30,16 +30,6 @@ static void case_report(const char* name, int ok, const char* fmt, ...) {
     va_end(ap);
 }
 
-// Appends a formatted note to buf (a case's list of what differs).
-static void append(char* buf, size_t len, const char* fmt, ...) {
-    const size_t used = strlen(buf);
-    if (used + 1 >= len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, len - used, fmt, ap);
-    va_end(ap);
-}
-
 static GPTConfig named_config(const char* name, int T) {
     const NamedGPTShape* s = gpt_find_named_shape(name);
     GPTConfig c = {s->num_layers, s->channels, s->num_heads, s->num_heads, GPT2_VOCAB_SIZE,
@@ -129,11 +119,11 @@ static void named_shape_published_case(void) {
     };
     char bad[512] = "";
     if (NUM_NAMED_GPT_SHAPES != (int)COUNT(PUBLISHED))  // a new shape gets its published row here
-        append(bad, sizeof(bad), "%d named shapes, %d here; ", NUM_NAMED_GPT_SHAPES, (int)COUNT(PUBLISHED));
+        add_problem(bad, sizeof(bad), "%d named shapes, %d here", NUM_NAMED_GPT_SHAPES, (int)COUNT(PUBLISHED));
     for (size_t i = 0; i < COUNT(PUBLISHED); i++) {
         const NamedGPTShape *p = &PUBLISHED[i], *s = gpt_find_named_shape(p->name);
         if (!s || s->num_layers != p->num_layers || s->channels != p->channels || s->num_heads != p->num_heads)
-            append(bad, sizeof(bad), "%s: (%d, %d, %d), published (%d, %d, %d); ", p->name, s ? s->num_layers : 0,
+            add_problem(bad, sizeof(bad), "%s: (%d, %d, %d), published (%d, %d, %d)", p->name, s ? s->num_layers : 0,
                    s ? s->channels : 0, s ? s->num_heads : 0, p->num_layers, p->channels, p->num_heads);
     }
     case_report("named_shapes_are_the_published_ones", !bad[0], "%s", bad);
@@ -158,20 +148,20 @@ static void param_table_cases(void) {
                                               "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
     char order[512] = "", stacking[256] = "", decay[256] = "", init[256] = "";
     if (NUM_PARAM_TENSORS != (int)COUNT(LLM_C_ORDER))
-        append(order, sizeof(order), "%d tensors, want %d; ", NUM_PARAM_TENSORS, (int)COUNT(LLM_C_ORDER));
+        add_problem(order, sizeof(order), "%d tensors, want %d", NUM_PARAM_TENSORS, (int)COUNT(LLM_C_ORDER));
     for (int i = 0; i < NUM_PARAM_TENSORS && i < (int)COUNT(LLM_C_ORDER); i++) {
         const GPTParamSpec* p = &GPT_PARAMS[i];
         if (strcmp(p->name, LLM_C_ORDER[i]) != 0)
-            append(order, sizeof(order), "%d: %s, want %s; ", i, p->name, LLM_C_ORDER[i]);
+            add_problem(order, sizeof(order), "%d: %s, want %s", i, p->name, LLM_C_ORDER[i]);
         const int per_layer = !named_in(p->name, "wte wpe lnfw lnfb");
-        if (p->per_layer != per_layer) append(stacking, sizeof(stacking), "%s: %d; ", p->name, p->per_layer);
+        if (p->per_layer != per_layer) add_problem(stacking, sizeof(stacking), "%s: %d", p->name, p->per_layer);
         const int decays = named_in(p->name, "wte wpe qkvw attprojw fcw fcprojw");
-        if (p->weight_decay != decays) append(decay, sizeof(decay), "%s: %d; ", p->name, p->weight_decay);
+        if (p->weight_decay != decays) add_problem(decay, sizeof(decay), "%s: %d", p->name, p->weight_decay);
         const GPTParamInit want = named_in(p->name, "attprojw fcprojw")  ? INIT_NORMAL_RESIDUAL
                                   : named_in(p->name, "ln1w ln2w lnfw") ? INIT_ONES
                                   : p->name[strlen(p->name) - 1] == 'b' ? INIT_ZEROS
                                                                         : INIT_NORMAL;
-        if (p->init != want) append(init, sizeof(init), "%s: %d, want %d; ", p->name, (int)p->init, (int)want);
+        if (p->init != want) add_problem(init, sizeof(init), "%s: %d, want %d", p->name, (int)p->init, (int)want);
     }
     case_report("param_table_llm_c_order", !order[0], "%s", order);
     case_report("param_table_per_layer_all_but_embeddings_and_final_layernorm", !stacking[0], "%s", stacking);
@@ -245,7 +235,7 @@ static void head_dim_sweep_case(void) {
     for (int hd = 1; hd <= 256; hd++) {
         const GPTConfig c = {2, 8 * hd, 8, 8, GPT2_VOCAB_SIZE, 50304, 64};
         const int want = hd == 64 || hd == 80 || hd == 96 || hd == 128, rc = gpt_config_check(&c, err, sizeof(err));
-        if ((rc == 0) != want) append(bad, sizeof(bad), "head dim %d: rc %d; ", hd, rc);
+        if ((rc == 0) != want) add_problem(bad, sizeof(bad), "head dim %d: rc %d", hd, rc);
     }
     case_report("only_head_dims_64_80_96_128_accepted", !bad[0], "%s", bad);
 }
@@ -258,7 +248,7 @@ static void round_up_cases(void) {
     for (size_t m = 0; m < COUNT(MULTIPLES); m++)
         for (int x = 0; x <= 1000; x++) {
             const int k = MULTIPLES[m], r = gpt_round_up(x, k);
-            if (r % k != 0 || r < x || r >= x + k) append(bad, sizeof(bad), "round_up(%d, %d) = %d; ", x, k, r);
+            if (r % k != 0 || r < x || r >= x + k) add_problem(bad, sizeof(bad), "round_up(%d, %d) = %d", x, k, r);
         }
     case_report("round_up_gives_the_next_multiple", !bad[0], "%s", bad);
     case_report("vocab_pad_multiple_is_the_scripts_128", VOCAB_PAD_MULTIPLE == 128 &&

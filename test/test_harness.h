@@ -127,4 +127,18 @@ static inline float test_bf16_to_float(uint16_t h) {
     return f;
 }
 
+// Appends "; <message>" (or the first message) to a case's list of problems.
+static inline void add_problem(char* buf, size_t size, const char* fmt, ...) {
+    size_t used = strlen(buf);
+    if (used + 3 >= size) return;
+    if (used) {
+        strcat(buf, "; ");
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, size - used, fmt, ap);
+    va_end(ap);
+}
+
 #endif  // TEST_HARNESS_H
